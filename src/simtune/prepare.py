@@ -1,0 +1,230 @@
+"""The `prepare` stage: raw records -> normalised, deduplicated, split Parquet tables.
+
+Outputs (a directory, written atomically):
+
+- `texts.parquet`    — `text_id` (string, 32 hex chars), `text` (string): every distinct text once.
+- `examples.parquet` — groups: `split`, `text_id`, `label`;
+                       pairs:  `split`, `query_id`, `doc_id`, `score` (float32).
+- `meta.json`        — `{"kind": "groups" | "pairs", "format_version": 1}`.
+
+`text_id` is the blake2b-128 hash of the normalised text, so equal texts share one id across splits
+and runs (the cache embeds each once).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import unicodedata
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from simtune import data
+from simtune.atomic import atomic_dir, write_json
+from simtune.errors import UserError
+from simtune.params import SPLITS, PrepareParams
+from simtune.split import assign
+
+log = logging.getLogger("simtune.prepare")
+FORMAT_VERSION = 1
+
+
+def normalize(text: str) -> str:
+    """Unicode NFC, whitespace runs collapsed to one space, stripped."""
+    return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+def text_id(text: str) -> str:
+    """Stable content id of an already normalised text: blake2b-128, hex."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+
+
+@dataclass
+class Prepared:
+    """The prepared data set: `kind`, the texts and examples tables, and the counts report."""
+
+    kind: str
+    texts: pa.Table
+    examples: pa.Table
+    report: dict[str, Any]
+
+
+def records(p: PrepareParams) -> tuple[Path, str, list[data.Record]]:
+    """(source path, kind, raw records) for the configured source."""
+    if p.source == "trec":
+        path, recs = data.trec_records(p.trec_labels)
+        return path, "groups", recs
+    if p.source == "news_pairs":
+        path, recs = data.news_pairs_records()
+        return path, "pairs", recs
+    path, recs = data.file_records(p.file)
+    return path, p.file.kind, recs
+
+
+def build(p: PrepareParams) -> Prepared:
+    """Load, validate, normalise, deduplicate and split; raises `UserError` on bad input."""
+    path, kind, recs = records(p)
+    if kind == "groups":
+        return _groups(path, recs, p)
+    return _pairs(path, recs, p)
+
+
+def _groups(path: Path, recs: list[data.Record], p: PrepareParams) -> Prepared:
+    seen: dict[str, tuple[str, str]] = {}
+    conflicted: set[str] = set()
+    empty = duplicates = 0
+    for r in recs:
+        text, label = normalize(r.values["text"]), normalize(r.values["label"])
+        if not text or not label:
+            empty += 1
+            continue
+        tid = text_id(text)
+        if tid not in seen:
+            seen[tid] = (text, label)
+        elif seen[tid][1] == label:
+            duplicates += 1
+        else:
+            # one text under two labels is ambiguous ground truth: keep none of it
+            conflicted.add(tid)
+    for tid in conflicted:
+        del seen[tid]
+    _require_rows(path, len(recs), empty, len(seen))
+    split_of = _split_groups(path, {tid: lab for tid, (_, lab) in seen.items()}, p)
+    order = sorted(seen, key=lambda t: (SPLITS.index(split_of[t]), seen[t][1], t))
+    examples = pa.table({
+        "split": [split_of[t] for t in order],
+        "text_id": order,
+        "label": [seen[t][1] for t in order],
+    })
+    per_label: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(SPLITS, 0))
+    for t in order:
+        per_label[seen[t][1]][split_of[t]] += 1
+    report = {
+        "rows": len(recs), "dropped_empty": empty, "duplicates": duplicates,
+        "conflicting_labels": len(conflicted), "texts": len(seen),
+        "examples": dict(Counter(split_of.values())),
+        "labels": {s: sum(1 for c in per_label.values() if c[s]) for s in SPLITS},
+        "per_label": dict(sorted(per_label.items())),
+    }
+    return Prepared("groups", _texts_table({t: seen[t][0] for t in order}), examples, report)
+
+
+def _split_groups(path: Path, label_of: dict[str, str], p: PrepareParams) -> dict[str, str]:
+    fractions, seed = p.split.fractions.as_dict(), p.split.seed
+    by_label: dict[str, list[str]] = defaultdict(list)
+    for tid, lab in label_of.items():
+        by_label[lab].append(tid)
+    if p.split.by == "label":
+        needed = sum(1 for f in fractions.values() if f > 0)
+        if len(by_label) < needed:
+            raise UserError(f"{path}: split by label needs at least {needed} labels, "
+                            f"the data has {len(by_label)}")
+        label_split = assign(by_label, fractions, seed, nonempty=True)
+        split_of = {tid: label_split[lab] for tid, lab in label_of.items()}
+    else:  # by row, stratified: each label is split on its own
+        split_of = {}
+        for lab, tids in by_label.items():
+            split_of.update(assign(tids, fractions, seed, salt=lab))
+    _require_splits(path, split_of.values(), fractions)
+    return split_of
+
+
+def _pairs(path: Path, recs: list[data.Record], p: PrepareParams) -> Prepared:
+    texts: dict[str, str] = {}
+    score_of: dict[tuple[str, str], float] = {}
+    empty = duplicates = 0
+    for r in recs:
+        query, doc = normalize(r.values["query"]), normalize(r.values["positive"])
+        if not query or not doc:
+            empty += 1
+            continue
+        key = (text_id(query), text_id(doc))
+        if key in score_of:
+            duplicates += 1
+            continue
+        score_of[key] = float(r.values.get("score", 1.0))
+        texts[key[0]], texts[key[1]] = query, doc
+    _require_rows(path, len(recs), empty, len(score_of))
+    fractions = p.split.fractions.as_dict()
+    # split by query: all pairs of one query land in one split, so no query is seen at test
+    query_split = assign((q for q, _ in score_of), fractions, p.split.seed, nonempty=True)
+    _require_splits(path, query_split.values(), fractions)
+    order = sorted(score_of, key=lambda k: (SPLITS.index(query_split[k[0]]), k))
+    examples = pa.table({
+        "split": [query_split[q] for q, _ in order],
+        "query_id": [q for q, _ in order],
+        "doc_id": [d for _, d in order],
+        "score": pa.array([score_of[k] for k in order], pa.float32()),
+    })
+    queries = Counter(query_split.values())
+    report = {
+        "rows": len(recs), "dropped_empty": empty, "duplicates": duplicates,
+        "texts": len(texts), "examples": dict(Counter(query_split[q] for q, _ in order)),
+        "queries": {s: queries[s] for s in SPLITS},
+        "documents": len({d for _, d in score_of}),
+    }
+    return Prepared("pairs", _texts_table(texts), examples, report)
+
+
+def _require_rows(path: Path, rows: int, empty: int, usable: int) -> None:
+    if usable == 0:
+        raise UserError(f"{path}: no usable rows ({rows} read, {empty} with an empty field)")
+
+
+def _require_splits(path: Path, assigned: Any, fractions: dict[str, float]) -> None:
+    counts = Counter(assigned)
+    for s in SPLITS:
+        if counts[s] == 0:
+            raise UserError(f"{path}: split '{s}' would be empty (fraction {fractions[s]:g} of "
+                            f"{sum(counts.values())} items); change prepare.split.fractions")
+
+
+def _texts_table(texts: dict[str, str]) -> pa.Table:
+    ids = sorted(texts)
+    return pa.table({"text_id": ids, "text": [texts[t] for t in ids]})
+
+
+def write(prepared: Prepared, out: Path, report_path: Path) -> None:
+    """Write the tables to `out` and the counts to `report_path`, each atomically."""
+    with atomic_dir(Path(out)) as tmp:
+        pq.write_table(prepared.texts, tmp / "texts.parquet")
+        pq.write_table(prepared.examples, tmp / "examples.parquet")
+        meta = {"kind": prepared.kind, "format_version": FORMAT_VERSION}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        write_json(report_path, prepared.report)
+
+
+def run(p: PrepareParams, out: Path, report_path: Path) -> Prepared:
+    """The whole stage: build, log what was dropped and why, write."""
+    prepared = build(p)
+    r = prepared.report
+    log.info("read %d rows: %d dropped (empty text or label), %d duplicates%s",
+             r["rows"], r["dropped_empty"], r["duplicates"],
+             f", {r['conflicting_labels']} texts dropped (one text, several labels)"
+             if r.get("conflicting_labels") else "")
+    log.info("%s: %d texts; examples %s", prepared.kind, r["texts"],
+             ", ".join(f"{s} {r['examples'].get(s, 0)}" for s in SPLITS))
+    write(prepared, out, report_path)
+    log.info("wrote %s and %s", out, report_path)
+    return prepared
+
+
+def load(out: Path) -> Prepared:
+    """Read a prepared directory back (for the later stages); the report is not re-read."""
+    out = Path(out)
+    meta_path = out / "meta.json"
+    if not meta_path.is_file():
+        raise UserError(f"{out}: no prepared data here (run the prepare stage first)")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise UserError(f"{meta_path}: format version {meta.get('format_version')}, "
+                        f"expected {FORMAT_VERSION}; run the prepare stage again")
+    texts = pq.read_table(out / "texts.parquet")
+    examples = pq.read_table(out / "examples.parquet")
+    return Prepared(meta["kind"], texts, examples, {})

@@ -1,0 +1,30 @@
+"""The pipeline's stage commands: `python -m stages <stage>` or `simtune <stage>`.
+
+Each stage is a thin Typer command (paths in, its `params.yaml` section, a call into the library);
+heavy libraries are imported inside the commands so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from stages.prepare import prepare
+
+app = typer.Typer(
+    name="simtune",
+    help="simtune: fine-tune similarity models fast on cached frozen-encoder embeddings.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("prepare")(prepare)
+
+
+@app.callback()
+def _root() -> None:
+    """simtune: fine-tune similarity models fast on cached frozen-encoder embeddings."""
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,3 @@
+from stages import main
+
+main()

@@ -1,0 +1,57 @@
+"""A throw-away git + DVC copy of this project, for tests that run the real pipeline."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+
+def project_files() -> list[str]:
+    """Tracked and untracked-but-not-ignored files of the checkout (what a commit would hold)."""
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    return [f for f in out.splitlines() if (ROOT / f).is_file()]
+
+
+class DvcProject:
+    """A copy of the project in `path`, committed to a fresh git repository."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        for rel in project_files():
+            dest = path / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, dest)
+        bin_dir = str(Path(sys.executable).parent)
+        self.env = {
+            **os.environ,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+            # the copy's own code runs, not the editable install's
+            "PYTHONPATH": f"{path / 'src'}{os.pathsep}{path}",
+            "DVC_NO_ANALYTICS": "1",
+            "HF_HUB_OFFLINE": "1",
+            "GIT_AUTHOR_NAME": "simtune tests", "GIT_AUTHOR_EMAIL": "tests@example.invalid",
+            "GIT_COMMITTER_NAME": "simtune tests", "GIT_COMMITTER_EMAIL": "tests@example.invalid",
+        }
+        self.git("init", "-q")
+        self.git("add", "-A")
+        self.git("commit", "-q", "-m", "project copy")
+
+    def run(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(list(cmd), cwd=self.path, env=self.env, capture_output=True,
+                              text=True, timeout=900)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
+                                 f"{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def git(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.run("git", *args)
+
+    def dvc(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.run(sys.executable, "-m", "dvc", *args, check=check)

@@ -1,0 +1,121 @@
+"""The params schema: the shipped file loads; every kind of mistake gives its exact one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from simtune import params as P
+from simtune.errors import UserError
+from tests.conftest import ROOT, write_params
+
+
+def _error(raw: dict[str, Any]) -> str:
+    with pytest.raises(UserError) as e:
+        P.validate(raw, "params.yaml")
+    return str(e.value)
+
+
+def test_shipped_params_load() -> None:
+    p = P.load(ROOT / "params.yaml")
+    assert p.prepare.source == "trec"
+    assert p.prepare.trec_labels == "fine"
+    assert p.prepare.split.fractions.as_dict() == {"train": 0.8, "val": 0.1, "test": 0.1}
+    assert p.prepare.split.by == "row"
+
+
+def test_unknown_key_names_key_and_section(params_raw: dict[str, Any]) -> None:
+    params_raw["prepare"]["split"]["sed"] = 3
+    assert _error(params_raw) == (
+        "params.yaml: unknown key 'sed' in section 'prepare.split' (allowed: seed, by, fractions)"
+    )
+
+
+def test_unknown_section(params_raw: dict[str, Any]) -> None:
+    params_raw["trian"] = {"lr": 0.1}
+    assert _error(params_raw).startswith("params.yaml: unknown key 'trian' in the top level")
+
+
+def test_wrong_type_names_key_expected_and_value(params_raw: dict[str, Any]) -> None:
+    params_raw["prepare"]["split"]["seed"] = "thirteen"
+    assert _error(params_raw) == (
+        "params.yaml: prepare.split.seed: expected an integer, got 'thirteen'"
+    )
+    params_raw["prepare"]["split"]["seed"] = 13
+    params_raw["prepare"]["split"]["fractions"]["val"] = "0.1"
+    assert _error(params_raw) == (
+        "params.yaml: prepare.split.fractions.val: expected a number, got '0.1'"
+    )
+
+
+def test_bool_is_not_an_integer(params_raw: dict[str, Any]) -> None:
+    params_raw["prepare"]["split"]["seed"] = True
+    assert _error(params_raw) == "params.yaml: prepare.split.seed: expected an integer, got True"
+
+
+def test_choice_lists_the_options(params_raw: dict[str, Any]) -> None:
+    params_raw["prepare"]["source"] = "csv"
+    assert _error(params_raw) == (
+        "params.yaml: prepare.source: expected one of 'trec', 'news_pairs' or 'file', got 'csv'"
+    )
+
+
+def test_missing_key(params_raw: dict[str, Any]) -> None:
+    del params_raw["prepare"]["split"]["seed"]
+    assert _error(params_raw) == "params.yaml: missing key 'prepare.split.seed'"
+
+
+def test_fractions_must_sum_to_one(params_raw: dict[str, Any]) -> None:
+    params_raw["prepare"]["split"]["fractions"] = {"train": 0.8, "val": 0.1, "test": 0.2}
+    assert _error(params_raw) == (
+        "params.yaml: prepare.split.fractions: fractions must sum to 1 (they sum to 1.1)"
+    )
+
+
+def test_file_source_needs_path_and_columns(params_raw: dict[str, Any]) -> None:
+    params_raw["prepare"]["source"] = "file"
+    assert "file.path is required" in _error(params_raw)
+    params_raw["prepare"]["file"]["path"] = "data/raw/x.csv"
+    params_raw["prepare"]["file"]["kind"] = "pairs"
+    assert "file.columns.query is required for kind 'pairs'" in _error(params_raw)
+
+
+def test_section_of_wrong_shape(params_raw: dict[str, Any]) -> None:
+    params_raw["prepare"]["split"] = [1, 2]
+    assert _error(params_raw) == "params.yaml: prepare.split: expected a mapping, got [1, 2]"
+
+
+def test_load_reports_yaml_syntax_line(tmp_path: Path) -> None:
+    bad = tmp_path / "params.yaml"
+    bad.write_text("prepare:\n  source: trec\n  split: [\n")
+    with pytest.raises(UserError, match=r"params.yaml: invalid YAML at line 4"):
+        P.load(bad)
+
+
+def test_load_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="params file not found"):
+        P.load(tmp_path / "nope.yaml")
+
+
+def test_load_roundtrip_of_written_params(tmp_path: Path, params_raw: dict[str, Any]) -> None:
+    params_raw["prepare"]["split"]["seed"] = 7
+    p = P.load(write_params(tmp_path / "params.yaml", params_raw))
+    assert p.prepare.split.seed == 7
+
+
+def test_every_key_has_a_description() -> None:
+    """The schema documents every key (the README table is generated from the same text)."""
+
+    def walk(model: type[P.BaseModel], prefix: str) -> list[str]:
+        missing = []
+        for name, field in model.model_fields.items():
+            ann = field.annotation
+            if isinstance(ann, type) and issubclass(ann, P.BaseModel):
+                missing += walk(ann, f"{prefix}{name}.")
+            elif not field.description:
+                missing.append(prefix + name)
+        return missing
+
+    assert walk(P.Params, "") == []

@@ -1,0 +1,334 @@
+"""The prepare stage: each source, normalisation, dedup counts, deterministic splits, bad input."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from simtune import params as P
+from simtune import prepare
+from simtune.errors import UserError
+from stages import app
+from tests.conftest import ROOT, write_params
+
+
+def _params(raw: dict[str, Any]) -> P.PrepareParams:
+    return P.validate(raw).prepare
+
+
+def _file_params(raw: dict[str, Any], path: Path, kind: str = "groups", **split: Any
+                 ) -> dict[str, Any]:
+    p = raw["prepare"]
+    p["source"] = "file"
+    p["file"]["path"] = str(path)
+    p["file"]["kind"] = kind
+    if kind == "pairs":
+        p["file"]["columns"].update(text=None, label=None, query="q", positive="d", score=None)
+    p["split"].update(split)
+    return raw
+
+
+def _groups_rows(n_labels: int = 4, per_label: int = 20) -> list[tuple[str, str]]:
+    return [(f"text {lab} number {i}", f"L{lab}") for lab in range(n_labels)
+            for i in range(per_label)]
+
+
+def _write(path: Path, rows: list[tuple[str, str]], header: tuple[str, str] = ("text", "label")
+           ) -> Path:
+    """Write rows as CSV, TSV, JSONL or Parquet by the path's extension."""
+    suffix = path.suffix
+    if suffix == ".parquet":
+        pq.write_table(pa.table({header[0]: [r[0] for r in rows], header[1]: [r[1] for r in rows]}),
+                       path)
+    elif suffix == ".jsonl":
+        objs = [dict(zip(header, r, strict=True)) for r in rows]
+        path.write_text("".join(json.dumps(o) + "\n" for o in objs))
+    else:
+        sep = "\t" if suffix == ".tsv" else ","
+        lines = [sep.join(header), *(sep.join(f'"{c}"' if sep == "," else c for c in r)
+                                     for r in rows)]
+        path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _split_map(prepared: prepare.Prepared, key: str = "text_id") -> dict[str, str]:
+    ex = prepared.examples.to_pydict()
+    return dict(zip(ex[key], ex["split"], strict=True))
+
+
+# --- built-in sources --------------------------------------------------------------------------
+
+
+def test_trec_fine_real_package_data(params_raw: dict[str, Any]) -> None:
+    prepared = prepare.build(_params(params_raw))
+    r = prepared.report
+    assert prepared.kind == "groups"
+    assert r["rows"] == 15452
+    assert r["texts"] == 5380 == prepared.texts.num_rows == prepared.examples.num_rows
+    assert r["duplicates"] == 10070 and r["conflicting_labels"] == 1
+    assert len(set(prepared.examples.column("label").to_pylist())) == 50
+    assert sum(r["examples"].values()) == 5380
+    # stratified: every label with >= 10 texts has ~10% in test
+    for label, counts in r["per_label"].items():
+        n = sum(counts.values())
+        if n >= 10:
+            assert abs(counts["test"] - 0.1 * n) < 1, label
+
+
+def test_trec_coarse_has_six_labels(params_raw: dict[str, Any]) -> None:
+    params_raw["prepare"]["trec_labels"] = "coarse"
+    prepared = prepare.build(_params(params_raw))
+    assert sorted(set(prepared.examples.column("label").to_pylist())) == [
+        "ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
+    # the one text with two fine labels has a single coarse label, so it stays
+    assert prepared.report["texts"] == 5381 and prepared.report["conflicting_labels"] == 0
+
+
+def test_news_pairs_real_package_data(params_raw: dict[str, Any]) -> None:
+    params_raw["prepare"]["source"] = "news_pairs"
+    prepared = prepare.build(_params(params_raw))
+    assert prepared.kind == "pairs"
+    r = prepared.report
+    assert r["rows"] == 3824
+    assert 3600 < sum(r["examples"].values()) <= 3824
+    assert set(prepared.examples.column("score").to_pylist()) == {1.0}
+    ex = prepared.examples.to_pydict()
+    splits_of_query: dict[str, set[str]] = {}
+    for q, s in zip(ex["query_id"], ex["split"], strict=True):
+        splits_of_query.setdefault(q, set()).add(s)
+    assert all(len(s) == 1 for s in splits_of_query.values())
+    assert Counter(next(iter(s)) for s in splits_of_query.values()) == Counter(
+        {k: v for k, v in r["queries"].items()})
+
+
+# --- the user's file ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl", ".parquet"])
+def test_every_format_gives_the_same_tables(tmp_path: Path, params_raw: dict[str, Any],
+                                            suffix: str) -> None:
+    rows = _groups_rows()
+    reference = prepare.build(_params(_file_params(params_raw, _write(tmp_path / "a.csv", rows))))
+    other = prepare.build(_params(_file_params(params_raw, _write(tmp_path / f"b{suffix}", rows))))
+    assert other.texts.equals(reference.texts)
+    assert other.examples.equals(reference.examples)
+    assert reference.report["examples"] == {"train": 64, "val": 8, "test": 8}
+    assert reference.report["per_label"]["L0"] == {"train": 16, "val": 2, "test": 2}
+
+
+def test_explicit_format_overrides_extension(tmp_path: Path, params_raw: dict[str, Any]) -> None:
+    path = _write(tmp_path / "data.jsonl", _groups_rows())
+    path = path.rename(tmp_path / "data.txt")
+    params_raw = _file_params(params_raw, path)
+    params_raw["prepare"]["file"]["format"] = "jsonl"
+    assert prepare.build(_params(params_raw)).report["texts"] == 80
+
+
+def test_normalise_dedup_and_counts(tmp_path: Path, params_raw: dict[str, Any]) -> None:
+    rows = [
+        *_groups_rows(),
+        ("  text 0 \t  number 0 ", "L0"),  # duplicate after whitespace normalisation
+        ("text 0 number 1", "L0"),          # exact duplicate
+        ("  a   new\ntext ", "L3"),          # new, stored normalised
+        ("   ", "L1"),                      # empty text
+        ("a question", ""),                 # empty label
+        ("ambiguous", "L1"), ("ambiguous", "L2"),  # one text, two labels: dropped
+    ]
+    path = _write(tmp_path / "d.jsonl", rows)
+    prepared = prepare.build(_params(_file_params(params_raw, path)))
+    r = prepared.report
+    assert (r["rows"], r["dropped_empty"], r["duplicates"], r["conflicting_labels"]) == (
+        87, 2, 2, 1)
+    texts = dict(zip(*prepared.texts.to_pydict().values(), strict=True))
+    assert r["texts"] == len(texts) == 81
+    assert "ambiguous" not in texts.values()
+    assert texts[prepare.text_id("a new text")] == "a new text"
+
+
+def test_text_id_is_stable_content_hash() -> None:
+    a = prepare.text_id(prepare.normalize("  Hello\n  world\t"))
+    assert a == prepare.text_id("Hello world")
+    assert len(a) == 32 and int(a, 16) >= 0
+    assert a != prepare.text_id("hello world")
+    # NFC: a composed and a decomposed 'é' are the same text
+    assert prepare.text_id(prepare.normalize("caf\u00e9")) == prepare.text_id(
+        prepare.normalize("cafe\u0301"))
+
+
+def test_split_is_deterministic_and_seeded(tmp_path: Path, params_raw: dict[str, Any]) -> None:
+    rows = _groups_rows(per_label=50)
+    path = _write(tmp_path / "a.csv", rows)
+    a = _split_map(prepare.build(_params(_file_params(params_raw, path))))
+    shuffled = rows[:]
+    random.Random(0).shuffle(shuffled)
+    b = _split_map(prepare.build(_params(_file_params(params_raw,
+                                                      _write(tmp_path / "b.csv", shuffled)))))
+    assert a == b  # input order does not matter
+    c = _split_map(prepare.build(_params(_file_params(params_raw, tmp_path / "a.csv", seed=14))))
+    assert a.keys() == c.keys() and a != c
+    assert Counter(a.values()) == Counter(c.values()) == {"train": 160, "val": 20, "test": 20}
+
+
+def test_split_by_label_puts_each_label_in_one_split(tmp_path: Path,
+                                                    params_raw: dict[str, Any]) -> None:
+    path = _write(tmp_path / "a.csv", _groups_rows(n_labels=10, per_label=5))
+    prepared = prepare.build(_params(_file_params(params_raw, path, by="label")))
+    ex = prepared.examples.to_pydict()
+    split_of_label: dict[str, set[str]] = {}
+    for lab, s in zip(ex["label"], ex["split"], strict=True):
+        split_of_label.setdefault(lab, set()).add(s)
+    assert all(len(s) == 1 for s in split_of_label.values())
+    assert prepared.report["labels"] == {"train": 8, "val": 1, "test": 1}
+
+
+def test_pairs_split_by_query_keeps_all_positives_together(tmp_path: Path,
+                                                           params_raw: dict[str, Any]) -> None:
+    rows = [(f"query {i}", f"doc {i} {j}") for i in range(40) for j in range(3)]
+    rows += [("query 0", "doc 0 0")]  # a duplicate pair
+    path = _write(tmp_path / "p.csv", rows, header=("q", "d"))
+    prepared = prepare.build(_params(_file_params(params_raw, path, kind="pairs")))
+    r = prepared.report
+    assert r["duplicates"] == 1 and r["texts"] == 160 and r["documents"] == 120
+    assert r["queries"] == {"train": 32, "val": 4, "test": 4}
+    ex = prepared.examples.to_pydict()
+    per_query = Counter(zip(ex["query_id"], ex["split"], strict=True))
+    assert len(per_query) == 40 and set(per_query.values()) == {3}
+
+
+def test_pairs_score_column(tmp_path: Path, params_raw: dict[str, Any]) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"q": f"q{i}", "d": f"d{i}", "s": i / 10}) + "\n"
+                            for i in range(10)))
+    raw = _file_params(params_raw, path, kind="pairs")
+    raw["prepare"]["file"]["columns"]["score"] = "s"
+    prepared = prepare.build(_params(raw))
+    ex = prepared.examples.to_pydict()
+    score = {q: s for q, s in zip(ex["query_id"], ex["score"], strict=True)}
+    assert score[prepare.text_id("q7")] == pytest.approx(0.7)
+
+
+# --- the stage command and bad input -----------------------------------------------------------
+
+
+def _run_stage(tmp_path: Path, raw: dict[str, Any]) -> tuple[int, str, Path, Path]:
+    params = write_params(tmp_path / "params.yaml", raw)
+    out, report = tmp_path / "out" / "prepared", tmp_path / "out" / "prepare.json"
+    result = CliRunner().invoke(app, ["prepare", "--params", str(params), "--out", str(out),
+                                      "--report", str(report)])
+    return result.exit_code, result.output, out, report
+
+
+def test_stage_writes_tables_and_report(tmp_path: Path, params_raw: dict[str, Any]) -> None:
+    path = _write(tmp_path / "a.csv", _groups_rows())
+    code, output, out, report = _run_stage(tmp_path, _file_params(params_raw, path))
+    assert code == 0, output
+    loaded = prepare.load(out)
+    assert loaded.kind == "groups" and loaded.texts.num_rows == 80
+    assert json.loads(report.read_text())["examples"] == {"train": 64, "val": 8, "test": 8}
+    assert sorted(p.name for p in out.parent.iterdir()) == ["prepare.json", "prepared"]
+
+
+def _bad_cases(tmp_path: Path) -> dict[str, tuple[Path, dict[str, Any], str]]:
+    """name -> (data file, params edits, expected message fragment)."""
+    good = _groups_rows()
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text('{"text": "a", "label": "x"}\n{"text": "b", "label": \n')
+    latin1 = tmp_path / "latin1.csv"
+    latin1.write_bytes(b"text,label\nok,x\ncaf\xe9,y\n")
+    ragged = tmp_path / "ragged.csv"
+    ragged.write_text("text,label\na,x\nb,y,z\n")
+    empty = _write(tmp_path / "empty.csv", [("  ", "x"), ("", "y")])
+    tiny = _write(tmp_path / "tiny.csv", [("one", "x"), ("two", "x")])
+    two_labels = _write(tmp_path / "two.csv", [(f"t{i}", f"L{i % 2}") for i in range(20)])
+    nolabel = tmp_path / "nolabel.jsonl"
+    nolabel.write_text('{"text": "a", "label": "x"}\n{"text": "b"}\n')
+    csv_path = _write(tmp_path / "good.csv", good)
+    return {
+        "missing file": (tmp_path / "nope.csv", {}, "nope.csv: data file not found"),
+        "unknown extension": (tmp_path / "data.xlsx", {},
+                              "data.xlsx: unknown file extension '.xlsx'"),
+        "missing column": (csv_path, {"columns": {"label": "category"}},
+                           "good.csv: missing column 'category' (columns: text, label)"),
+        "missing column parquet": (_write(tmp_path / "g.parquet", good),
+                                   {"columns": {"text": "body"}},
+                                   "g.parquet: missing column 'body' (columns: text, label)"),
+        "missing key jsonl": (nolabel, {}, "nolabel.jsonl: line 2: missing key 'label'"),
+        "no usable rows": (empty, {}, "empty.csv: no usable rows (2 read, 2 with an empty field)"),
+        "malformed jsonl": (bad_json, {}, "bad.jsonl: line 2: invalid JSON"),
+        "non utf-8": (latin1, {}, "latin1.csv: not valid UTF-8 at byte 19 (line 3)"),
+        "ragged csv": (ragged, {}, "ragged.csv: line 3: expected 2 fields, got 3"),
+        "fractions": (csv_path, {"fractions": {"train": 0.9, "val": 0.1, "test": 0.1}},
+                      "prepare.split.fractions: fractions must sum to 1 (they sum to 1.1)"),
+        "empty split": (tiny, {}, "tiny.csv: split 'val' would be empty"),
+        "too few labels": (two_labels, {"by": "label"},
+                           "split by label needs at least 3 labels, the data has 2"),
+        "unknown params key": (csv_path, {"shuffle": True},
+                               "unknown key 'shuffle' in section 'prepare.split'"),
+        "mistyped params key": (csv_path, {"seed": 1.5},
+                                "prepare.split.seed: expected an integer, got 1.5"),
+    }
+
+
+BAD_CASES = ["missing file", "unknown extension", "missing column", "missing column parquet",
+             "missing key jsonl", "no usable rows", "malformed jsonl", "non utf-8", "ragged csv",
+             "fractions", "empty split", "too few labels", "unknown params key",
+             "mistyped params key"]
+
+
+def test_bad_case_list_is_complete(tmp_path: Path) -> None:
+    assert sorted(_bad_cases(tmp_path)) == sorted(BAD_CASES)
+
+
+@pytest.mark.parametrize("case", BAD_CASES)
+def test_bad_input_one_line_nonzero_no_output(tmp_path: Path, params_raw: dict[str, Any],
+                                              case: str) -> None:
+    path, edits, expected = _bad_cases(tmp_path)[case]
+    raw = _file_params(params_raw, path)
+    for key, value in edits.items():
+        if key == "columns":
+            raw["prepare"]["file"]["columns"].update(value)
+        else:
+            raw["prepare"]["split"][key] = value
+    code, output, out, _ = _run_stage(tmp_path, raw)
+    assert code == 1
+    lines = output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), output
+    assert expected in lines[0]
+    assert not out.parent.exists()  # nothing half-written
+
+
+def test_failed_run_keeps_previous_output(tmp_path: Path, params_raw: dict[str, Any]) -> None:
+    path = _write(tmp_path / "a.csv", _groups_rows())
+    assert _run_stage(tmp_path, _file_params(params_raw, path))[0] == 0
+    before = (tmp_path / "out" / "prepared" / "examples.parquet").read_bytes()
+    path.write_text("text,label\n")
+    code, output, out, _ = _run_stage(tmp_path, _file_params(params_raw, path))
+    assert code == 1 and "no usable rows" in output
+    assert (out / "examples.parquet").read_bytes() == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["prepare.json", "prepared"]
+
+
+def test_real_process_prints_no_traceback(tmp_path: Path, params_raw: dict[str, Any]) -> None:
+    raw = _file_params(params_raw, tmp_path / "missing.csv")
+    params = write_params(tmp_path / "params.yaml", raw)
+    proc = subprocess.run([sys.executable, "-m", "stages", "prepare", "--params", str(params),
+                           "--out", str(tmp_path / "o")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"error: {tmp_path / 'missing.csv'}: data file not found"
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_load_rejects_a_directory_without_prepared_data(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="no prepared data here"):
+        prepare.load(tmp_path)
