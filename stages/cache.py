@@ -1,0 +1,52 @@
+"""`cache`: embed every text once per frozen encoder into versioned Arrow files; `cache verify`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from stages._common import user_errors
+
+app = typer.Typer(help="Fill the embedding cache (or check it: `cache verify`).",
+                  no_args_is_help=False, add_completion=False)
+
+PARAMS = typer.Option(Path("params.yaml"), help="params file (`encoders` and `cache` sections)")
+PREPARED = typer.Option(Path("data/prepared"), help="prepared data directory")
+OUT = typer.Option(Path("cache"), help="cache root: one cache/<encoder>/ directory per encoder")
+
+
+@app.callback(invoke_without_command=True)
+@user_errors
+def cache(ctx: typer.Context, params: Path = PARAMS, prepared: Path = PREPARED,
+          out: Path = OUT) -> None:
+    """Embed every text each encoder needs, once, into cache/<encoder>/ (incremental)."""
+    if ctx.invoked_subcommand:
+        return
+    from simtune import cache as lib
+    from simtune import params as P
+
+    p = P.load(params)
+    lib.fill(prepared, out, p.encoders, p.cache)
+
+
+@app.command()
+@user_errors
+def verify(params: Path = PARAMS, prepared: Path = PREPARED, out: Path = OUT,
+           sample: int = typer.Option(64, help="cached texts to re-embed and compare"),
+           seed: int = typer.Option(0, help="seed of the sample")) -> None:
+    """Check checksums and row counts, re-embed a random sample; exit 1 on any mismatch."""
+    from simtune import cache as lib
+    from simtune import params as P
+    from simtune.encoders import resolve_device
+
+    p = P.load(params)
+    results = lib.verify(prepared, out, p.encoders, sample, seed, resolve_device(p.cache.device))
+    for r in results:
+        status = "ok" if not r.problems else "FAILED"
+        print(f"{r.encoder}: {status}: {r.rows} rows, {r.sampled} re-embedded, "
+              f"max abs diff {r.max_abs_diff:.3g}")
+        for problem in r.problems:
+            print(f"  {problem}")
+    if any(r.problems for r in results):
+        raise typer.Exit(1)
