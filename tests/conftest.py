@@ -25,3 +25,38 @@ def write_params(path: Path, raw: dict[str, Any]) -> Path:
 @pytest.fixture
 def params_raw() -> dict[str, Any]:
     return repo_params()
+
+
+WORDS = [
+    "the", "a", "an", "of", "to", "in", "on", "for", "with", "what", "who", "where", "when",
+    "how", "why", "is", "are", "was", "were", "do", "does", "did", "city", "river", "country",
+    "name", "people", "first", "largest", "capital", "film", "book", "song", "war", "year",
+    "number", "color", "animal", "food", "sport", "team", "game", "star", "planet", "water",
+    "money", "language", "president", "company", "mountain", "ocean", "island", "king", "queen",
+    "music", "art", "science", "law",
+]
+
+
+def save_tiny_bert(path: Path, seed: int = 0, hidden: int = 32) -> Path:
+    """A randomly initialised 2-layer BERT and a WordPiece tokenizer saved as a local model dir."""
+    import torch
+    import transformers
+
+    path.mkdir(parents=True, exist_ok=True)
+    letters = list("abcdefghijklmnopqrstuvwxyz0123456789?.,'")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *letters,
+             *(f"##{c}" for c in letters)]
+    tokenizer = transformers.BertTokenizerFast(vocab={t: i for i, t in enumerate(vocab)},
+                                               do_lower_case=True)
+    tokenizer.save_pretrained(path)
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=hidden,
+                                     num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=2 * hidden, max_position_embeddings=128)
+    torch.manual_seed(seed)
+    transformers.BertModel(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))

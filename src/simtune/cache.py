@@ -180,12 +180,13 @@ def _embed_missing(encoder: FrozenEncoder, missing: list[str], texts: dict[str, 
     buf_ids: list[str] = []
     buf_vecs: list[np.ndarray] = []
 
-    def flush() -> None:
-        if buf_ids:
-            journal.add(store.write_shard(directory, dist.rank, buf_ids, np.concatenate(buf_vecs),
-                                          manifest))
-            buf_ids.clear()
-            buf_vecs.clear()
+    def flush(rows: int) -> None:
+        """Write the first `rows` buffered rows as one shard, keep the rest buffered."""
+        vecs = np.concatenate(buf_vecs)
+        journal.add(store.write_shard(directory, dist.rank, buf_ids[:rows], vecs[:rows],
+                                      manifest))
+        del buf_ids[:rows]
+        buf_vecs[:] = [vecs[rows:]]
 
     manifest.dim = encoder.dim
     with Progress(len(mine), f"embedding with {encoder.name}") as progress, torch.inference_mode():
@@ -193,10 +194,20 @@ def _embed_missing(encoder: FrozenEncoder, missing: list[str], texts: dict[str, 
             buf_vecs.append(encoder.embed(batch).cpu().numpy())
             buf_ids.extend(mine[j] for j in idx)
             progress.update(len(idx))
-            if len(buf_ids) >= cp.shard_rows:
-                flush()
-        flush()
+            while len(buf_ids) >= cp.shard_rows:
+                flush(cp.shard_rows)
+        if buf_ids:
+            flush(len(buf_ids))
     return len(mine)
+
+
+def open_cache(out: Path, name: str, spec: EncoderParams, cp: CacheParams) -> store.CacheTable:
+    """Load `out/<name>/` for training or evaluation: fingerprint must match the current encoder
+    settings, every shard's checksum must match, then the table is placed per `cache_type`
+    (or its `mapping` entry). Hashing the model files here loads no weights."""
+    fp = fingerprint(describe(name, spec))
+    table = store.load(Path(out) / name, fingerprint=fp, checksums=True)
+    return store.place(table, cp.mapping.get(name, cp.cache_type))
 
 
 @dataclass

@@ -167,6 +167,14 @@ class Params(Section):
     encoders: EncodersParams
     cache: CacheParams
 
+    @model_validator(mode="after")
+    def _mapping_names_defined(self) -> Params:
+        for name in self.cache.mapping:
+            if name not in self.encoders.models:
+                raise ValueError(f"cache.mapping: encoder '{name}' is not defined in "
+                                 f"encoders.models (defined: {', '.join(self.encoders.models)})")
+        return self
+
 
 # pydantic error types -> the type name a user reads in the message
 _EXPECTED = {
@@ -250,3 +258,23 @@ def load(path: str | Path = "params.yaml") -> Params:
         line = f" at line {mark.line + 1}" if mark is not None else ""
         raise UserError(f"{path}: invalid YAML{line}: {getattr(e, 'problem', e)}") from None
     return validate(raw, str(path))
+
+
+def documented_keys(model: type[BaseModel] = Params, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted key, description) for every leaf key of the schema; a mapping of named entries
+    (like `encoders.models`) is shown as `<name>`."""
+    out = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        sub = None
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            sub, key = ann, f"{prefix}{name}."
+        elif getattr(ann, "__origin__", None) is dict:
+            value = ann.__args__[1]  # type: ignore[union-attr]
+            if isinstance(value, type) and issubclass(value, BaseModel):
+                sub, key = value, f"{prefix}{name}.<name>."
+        if sub is not None:
+            out += documented_keys(sub, key)
+        else:
+            out.append((prefix + name, field.description or ""))
+    return out

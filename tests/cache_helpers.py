@@ -1,0 +1,77 @@
+"""Helpers for cache tests: prepared data from a list of texts, params for the tiny encoder,
+and counting real encoder forward passes."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from simtune import params as P
+from simtune import prepare
+from tests.conftest import WORDS, repo_params
+
+
+def sentences(n: int, start: int = 0) -> list[str]:
+    """`n` distinct sentences of varied length built from the tiny vocabulary."""
+    out = []
+    for i in range(start, start + n):
+        k = 3 + (i * 7) % 11
+        out.append(" ".join(WORDS[(i * 13 + j * 5) % len(WORDS)] for j in range(k)) + f" {i}")
+    return out
+
+
+def make_prepared(root: Path, texts: list[str], raw: dict[str, Any] | None = None) -> Path:
+    """Prepare a groups data set of `texts` (one label, half train) into root/prepared."""
+    import json
+
+    root.mkdir(parents=True, exist_ok=True)
+    data = root / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "label": "L"}) + "\n" for t in texts))
+    raw = raw or repo_params()
+    raw["prepare"].update(source="file")
+    raw["prepare"]["file"]["path"] = str(data)
+    raw["prepare"]["split"]["fractions"] = {"train": 0.5, "val": 0.25, "test": 0.25}
+    prepared = prepare.build(P.validate(raw).prepare)
+    prepare.write(prepared, root / "prepared", root / "prepare.json")
+    return root / "prepared"
+
+
+def encoder_params(model: Path, **overrides: Any) -> dict[str, Any]:
+    spec = {"model": str(model), "pooling": "mean", "normalize": True, "max_length": 32,
+            "dtype": "float32", **overrides}
+    return {"query": "tiny", "document": "tiny", "models": {"tiny": spec}}
+
+
+def cache_params(**overrides: Any) -> dict[str, Any]:
+    return {"batch_size": 8, "num_workers": 0, "device": "cpu", "shard_rows": 1000,
+            "cache_type": "cpu", "mapping": {}, **overrides}
+
+
+def params(model: Path, enc: dict[str, Any] | None = None, **cache: Any) -> P.Params:
+    raw = repo_params()
+    raw["encoders"] = encoder_params(model, **(enc or {}))
+    raw["cache"] = cache_params(**cache)
+    return P.validate(raw)
+
+
+@contextlib.contextmanager
+def count_forward() -> Iterator[dict[str, int]]:
+    """Count calls and rows of every transformers PreTrainedModel forward in this process."""
+    import transformers
+
+    counts = {"calls": 0, "rows": 0}
+
+    def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+        if isinstance(module, transformers.PreTrainedModel):
+            counts["calls"] += 1
+            counts["rows"] += int(output.last_hidden_state.shape[0])
+
+    handle = torch.nn.modules.module.register_module_forward_hook(hook)
+    try:
+        yield counts
+    finally:
+        handle.remove()
