@@ -19,7 +19,7 @@ export TRANSFORMERS_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint clean-venv
+.PHONY: install run test lint bench clean-venv
 
 $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ run: install
 
 test: install
 	PATH="$(BIN):$$PATH" pytest -q
+
+# benchmarks: each prints a table and writes bench/<name>.json (peers measured in the same run)
+bench: install
+	$(UV) -c constraints.txt -e '.[bench]'
+	cd $(CURDIR) && $(BIN)/python -m bench.cache_fill
 
 lint: install
 	$(BIN)/ruff check .

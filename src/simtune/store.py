@@ -287,7 +287,8 @@ def load(directory: Path, fingerprint: str | None = None, checksums: bool = Fals
     if not tables:
         empty = torch.empty(0, dim, dtype=getattr(torch, manifest.dtype))
         return CacheTable(directory, manifest, pa.array([], pa.string()), empty)
-    ids = pa.concat_arrays([c for t in tables for c in t.column("text_id").chunks])
+    id_chunks = [c for t in tables for c in t.column("text_id").chunks]
+    ids = id_chunks[0] if len(id_chunks) == 1 else pa.concat_arrays(id_chunks)  # 1: no copy
     parts = [_vectors(t, dim) for t in tables]
     vectors = parts[0] if len(parts) == 1 else torch.cat(parts)
     return CacheTable(directory, manifest, ids, vectors)

@@ -1,0 +1,65 @@
+"""Shared bits of the benchmarks: machine description, timing, RSS, writing results."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", no GPU"
+    return f"{os.cpu_count()} CPU cores ({cpu}), torch {torch.__version__}{gpu}"
+
+
+def best_of(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    """Smallest wall time of `repeats` calls (the least disturbed run) and the last result."""
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """A Markdown table of `rows` (dicts) with `columns`."""
+    fmt = [[_cell(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(f[i]) for f in fmt)) for i, c in enumerate(columns)]
+    line = lambda cells: "| " + " | ".join(x.ljust(w) for x, w in zip(cells, widths)) + " |"  # noqa: E731
+    return "\n".join([line(columns), line(["-" * w for w in widths]), *map(line, fmt)])
+
+
+def _cell(x: Any) -> str:
+    if isinstance(x, float):
+        return f"{x:,.3g}" if abs(x) < 100 else f"{x:,.0f}"
+    return str(x)
+
+
+def write_results(name: str, payload: dict[str, Any]) -> Path:
+    path = HERE / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
