@@ -23,10 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import best_of, machine, rss_mb, table, write_results
-from simtune import cache, store
+from bench.common import best_of, machine, table, write_results
+from simtune import cache, prepare, store
 from simtune import params as P
-from simtune import prepare
 from simtune.encoders import FrozenEncoder, model_dir, pool
 
 ROOT = Path(__file__).resolve().parents[1]
