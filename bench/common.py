@@ -49,7 +49,8 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     """A Markdown table of `rows` (dicts) with `columns`."""
     fmt = [[_cell(r.get(c, "")) for c in columns] for r in rows]
     widths = [max(len(c), *(len(f[i]) for f in fmt)) for i, c in enumerate(columns)]
-    line = lambda cells: "| " + " | ".join(x.ljust(w) for x, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(x.ljust(w) for x, w in zip(cells, widths, strict=True)) + " |"
     return "\n".join([line(columns), line(["-" * w for w in widths]), *map(line, fmt)])
 
 
