@@ -118,7 +118,7 @@ def open_synthetic(rows: int, dim: int = 384) -> dict:
         manifest = store.Manifest("synthetic", "f" * 32, {}, "float32", dim)
         ids = [f"{i:032x}" for i in range(rows)]
         vectors = np.random.default_rng(0).standard_normal((rows, dim), dtype=np.float32)
-        manifest.shards.append(store.write_shard(directory, 0, ids, vectors, manifest))
+        manifest.shards.append(store.write_shard(directory, 0, ids, ids, vectors, manifest))
         store.write_manifest(directory, manifest)
         del vectors, ids
         out = {"table_mb": rows * dim * 4 / 2**20}

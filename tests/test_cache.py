@@ -492,3 +492,37 @@ def test_real_minilm_matches_a_plain_transformers_computation(tmp_path: Path) ->
     assert sims[0, 1] > 0.8 and sims[0, 2] < 0.3  # a paraphrase is near, another topic is far
     direct = FrozenEncoder("minilm", spec, torch.device("cpu")).encode(questions, 2)
     assert torch.allclose(direct, want, atol=1e-5)
+
+
+def test_custom_key_with_changed_text_is_re_embedded(tmp_path: Path, tiny_bert: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    from simtune import params as P
+    from simtune import prepare
+
+    def prepared_with(texts: list[str]) -> Path:
+        data = tmp_path / "keyed.jsonl"
+        data.write_text("".join(json.dumps({"id": f"k{i}", "text": t, "label": "L"}) + "\n"
+                                for i, t in enumerate(texts)))
+        raw = repo_params()
+        raw["prepare"]["source"] = "file"
+        raw["prepare"]["file"]["path"] = str(data)
+        raw["prepare"]["file"]["columns"]["key"] = "id"
+        raw["prepare"]["split"]["fractions"] = {"train": 0.5, "val": 0.25, "test": 0.25}
+        prepare.write(prepare.build(P.validate(raw).prepare), tmp_path / "prepared",
+                      tmp_path / "r.json")
+        return tmp_path / "prepared"
+
+    texts = sentences(20)
+    p = params(tiny_bert, shard_rows=8)
+    _fill(prepared_with(texts), tmp_path / "cache", p)
+    texts[3] = "a brand new text for key three"
+    caplog.set_level(logging.INFO, logger="simtune")
+    with count_forward() as counts:
+        [r] = _fill(prepared_with(texts), tmp_path / "cache", p)
+    assert (r.cached, r.embedded, counts["rows"]) == (19, 1, 1)
+    assert "1 keys now name a changed text" in caplog.text
+    table = store.load(tmp_path / "cache" / "tiny", checksums=True)
+    assert len(table) == 20
+    want = _manual(tiny_bert, texts, "mean", True)
+    got = table.vectors[table.index([f"k{i}" for i in range(20)])]
+    assert torch.allclose(got, want, atol=1e-5)

@@ -332,3 +332,30 @@ def test_real_process_prints_no_traceback(tmp_path: Path, params_raw: dict[str, 
 def test_load_rejects_a_directory_without_prepared_data(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="no prepared data here"):
         prepare.load(tmp_path)
+
+
+def test_custom_key_column_becomes_the_text_id(tmp_path: Path, params_raw: dict[str, Any]) -> None:
+    path = tmp_path / "k.jsonl"
+    rows = [{"id": f"doc-{i}", "text": t, "label": lab} for i, (t, lab) in
+            enumerate(_groups_rows(per_label=10))]
+    rows.append({"id": "doc-99", "text": "text 0 number 0", "label": "L0"})  # same text, new key
+    rows.append({"id": "doc-0", "text": "text 0 number 0", "label": "L0"})   # exact duplicate
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = _file_params(params_raw, path)
+    raw["prepare"]["file"]["columns"]["key"] = "id"
+    prepared = prepare.build(_params(raw))
+    ids = set(prepared.texts.column("text_id").to_pylist())
+    assert ids == {f"doc-{i}" for i in range(40)} | {"doc-99"}
+    assert prepared.report["duplicates"] == 1
+
+
+def test_custom_key_naming_two_texts_is_an_error(tmp_path: Path,
+                                                 params_raw: dict[str, Any]) -> None:
+    path = tmp_path / "k.jsonl"
+    path.write_text('{"id": "a", "text": "one", "label": "x"}\n'
+                    '{"id": "a", "text": "two", "label": "x"}\n')
+    raw = _file_params(params_raw, path)
+    raw["prepare"]["file"]["columns"]["key"] = "id"
+    with pytest.raises(UserError, match=r"k.jsonl: line 2: key 'a' already names another text "
+                                        r"\(line 1\)"):
+        prepare.build(_params(raw))

@@ -23,7 +23,7 @@ from simtune import store
 from simtune.encoders import FrozenEncoder, changes, describe, fingerprint, resolve_device
 from simtune.errors import UserError
 from simtune.params import CacheParams, EncoderParams, EncodersParams
-from simtune.prepare import Prepared
+from simtune.prepare import Prepared, text_id
 from simtune.prepare import load as load_prepared
 from simtune.progress import Progress
 
@@ -112,11 +112,12 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], director
     description = describe(name, spec)
     fp = fingerprint(description)
     if dist.rank == 0:
-        store.begin_fill(directory, name, fp, description, spec.dtype)
+        manifest = store.begin_fill(directory, name, fp, description, spec.dtype)
+        _drop_changed_texts(directory, manifest, texts)
     dist.barrier()
     manifest = store.read_manifest(directory)
     assert manifest is not None
-    have = store.cached_ids(directory, manifest)
+    have = store.cached_hashes(directory, manifest)
     missing = sorted(t for t in texts if t not in have)
     cached = len(texts) - len(missing)
     log.info("cache %s: %d cached, %d to embed", name, cached, len(missing))
@@ -131,6 +132,17 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], director
         log.info("cache %s: %d rows in %d shards", name, final.rows, len(final.shards))
     dist.barrier()
     return result
+
+
+def _drop_changed_texts(directory: Path, manifest: store.Manifest, texts: dict[str, str]) -> None:
+    """With custom keys, a key may now name another text: its cached row is stale, drop it.
+    (With content-hash ids a changed text is a new id, so nothing is ever dropped here.)"""
+    stale = {i for i, h in store.cached_hashes(directory, manifest).items()
+             if i in texts and h != text_id(texts[i])}
+    if stale:
+        log.warning("cache %s: %d keys now name a changed text: dropping their vectors",
+                    manifest.encoder, len(stale))
+        store.drop_rows(directory, manifest, stale)
 
 
 def _device(cp: CacheParams, dist: Dist) -> torch.device:
@@ -183,8 +195,9 @@ def _embed_missing(encoder: FrozenEncoder, missing: list[str], texts: dict[str, 
     def flush(rows: int) -> None:
         """Write the first `rows` buffered rows as one shard, keep the rest buffered."""
         vecs = np.concatenate(buf_vecs)
-        journal.add(store.write_shard(directory, dist.rank, buf_ids[:rows], vecs[:rows],
-                                      manifest))
+        ids = buf_ids[:rows]
+        hashes = [text_id(texts[t]) for t in ids]
+        journal.add(store.write_shard(directory, dist.rank, ids, hashes, vecs[:rows], manifest))
         del buf_ids[:rows]
         buf_vecs[:] = [vecs[rows:]]
 

@@ -104,7 +104,7 @@ def file_records(source: FileSource) -> tuple[Path, list[Record]]:
     fmt = file_format(source)
     if not path.is_file():
         raise UserError(f"{path}: data file not found")
-    wanted = ("text", "label") if source.kind == "groups" else ("query", "positive", "score")
+    wanted = ("text", "label", "key") if source.kind == "groups" else ("query", "positive", "score")
     cols = {k: c for k in wanted if (c := getattr(source.columns, k)) is not None}
     if fmt == "parquet":
         header, rows = _parquet_rows(path, list(cols.values()))

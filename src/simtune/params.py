@@ -61,6 +61,10 @@ class FileColumns(Section):
     query: str | None = Field(description="pairs: the query column")
     positive: str | None = Field(description="pairs: the positive document column")
     score: str | None = Field(description="pairs: optional similarity score column (1.0 if null)")
+    key: str | None = Field(
+        description="groups: optional column of your own stable ids, used as the cache key "
+        "instead of the content hash (Quaterion's key extractor); null: content hash"
+    )
 
 
 class FileSource(Section):
@@ -95,6 +99,8 @@ class PrepareParams(Section):
         if self.file.path is None:
             raise ValueError("file.path is required when source is 'file'")
         needed = ("text", "label") if self.file.kind == "groups" else ("query", "positive")
+        if self.file.kind == "pairs" and self.file.columns.key is not None:
+            raise ValueError("file.columns.key is supported for kind 'groups' only")
         for col in needed:
             if getattr(self.file.columns, col) is None:
                 raise ValueError(f"file.columns.{col} is required for kind '{self.file.kind}'")

@@ -2,13 +2,13 @@
 
 Outputs (a directory, written atomically):
 
-- `texts.parquet`    — `text_id` (string, 32 hex chars), `text` (string): every distinct text once.
+- `texts.parquet`    — `text_id` (string), `text` (string): every distinct text once.
 - `examples.parquet` — groups: `split`, `text_id`, `label`;
                        pairs:  `split`, `query_id`, `doc_id`, `score` (float32).
 - `meta.json`        — `{"kind": "groups" | "pairs", "format_version": 1}`.
 
 `text_id` is the blake2b-128 hash of the normalised text, so equal texts share one id across splits
-and runs (the cache embeds each once).
+and runs (the cache embeds each once) — or, with `prepare.file.columns.key`, the user's own id.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ def build(p: PrepareParams) -> Prepared:
 
 def _groups(path: Path, recs: list[data.Record], p: PrepareParams) -> Prepared:
     seen: dict[str, tuple[str, str]] = {}
+    first_at: dict[str, str] = {}
     conflicted: set[str] = set()
     empty = duplicates = 0
     for r in recs:
@@ -84,9 +85,13 @@ def _groups(path: Path, recs: list[data.Record], p: PrepareParams) -> Prepared:
         if not text or not label:
             empty += 1
             continue
-        tid = text_id(text)
+        # the id is the content hash, or the user's own key (then one key must mean one text)
+        tid = text_id(text) if "key" not in r.values else _key(path, r)
         if tid not in seen:
-            seen[tid] = (text, label)
+            seen[tid], first_at[tid] = (text, label), r.where
+        elif seen[tid][0] != text:
+            raise UserError(f"{path}: {r.where}: key '{tid}' already names another text "
+                            f"({first_at[tid]})")
         elif seen[tid][1] == label:
             duplicates += 1
         else:
@@ -113,6 +118,13 @@ def _groups(path: Path, recs: list[data.Record], p: PrepareParams) -> Prepared:
         "per_label": dict(sorted(per_label.items())),
     }
     return Prepared("groups", _texts_table({t: seen[t][0] for t in order}), examples, report)
+
+
+def _key(path: Path, r: data.Record) -> str:
+    key = str(r.values["key"]).strip()
+    if not key:
+        raise UserError(f"{path}: {r.where}: empty key")
+    return key
 
 
 def _split_groups(path: Path, label_of: dict[str, str], p: PrepareParams) -> dict[str, str]:

@@ -3,7 +3,9 @@
 A cache directory (one per encoder) holds:
 
 - `shard-<token>-r<rank>.arrow`: uncompressed Arrow IPC files, one record batch each, columns
-  `text_id: string` and `embedding: fixed_size_list<float32|float16>[dim]`; schema metadata
+  `text_id: string` (the key), `text_hash: string` (content hash of the embedded text, so a
+  custom key whose text changed is detected) and
+  `embedding: fixed_size_list<float32|float16>[dim]`; schema metadata
   `simtune.format_version` and `simtune.fingerprint`. Written under a temp name, then renamed.
 - `manifest.json`: format version, encoder name, fingerprint (+ the description it hashes, so a
   rebuild can say what changed), dim, dtype, and each shard's file, rows, bytes and sha256.
@@ -90,16 +92,18 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_shard(directory: Path, rank: int, ids: list[str], vectors: np.ndarray,
-                manifest: Manifest) -> Shard:
-    """Write one shard atomically. `vectors`: (n, dim) array, cast to the manifest's dtype."""
+def write_shard(directory: Path, rank: int, ids: list[str], hashes: list[str],
+                vectors: np.ndarray, manifest: Manifest) -> Shard:
+    """Write one shard atomically. `ids`, `hashes`: (n,) keys and content hashes;
+    `vectors`: (n, dim) array, cast to the manifest's dtype."""
     arrow_type, np_type = _DTYPES[manifest.dtype]
     n, dim = vectors.shape
     flat = pa.array(np.ascontiguousarray(vectors, dtype=np_type).reshape(-1), arrow_type)
-    schema = pa.schema([("text_id", pa.string()), ("embedding", pa.list_(arrow_type, dim))],
+    schema = pa.schema([("text_id", pa.string()), ("text_hash", pa.string()),
+                        ("embedding", pa.list_(arrow_type, dim))],
                        metadata={"simtune.format_version": str(FORMAT_VERSION),
                                  "simtune.fingerprint": manifest.fingerprint})
-    batch = pa.record_batch([pa.array(ids, pa.string()),
+    batch = pa.record_batch([pa.array(ids, pa.string()), pa.array(hashes, pa.string()),
                              pa.FixedSizeListArray.from_arrays(flat, dim)], schema=schema)
     name = f"shard-{secrets.token_hex(6)}-r{rank}.arrow"
     final, tmp = Path(directory) / name, Path(directory) / f".{name}.tmp"
@@ -202,12 +206,32 @@ def finish_fill(directory: Path, dim: int | None) -> Manifest:
     return manifest
 
 
-def cached_ids(directory: Path, manifest: Manifest) -> set[str]:
-    """Text ids present in the manifest's shards (reads only the `text_id` columns)."""
-    ids: set[str] = set()
+def cached_hashes(directory: Path, manifest: Manifest) -> dict[str, str]:
+    """text id -> content hash of every cached row (reads only those two columns)."""
+    out: dict[str, str] = {}
     for s in manifest.shards:
-        ids.update(_open(Path(directory), s, manifest).column("text_id").to_pylist())
-    return ids
+        t = _open(Path(directory), s, manifest)
+        out.update(zip(t.column("text_id").to_pylist(), t.column("text_hash").to_pylist(),
+                       strict=True))
+    return out
+
+
+def drop_rows(directory: Path, manifest: Manifest, ids: set[str]) -> None:
+    """Remove the rows of `ids` (keys whose text changed): each shard holding one is rewritten
+    without them, the manifest swapped atomically, then the old file deleted."""
+    directory = Path(directory)
+    for i, s in enumerate(list(manifest.shards)):
+        t = _open(directory, s, manifest)
+        keep = pc.invert(pc.is_in(t.column("text_id"), value_set=pa.array(list(ids), pa.string())))
+        if pc.all(keep).as_py():
+            continue
+        t = t.filter(keep)
+        new = [] if t.num_rows == 0 else [write_shard(
+            directory, 0, t.column("text_id").to_pylist(), t.column("text_hash").to_pylist(),
+            _vectors(t, manifest.dim or 0).numpy(), manifest)]
+        manifest.shards[i : i + 1] = new
+        write_manifest(directory, manifest)
+        (directory / s.file).unlink()
 
 
 def _open(directory: Path, shard: Shard, manifest: Manifest) -> pa.Table:
