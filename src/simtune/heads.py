@@ -1,0 +1,122 @@
+"""Trainable heads over frozen embeddings; saved as safetensors + JSON, loadable without Lightning.
+
+Every head maps (B, dim) -> (B, dim) and, except `linear`, starts at (or very near) the identity,
+so training starts from the frozen encoder's quality instead of from noise.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from simtune.errors import UserError
+
+FORMAT_VERSION = 1
+TYPES = ("identity", "linear", "skip_connection", "gated", "mlp")
+
+
+class Head(nn.Module):
+    """Base: remembers its construction arguments for `save`/`load`."""
+
+    def __init__(self, kind: str, dim: int, expansion: int, dropout: float) -> None:
+        super().__init__()
+        self.config = {"type": kind, "dim": dim, "expansion": expansion, "dropout": dropout,
+                       "format_version": FORMAT_VERSION}
+
+
+class Identity(Head):
+    """The frozen encoder itself: the baseline."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class Linear(Head):
+    """y = W x + b, W initialised to the identity."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        dim = self.config["dim"]
+        self.fc = nn.Linear(dim, dim)
+        with torch.no_grad():
+            self.fc.weight.copy_(torch.eye(dim))
+            self.fc.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+class SkipConnection(Head):
+    """y = x + sigmoid(g) * (W x + b): a gated residual; gates start at sigmoid(-4) = 0.018."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        dim = self.config["dim"]
+        self.fc = nn.Linear(dim, dim)
+        self.gates = nn.Parameter(torch.full((dim,), -4.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.sigmoid(self.gates) * self.fc(x)
+
+
+class Gated(Head):
+    """y = 2 sigmoid(g) * x: per-dimension gates that can mute or amplify; exact identity at init."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.gates = nn.Parameter(torch.zeros(self.config["dim"]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * torch.sigmoid(self.gates) * x
+
+
+class MLP(Head):
+    """y = x + W2 dropout(gelu(W1 x)), hidden = expansion * dim; W2 = 0 so identity at init."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        dim, hidden = self.config["dim"], self.config["dim"] * self.config["expansion"]
+        self.net = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(),
+                                 nn.Dropout(self.config["dropout"]), nn.Linear(hidden, dim))
+        nn.init.zeros_(self.net[-1].weight)
+        nn.init.zeros_(self.net[-1].bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.net(x)
+
+
+_CLASSES: dict[str, type[Head]] = {"identity": Identity, "linear": Linear,
+                                   "skip_connection": SkipConnection, "gated": Gated, "mlp": MLP}
+
+
+def build(kind: str, dim: int, expansion: int, dropout: float) -> Head:
+    """A new head of `kind` over `dim`-dimensional embeddings."""
+    return _CLASSES[kind](kind, dim, expansion, dropout)
+
+
+def save(head: Head, directory: Path) -> None:
+    """Write `model.safetensors` and `config.json` into `directory` (created)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
+    save_file(tensors, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(head.config, indent=2) + "\n")
+
+
+def load(directory: Path) -> Head:
+    """Rebuild a saved head (no Lightning needed); `UserError` if the directory is not one."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise UserError(f"{directory}: no trained head here (run the train stage)")
+    config = json.loads(config_path.read_text())
+    head = build(config["type"], config["dim"], config["expansion"], config["dropout"])
+    head.load_state_dict(load_file(str(directory / "model.safetensors")))
+    return head.eval()

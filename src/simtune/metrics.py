@@ -1,0 +1,95 @@
+"""Exact retrieval metrics with streaming top-k: memory O(chunk x corpus), never queries x corpus.
+
+Definitions (trec_eval and the metric-learning literature; binary relevance):
+- P@1: 1 if the first result is relevant.
+- Recall@k: relevant items in the top k / relevant items in the corpus (R).
+- MRR@10: 1 / rank of the first relevant item within the top 10, else 0.
+- nDCG@10: sum over the top 10 of rel_i / log2(i + 1), divided by the same for an ideal ranking.
+- MAP@R (Musgrave et al. 2020): (1 / R) * sum over the top R of P@i * rel_i.
+A query with no relevant item in the corpus scores 0 on every metric and is counted, never
+dropped. Ties in score are broken by corpus index (lower first), so rankings are deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+Relevance = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def topk(queries: torch.Tensor, corpus: torch.Tensor, k: int, chunk: int = 1024,
+         exclude: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosine top-k of each query: (Q, D), (N, D) -> scores (Q, k), indices (Q, k).
+
+    `exclude` (Q,) gives for each query a corpus index to leave out (leave-one-out), or -1.
+    Exact; ties broken by lower corpus index. Memory O(chunk x N).
+    """
+    q_all, c = F.normalize(queries.float(), dim=-1), F.normalize(corpus.float(), dim=-1)
+    k = min(k, c.shape[0] - (exclude is not None))
+    out_s, out_i = [], []
+    for s in range(0, q_all.shape[0], chunk):
+        scores = q_all[s : s + chunk] @ c.T
+        if exclude is not None:
+            ex = exclude[s : s + chunk]
+            rows = torch.nonzero(ex >= 0).squeeze(1)
+            scores[rows, ex[rows]] = -torch.inf
+        sc, ix = _topk_stable(scores, k)
+        out_s.append(sc)
+        out_i.append(ix)
+    return torch.cat(out_s), torch.cat(out_i)
+
+
+def _topk_stable(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k per row with ties at every position ordered by column index."""
+    threshold = torch.topk(scores, k, dim=1).values[:, -1:]
+    above = scores > threshold
+    equal = scores == threshold
+    need = k - above.sum(1, keepdim=True)
+    chosen = above | (equal & (equal.cumsum(1) <= need))  # the first tied columns only
+    idx = chosen.nonzero()[:, 1].view(scores.shape[0], k)  # ascending column order
+    vals = scores.gather(1, idx)
+    order = torch.sort(vals, dim=1, descending=True, stable=True).indices
+    return vals.gather(1, order), idx.gather(1, order)
+
+
+@dataclass
+class Ranked:
+    """Binary relevance of each query's top-k (Q, k) and its number of relevant items (Q,)."""
+
+    rel: torch.Tensor
+    n_relevant: torch.Tensor
+
+
+def rank(queries: torch.Tensor, corpus: torch.Tensor, relevant: Relevance,
+         n_relevant: torch.Tensor, k: int, exclude: torch.Tensor | None = None,
+         chunk: int = 1024) -> Ranked:
+    """Top-k of every query, mapped to relevance by `relevant(query_idx (c,), idx (c, k))`."""
+    _, idx = topk(queries, corpus, k, chunk, exclude)
+    rel = torch.cat([relevant(torch.arange(s, min(s + chunk, len(idx))), idx[s : s + chunk])
+                     for s in range(0, len(idx), chunk)]) if len(idx) else idx.bool()
+    return Ranked(rel.bool(), n_relevant)
+
+
+def scores(r: Ranked, ks: tuple[int, ...]) -> dict[str, float]:
+    """Mean P@1, Recall@k for each k, MRR@10, nDCG@10, MAP@R over all queries."""
+    rel, n = r.rel.float(), r.n_relevant.float()
+    k = rel.shape[1]
+    pos = torch.arange(1, k + 1, dtype=torch.float32)
+    out = {"p@1": rel[:, 0].mean().item() if k else 0.0}
+    for kk in ks:
+        out[f"recall@{kk}"] = (rel[:, :kk].sum(1) / n.clamp_min(1)).mean().item()
+    top10 = rel[:, :10]
+    first = torch.where(top10.any(1), top10.argmax(1).float() + 1, torch.inf)
+    out["mrr@10"] = (1 / first).mean().item()
+    discount = 1 / torch.log2(pos[:10] + 1)
+    dcg = (top10 * discount[: top10.shape[1]]).sum(1)
+    ideal = (torch.arange(top10.shape[1])[None] < n[:, None]).float() * discount[: top10.shape[1]]
+    out["ndcg@10"] = (dcg / ideal.sum(1).clamp_min(1e-12)).mean().item()
+    within_r = (pos[None] <= n[:, None]).float()
+    precision_at = rel.cumsum(1) / pos
+    out["map@r"] = ((precision_at * rel * within_r).sum(1) / n.clamp_min(1)).mean().item()
+    return out
