@@ -10,6 +10,7 @@ import typer
 
 from stages.cache import app as cache_app
 from stages.prepare import prepare
+from stages.train import train
 
 app = typer.Typer(
     name="simtune",
@@ -20,6 +21,7 @@ app = typer.Typer(
 )
 app.command("prepare")(prepare)
 app.add_typer(cache_app, name="cache")
+app.command("train")(train)
 
 
 @app.callback()

@@ -11,11 +11,16 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 
+OUTPUTS = ("models/", "reports/", "cache/", "data/prepared/", "dvc.lock", "bench/")
+
+
 def project_files() -> list[str]:
-    """Tracked and untracked-but-not-ignored files of the checkout (what a commit would hold)."""
+    """Tracked and untracked-but-not-ignored files of the checkout (what a commit would hold),
+    minus pipeline outputs a developer's checkout may hold."""
     out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout
-    return [f for f in out.splitlines() if (ROOT / f).is_file()]
+    return [f for f in out.splitlines()
+            if (ROOT / f).is_file() and not f.startswith(OUTPUTS)]
 
 
 class DvcProject:

@@ -49,3 +49,27 @@ def test_ties_break_by_lower_corpus_index_and_exclusion() -> None:
     assert idx.tolist() == [[0, 2, 3], [0, 2, 3]]
     _, idx = metrics.topk(q, c, k=3, exclude=torch.tensor([2, -1]))
     assert idx.tolist() == [[0, 3, 4], [0, 2, 3]]
+
+
+def test_group_scores_leave_one_out_by_hand() -> None:
+    # 1-d directions: 0,1 close (label 0); 2 (label 1) near 1; 3 (label 2) alone
+    v = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.8, 0.3], [-1.0, 0.0]])
+    labels = torch.tensor([0, 0, 1, 2])
+    got, no_rel = metrics.group_scores(v, labels, None, None, ks=(1,))
+    # query 0 -> 1 (rel); query 1 -> 0 (rel); query 2: R=0; query 3: R=0
+    assert no_rel == 2
+    assert got["p@1"] == pytest.approx(0.5)
+    assert got["mrr@10"] == pytest.approx(0.5)
+
+
+def test_pair_scores_by_hand() -> None:
+    q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    c = torch.tensor([[0.0, 1.0], [1.0, 0.1], [0.7, 0.7]])
+    pairs = torch.tensor([[0, 2], [1, 0], [1, 1]])
+    got, no_rel = metrics.pair_scores(q, c, pairs, ks=(1, 2))
+    # q0 ranking: 1, 2, 0 -> relevant 2 at rank 2; q1 ranking: 0, 2, 1 -> relevant at 1 and 3
+    assert no_rel == 0
+    assert got["p@1"] == pytest.approx(0.5)
+    assert got["mrr@10"] == pytest.approx((0.5 + 1) / 2)
+    assert got["recall@2"] == pytest.approx((1 + 0.5) / 2)
+    assert got["map@r"] == pytest.approx((0 + 0.5) / 2)  # q0: R=1, top1 miss; q1: R=2, P@1=1

@@ -54,12 +54,25 @@ def test_cache_stage_reruns_only_for_vector_changes(tmp_path: Path) -> None:
     raw["prepare"]["file"]["path"] = "data/raw/mine.csv"
     raw["encoders"] = encoder_params(model)
     raw["cache"]["device"] = "cpu"
+    raw["train"].update(batch_size=8, max_epochs=2)
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
 
     first = project.dvc("repro")
     assert "Running stage 'prepare'" in first.stdout and "Running stage 'cache'" in first.stdout
     assert "cache tiny: 0 cached, 60 to embed" in first.stderr
     assert project.dvc("status", "--json").stdout.strip() == "{}"
+
+    assert "Running stage 'train'" in first.stdout
+    assert (project.path / "models" / "head" / "model.safetensors").is_file()
+
+    # a train key reruns train only, and no encoder is loaded
+    raw["train"]["lr"] = 0.002
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+    retrain = project.dvc("repro")
+    assert "Running stage 'train'" in retrain.stdout
+    assert "Running stage 'cache'" not in retrain.stdout
+    assert "Running stage 'prepare'" not in retrain.stdout
+    assert "loaded encoder" not in retrain.stderr
 
     # a fill knob changes no vector: nothing reruns
     raw["cache"]["batch_size"] = 7

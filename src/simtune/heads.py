@@ -63,7 +63,7 @@ class SkipConnection(Head):
 
 
 class Gated(Head):
-    """y = 2 sigmoid(g) * x: per-dimension gates that can mute or amplify; exact identity at init."""
+    """y = 2 sigmoid(g) * x: per-dimension gates that mute or amplify; the identity at init."""
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)  # type: ignore[arg-type]

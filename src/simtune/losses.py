@@ -43,12 +43,18 @@ def pairwise_distance(a: torch.Tensor, b: torch.Tensor, distance: str) -> torch.
 
 
 class Gather:
-    """Columns from every process (with gradients) and global counts; identity when alone."""
+    """Columns from every process (with gradients) and global counts; identity when alone.
 
-    def __init__(self) -> None:
+    World size and rank are read at each call: the loss is built before DDP starts."""
+
+    @property
+    def world(self) -> int:
         dist = torch.distributed
-        self.world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        self.rank = dist.get_rank() if self.world > 1 else 0
+        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+    @property
+    def rank(self) -> int:
+        return torch.distributed.get_rank() if self.world > 1 else 0
 
     def columns(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         """All processes' rows of `x` concatenated, and the offset of this process's rows."""

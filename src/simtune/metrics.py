@@ -93,3 +93,40 @@ def scores(r: Ranked, ks: tuple[int, ...]) -> dict[str, float]:
     precision_at = rel.cumsum(1) / pos
     out["map@r"] = ((precision_at * rel * within_r).sum(1) / n.clamp_min(1)).mean().item()
     return out
+
+
+def group_scores(queries: torch.Tensor, q_labels: torch.Tensor, corpus: torch.Tensor | None,
+                 c_labels: torch.Tensor | None, ks: tuple[int, ...], chunk: int = 1024
+                 ) -> tuple[dict[str, float], int]:
+    """Groups retrieval: relevant = same label. `corpus` None: leave-one-out over `queries`.
+
+    Returns (metrics, number of queries without any relevant item in the corpus).
+    """
+    leave_one_out = corpus is None
+    corpus = queries if corpus is None else corpus
+    c_labels = q_labels if c_labels is None else c_labels
+    counts = torch.bincount(c_labels, minlength=int(max(q_labels.max(), c_labels.max())) + 1)
+    n_rel = counts[q_labels] - (1 if leave_one_out else 0)
+    k = max(*ks, 10, int(n_rel.max()) if len(n_rel) else 1)
+    exclude = torch.arange(len(queries)) if leave_one_out else None
+
+    def relevant(qi: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return c_labels[idx] == q_labels[qi][:, None]
+
+    ranked = rank(queries, corpus, relevant, n_rel, k, exclude, chunk)
+    return scores(ranked, ks), int((n_rel == 0).sum())
+
+
+def pair_scores(queries: torch.Tensor, corpus: torch.Tensor, pairs: torch.Tensor,
+                ks: tuple[int, ...], chunk: int = 1024) -> tuple[dict[str, float], int]:
+    """Pairs retrieval: `pairs` (P, 2) rows of (query index, relevant corpus index)."""
+    n = corpus.shape[0]
+    keys = torch.unique(pairs[:, 0] * n + pairs[:, 1])
+    n_rel = torch.bincount(keys // n, minlength=queries.shape[0])
+    k = max(*ks, 10, int(n_rel.max()) if len(n_rel) else 1)
+
+    def relevant(qi: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return torch.isin(qi[:, None] * n + idx, keys)
+
+    ranked = rank(queries, corpus, relevant, n_rel, k, None, chunk)
+    return scores(ranked, ks), int((n_rel == 0).sum())

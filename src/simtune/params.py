@@ -7,15 +7,25 @@ wrong type names the key, the expected type and the value given. Each stage take
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from simtune.errors import UserError
 
 SPLITS = ("train", "val", "test")
+_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)$")
+
+
+def _yaml_float(value: Any) -> Any:
+    """PyYAML reads `1e-3` as a string (YAML 1.1); accept it as the number it is meant to be."""
+    return float(value) if isinstance(value, str) and _FLOAT.match(value.strip()) else value
+
+
+Number = Annotated[float, BeforeValidator(_yaml_float)]
 
 
 class Section(BaseModel):
@@ -166,12 +176,92 @@ class CacheParams(Section):
     )
 
 
+class HeadParams(Section):
+    """The trainable head over the (cached) embeddings."""
+
+    type: Literal["identity", "linear", "skip_connection", "gated", "mlp"] = Field(
+        description="`identity` (the frozen baseline), `linear`, `skip_connection` (gated "
+        "residual, starts near identity), `gated` (per-dimension gates) or `mlp` (residual MLP)"
+    )
+    expansion: int = Field(gt=0, description="mlp: hidden width = expansion x embedding dim")
+    dropout: Number = Field(ge=0, lt=1, description="mlp: dropout on the hidden layer")
+
+
+class LossParams(Section):
+    """The similarity loss; which keys matter depends on `name`."""
+
+    name: Literal["supcon", "triplet", "contrastive", "arcface", "mnrl"] = Field(
+        description="groups: `supcon`, `triplet`, `contrastive`, `arcface`; "
+        "pairs: `mnrl`, `contrastive` (score-weighted)"
+    )
+    distance: Literal["cosine", "dot", "euclidean"] = Field(description="distance/similarity")
+    temperature: Number = Field(gt=0, description="supcon: softmax temperature")
+    margin: Number = Field(ge=0, description="triplet, contrastive, arcface: margin")
+    mining: Literal["batch_all", "batch_hard", "semi_hard"] = Field(
+        description="triplet: which triplets of the batch count"
+    )
+    scale: Number = Field(gt=0, description="mnrl and arcface: logit scale")
+    symmetric: bool = Field(description="mnrl: also rank queries for each document")
+
+
+class GradCacheParams(Section):
+    """GradCache: contrastive batches larger than memory, with the full-batch gradient."""
+
+    chunk_size: int = Field(ge=0, description="rows per GradCache chunk; 0 turns GradCache off")
+
+
+class TrainParams(Section):
+    """`train`: the head, the loss and the Lightning loop."""
+
+    mode: Literal["head", "full"] = Field(
+        description="`head`: train the head on cached embeddings (fast); `full`: the encoder "
+        "in the loop and trainable, no cache (the slow path)"
+    )
+    head: HeadParams
+    loss: LossParams
+    batch_size: int = Field(gt=1, description="examples per batch per process")
+    m_per_label: int = Field(ge=0, description="groups: m examples of each label per batch "
+                             "(0: plain shuffling)")
+    lr: Number = Field(gt=0, description="AdamW learning rate of the head (and loss parameters)")
+    encoder_lr: Number = Field(gt=0, description="full mode: learning rate of the encoder")
+    weight_decay: Number = Field(ge=0, description="AdamW weight decay")
+    max_epochs: int = Field(gt=0, description="upper bound on epochs")
+    patience: int = Field(ge=0, description="epochs without a better validation metric before "
+                          "stopping early")
+    monitor: Literal["p@1", "mrr@10", "ndcg@10", "map@r"] = Field(
+        description="validation retrieval metric for early stopping and the best checkpoint"
+    )
+    seed: int = Field(description="seed of initialisation, shuffling and dropout")
+    precision: Literal["32-true", "bf16-mixed", "16-mixed"] = Field(
+        description="`32-true` (CPU default), `bf16-mixed` or `16-mixed` (GPU; loss scaler)"
+    )
+    accelerator: Literal["auto", "cpu", "gpu"] = Field(description="Lightning accelerator")
+    devices: int = Field(gt=0, description="processes (GPUs, or CPU processes) per node")
+    strategy: Literal["auto", "ddp", "ddp_spawn", "fsdp"] = Field(
+        description="Lightning strategy: `ddp` (torchrun/SLURM/multi-GPU), `ddp_spawn`, `fsdp`"
+    )
+    num_nodes: int = Field(gt=0, description="nodes for multi-node DDP")
+    num_workers: int = Field(ge=0, description="full mode: DataLoader workers that tokenise")
+    gradcache: GradCacheParams
+
+    @model_validator(mode="after")
+    def _gradcache_fits(self) -> TrainParams:
+        if self.gradcache.chunk_size > self.batch_size:
+            raise ValueError(f"gradcache.chunk_size ({self.gradcache.chunk_size}) is larger "
+                             f"than batch_size ({self.batch_size})")
+        if self.m_per_label == 1:
+            raise ValueError("m_per_label: 1 puts one example per label in a batch, so a batch "
+                             "can never hold a positive; use 0 or >= 2")
+        return self
+
+
 class Params(Section):
     """The whole `params.yaml`."""
 
     prepare: PrepareParams
     encoders: EncodersParams
     cache: CacheParams
+    train: TrainParams
 
     @model_validator(mode="after")
     def _mapping_names_defined(self) -> Params:

@@ -1,0 +1,308 @@
+"""The `train` stage, wired with PyTorch Lightning (imported here only, lazily by the stage).
+
+Head mode: a batch is a tensor of example indices; the step gathers their rows from the resident
+cache table and runs the head. Full mode: the DataLoader tokenises the batch's texts in workers
+and the encoder runs (and learns) in the loop. GradCache switches to manual optimisation.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from simtune import heads
+from simtune.atomic import atomic_dir, write_json
+from simtune.encoders import model_dir, pool
+from simtune.errors import UserError
+from simtune.gradcache import cuda_devices
+from simtune.gradcache import step as gradcache_step
+from simtune.params import Params, TrainParams
+from simtune.sampling import EpochBatches
+from simtune.train_data import (
+    Split,
+    TrainData,
+    build_loss,
+    check_trainable,
+    load_data,
+    split_metrics,
+)
+
+log = logging.getLogger("simtune.train")
+
+
+def _slice(batch: Any, s: int, e: int) -> Any:
+    if isinstance(batch, dict):
+        return {k: _slice(v, s, e) for k, v in batch.items()}
+    return batch[s:e]
+
+
+class SimilarityModule(pl.LightningModule):
+    """A head (+ the encoder in full mode) and a similarity loss over `TrainData`."""
+
+    def __init__(self, data: TrainData, p: Params) -> None:
+        super().__init__()
+        self.data, self.t, self.p = data, p.train, p
+        t = self.t
+        self.head = heads.build(t.head.type, data.dim, t.head.expansion, t.head.dropout)
+        self.loss_fn = build_loss(data.kind, t, data.num_classes, data.dim)
+        self.encoder = self.tokenizer = None
+        if t.mode == "full":
+            import transformers
+
+            name = p.encoders.query
+            self.spec = p.encoders.models[name]
+            path = model_dir(name, self.spec)
+            self.encoder = transformers.AutoModel.from_pretrained(path, local_files_only=True)
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.automatic_optimization = t.gradcache.chunk_size == 0
+
+    # --- representations -------------------------------------------------------------------
+
+    def _pooled(self, tokens: dict[str, torch.Tensor]) -> torch.Tensor:
+        assert self.encoder is not None
+        tokens = {k: v.to(self.device, non_blocking=True) for k, v in tokens.items()}
+        vec = pool(self.encoder(**tokens).last_hidden_state, tokens["attention_mask"],
+                   self.spec.pooling).float()
+        return torch.nn.functional.normalize(vec, dim=-1) if self.spec.normalize else vec
+
+    def _cached(self, table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        rows = rows.to(table.device)
+        return table[rows].to(self.device, non_blocking=True).float()
+
+    def encode(self, part: dict[str, Any]) -> torch.Tensor:
+        """Training batch part -> representations: groups (c, D); pairs (c, 2, D)."""
+        tr = self.data.splits["train"].tensors
+        idx = part["idx"]
+        if self.data.kind == "groups":
+            x = self._pooled(part["tokens"]) if self.encoder else self._cached(
+                self.data.q_vectors, tr["rows"][idx])
+            return self.head(x)
+        if self.encoder:
+            q, d = self._pooled(part["q_tokens"]), self._pooled(part["d_tokens"])
+        else:
+            q = self._cached(self.data.q_vectors, tr["q_rows"][idx])
+            d = self._cached(self.data.d_vectors, tr["d_rows"][idx])
+        return torch.stack([self.head(q), self.head(d)], 1)
+
+    def loss_of(self, reps: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        tr, dev = self.data.splits["train"].tensors, self.device
+        if self.data.kind == "groups":
+            return self.loss_fn(reps, tr["labels"][idx].to(dev))
+        return self.loss_fn(reps[:, 0], reps[:, 1], tr["q_ids"][idx].to(dev),
+                            tr["d_ids"][idx].to(dev), tr["scores"][idx].to(dev))
+
+    # --- training ------------------------------------------------------------------------------
+
+    def training_step(self, batch: dict[str, Any], _: int) -> torch.Tensor | None:
+        idx = batch["idx"]
+        if self.automatic_optimization:
+            loss = self.loss_of(self.encode(batch), idx)
+        else:
+            loss = self._gradcache_step(batch, idx)
+        self.log("train/loss", loss, on_step=False, on_epoch=True, prog_bar=True,
+                 batch_size=len(idx), sync_dist=True)
+        return loss if self.automatic_optimization else None
+
+    def _gradcache_step(self, batch: dict[str, Any], idx: torch.Tensor) -> torch.Tensor:
+        opt = self.optimizers()
+        opt.zero_grad()  # type: ignore[union-attr]
+        c = self.t.gradcache.chunk_size
+        chunks = [_slice(batch, s, s + c) for s in range(0, len(idx), c)]
+        loss = gradcache_step(self.encode, chunks, lambda reps: self.loss_of(reps, idx),
+                              backward=self.manual_backward, devices=cuda_devices(self))
+        self._all_reduce_grads()
+        opt.step()  # type: ignore[union-attr]
+        return loss
+
+    def on_train_start(self) -> None:
+        if not self.automatic_optimization and self.trainer.world_size > 1:
+            # GradCache reduces gradients itself, once per step (after the last chunk)
+            self.trainer.model.require_backward_grad_sync = False  # type: ignore[union-attr]
+
+    def _all_reduce_grads(self) -> None:
+        world = self.trainer.world_size
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if world == 1 or not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        torch.distributed.all_reduce(flat)
+        flat /= world
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        groups = [{"params": [*self.head.parameters(), *self.loss_fn.parameters()],
+                   "lr": self.t.lr}]
+        if self.encoder is not None:
+            groups.append({"params": list(self.encoder.parameters()), "lr": self.t.encoder_lr})
+        return torch.optim.AdamW(groups, weight_decay=self.t.weight_decay)
+
+    # --- data ----------------------------------------------------------------------------------
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        tr = self.data.splits["train"]
+        sampler = EpochBatches(len(tr), self.t.batch_size, self.t.seed,
+                               self.trainer.world_size, self.global_rank,
+                               tr.tensors.get("labels"), self.t.m_per_label)
+        collate = _Collate(tr, self.tokenizer, self.spec.max_length if self.encoder else 0)
+        return torch.utils.data.DataLoader(
+            range(len(tr)), batch_sampler=sampler, collate_fn=collate,
+            num_workers=self.t.num_workers if self.encoder else 0,
+            pin_memory=self.encoder is not None and torch.cuda.is_available())
+
+    def val_dataloader(self) -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader([0])  # one step: the whole split is scored at once
+
+    def validation_step(self, batch: Any, _: int) -> None:
+        scores, _ = split_metrics(self.data, "val", self.embed_split)
+        self.log_dict({f"val/{k}": v for k, v in scores.items()}, batch_size=1)
+
+    def embed_split(self, sp: Split, role: str) -> torch.Tensor:
+        """(n, D) vectors of a split's examples for `role` (text | query | doc), chunked."""
+        if self.encoder is not None:
+            texts = sp.texts["texts" if role == "text" else f"{role[0]}_texts"]
+            out = []
+            for i in range(0, len(texts), self.t.batch_size):
+                tokens = self.tokenizer(texts[i : i + self.t.batch_size], padding=True,
+                                        truncation=True, max_length=self.spec.max_length,
+                                        return_tensors="pt")
+                out.append(self.head(self._pooled(dict(tokens))))
+            return torch.cat(out)
+        key = {"text": "rows", "query": "q_rows", "doc": "d_rows"}[role]
+        table = self.data.d_vectors if role == "doc" else self.data.q_vectors
+        rows = sp.tensors[key]
+        return torch.cat([self.head(self._cached(table, rows[i : i + 8192]))
+                          for i in range(0, len(rows), 8192)])
+
+
+class _Collate:
+    """Example indices -> batch: {idx} in head mode, plus tokenised texts in full mode (this
+    runs in DataLoader workers, off the training thread)."""
+
+    def __init__(self, split: Split, tokenizer: Any, max_length: int) -> None:
+        self.split, self.tokenizer, self.max_length = split, tokenizer, max_length
+
+    def __call__(self, idx: list[int]) -> dict[str, Any]:
+        out: dict[str, Any] = {"idx": torch.tensor(idx, dtype=torch.long)}
+        if self.tokenizer is None:
+            return out
+        for key, name in (("tokens", "texts"), ("q_tokens", "q_texts"), ("d_tokens", "d_texts")):
+            if name in self.split.texts:
+                texts = [self.split.texts[name][i] for i in idx]
+                out[key] = dict(self.tokenizer(texts, padding=True, truncation=True,
+                                               max_length=self.max_length, return_tensors="pt"))
+        return out
+
+
+class _Best(pl.Callback):
+    """Keeps a copy of the best head (and encoder) by the monitored validation metric, and
+    per-epoch timings."""
+
+    def __init__(self, monitor: str) -> None:
+        self.monitor, self.best, self.state, self.epoch = monitor, -float("inf"), None, -1
+        self.epoch_seconds: list[float] = []
+        self._start = 0.0
+        self.history: list[dict[str, float]] = []
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        self.epoch_seconds.append(time.perf_counter() - self._start)
+
+    def on_validation_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        value = float(trainer.callback_metrics[f"val/{self.monitor}"])
+        self.history.append({k: float(v) for k, v in trainer.callback_metrics.items()
+                             if k.startswith("val/")})
+        if value > self.best:
+            self.best, self.epoch = value, trainer.current_epoch
+            keep = {"head": module.head, "encoder": module.encoder}
+            self.state = {k: copy.deepcopy(m.state_dict()) for k, m in keep.items() if m}
+
+
+def _accelerator(t: TrainParams) -> str:
+    gpu = t.accelerator == "gpu" or (t.accelerator == "auto" and torch.cuda.is_available())
+    if gpu and not torch.cuda.is_available():
+        raise UserError("train.accelerator: 'gpu' requested but CUDA is not available")
+    if not gpu and t.precision == "16-mixed":
+        raise UserError("train.precision: '16-mixed' needs a GPU (on CPU Lightning would switch "
+                        "to bf16, ~7x slower here); use 32-true")
+    available = torch.cuda.device_count() if gpu else (os.cpu_count() or 1)
+    if t.devices > available:
+        raise UserError(f"train.devices: {t.devices} requested, {available} "
+                        f"{'GPUs' if gpu else 'CPU cores'} available")
+    if not gpu and t.precision == "bf16-mixed":
+        log.warning("bf16-mixed on CPU is much slower than 32-true here")
+    return "gpu" if gpu else "cpu"
+
+
+def _quiet_lightning() -> None:
+    """Lightning's tips and deprecation notes are not the user's business."""
+    import warnings
+
+    logging.getLogger("pytorch_lightning.utilities.rank_zero").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+
+
+def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
+        live_dir: Path) -> dict[str, Any]:
+    """Train, early-stop on the validation metric, save the best head (and report) atomically."""
+    _quiet_lightning()
+    t = p.train
+    accelerator = _accelerator(t)
+    pl.seed_everything(t.seed, workers=True, verbose=False)
+    data = load_data(p, prepared_dir, cache_dir)
+    check_trainable(data, t, t.devices * t.num_nodes)
+    module = SimilarityModule(data, p)
+    best = _Best(t.monitor)
+    from dvclive.lightning import DVCLiveLogger
+
+    trainer = pl.Trainer(
+        accelerator=accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
+        precision=t.precision, max_epochs=t.max_epochs, num_sanity_val_steps=0,
+        callbacks=[pl.callbacks.EarlyStopping(f"val/{t.monitor}", mode="max",
+                                              patience=t.patience), best],
+        logger=DVCLiveLogger(dir=str(live_dir), save_dvc_exp=False, dvcyaml=False),
+        enable_checkpointing=False, enable_model_summary=False, use_distributed_sampler=False,
+        log_every_n_steps=1, deterministic="warn" if accelerator == "gpu" else True)
+    start = time.perf_counter()
+    trainer.fit(module)
+    if trainer.global_rank != 0:
+        return {}
+    seconds = time.perf_counter() - start
+    epochs = len(best.epoch_seconds)
+    result = {
+        "epochs": epochs, "best_epoch": best.epoch + 1, "best_val": best.history[best.epoch],
+        "seconds": seconds, "seconds_per_epoch": sum(best.epoch_seconds) / max(epochs, 1),
+        "samples_per_s": epochs * len(data.splits["train"]) / max(sum(best.epoch_seconds), 1e-9),
+    }
+    save(module, best, p, out)
+    write_json(report, result)
+    log.info("trained %d epochs (best %d: val %s = %.4f), %.2f s/epoch", epochs,
+             best.epoch + 1, t.monitor, best.best, result["seconds_per_epoch"])
+    return result
+
+
+def save(module: SimilarityModule, best: _Best, p: Params, out: Path) -> None:
+    """The best head (safetensors + config.json) and, in full mode, the fine-tuned encoder."""
+    assert best.state is not None
+    module.head.load_state_dict(best.state["head"])
+    with atomic_dir(out) as tmp:
+        heads.save(module.head, tmp)
+        if module.encoder is not None:
+            module.encoder.load_state_dict(best.state["encoder"])
+            module.encoder.save_pretrained(tmp / "encoder")
+            module.tokenizer.save_pretrained(tmp / "encoder")
+        meta = {"mode": p.train.mode, "kind": module.data.kind, "query_encoder":
+                p.encoders.query, "document_encoder": p.encoders.document}
+        write_json(tmp / "training.json", meta)

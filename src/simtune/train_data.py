@@ -1,0 +1,185 @@
+"""Training data without Lightning: the examples of each split as tensors (cache rows, labels,
+pair ids), the loss for the data kind, and retrieval metrics of a split for any embedding function.
+
+Head mode reads only the cache and the examples table, never raw texts or a tokenizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from simtune import metrics
+from simtune.cache import open_cache
+from simtune.errors import UserError
+from simtune.losses import GroupLoss, PairLoss
+from simtune.params import Params, TrainParams
+from simtune.prepare import Prepared
+from simtune.prepare import load as load_prepared
+
+GROUP_LOSSES, PAIR_LOSSES = {"supcon", "triplet", "contrastive", "arcface"}, {"mnrl", "contrastive"}
+
+
+@dataclass
+class Split:
+    """One split's examples as tensors. Groups: `rows` (cache rows), `labels`. Pairs: `q_rows`,
+    `d_rows` (cache rows of query and document), `q_ids`, `d_ids` (distinct-text ids), `scores`;
+    `texts`/`q_texts`/`d_texts` only in full mode."""
+
+    tensors: dict[str, torch.Tensor]
+    texts: dict[str, list[str]]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.tensors.values())))
+
+
+@dataclass
+class TrainData:
+    kind: str
+    dim: int
+    q_vectors: torch.Tensor | None  # resident cache tables (head mode)
+    d_vectors: torch.Tensor | None
+    splits: dict[str, Split]
+    num_classes: int
+
+
+def check_compatible(kind: str, t: TrainParams) -> None:
+    """The loss must fit the data kind; raised before any training starts."""
+    allowed = GROUP_LOSSES if kind == "groups" else PAIR_LOSSES
+    if t.loss.name not in allowed:
+        other = "pairs" if kind == "groups" else "groups"
+        raise UserError(f"train.loss.name: '{t.loss.name}' needs {other} data, the prepared "
+                        f"data is {kind} (use one of {', '.join(sorted(allowed))})")
+    if kind == "pairs" and t.m_per_label:
+        raise UserError("train.m_per_label: only for groups data; set it to 0")
+
+
+def load_data(p: Params, prepared_dir: Path, cache_dir: Path) -> TrainData:
+    """Examples of every split as index tensors into the resident cache (head mode), or with
+    their texts (full mode)."""
+    prepared = load_prepared(prepared_dir)
+    check_compatible(prepared.kind, p.train)
+    full = p.train.mode == "full"
+    enc = p.encoders
+    if full and enc.query != enc.document:
+        raise UserError("train.mode full: needs one shared encoder (encoders.query == "
+                        "encoders.document)")
+    q_table = d_table = None
+    if not full:
+        q_table = open_cache(cache_dir, enc.query, enc.models[enc.query], p.cache)
+        d_table = q_table if enc.document == enc.query else open_cache(
+            cache_dir, enc.document, enc.models[enc.document], p.cache)
+        if q_table.dim != d_table.dim:
+            raise UserError(f"encoders: '{enc.query}' gives {q_table.dim}-d and "
+                            f"'{enc.document}' {d_table.dim}-d vectors; one head needs one dim")
+    texts = dict(zip(prepared.texts.column("text_id").to_pylist(),
+                     prepared.texts.column("text").to_pylist(), strict=True)) if full else {}
+    build = _group_splits if prepared.kind == "groups" else _pair_splits
+    splits, num_classes = build(prepared, q_table, d_table, texts)
+    for name in ("train", "val"):
+        if len(splits[name]) == 0:
+            raise UserError(f"{prepared_dir}: the {name} split is empty")
+    dim = q_table.dim if q_table is not None else _encoder_dim(p)
+    return TrainData(prepared.kind, dim, q_table.vectors if q_table else None,
+                     d_table.vectors if d_table else None, splits, num_classes)
+
+
+def _encoder_dim(p: Params) -> int:
+    import transformers
+
+    from simtune.encoders import model_dir
+
+    name = p.encoders.query
+    return int(transformers.AutoConfig.from_pretrained(
+        model_dir(name, p.encoders.models[name]), local_files_only=True).hidden_size)
+
+
+def _group_splits(prepared: Prepared, q_table: Any, _d: Any, texts: dict[str, str]
+                  ) -> tuple[dict[str, Split], int]:
+    ex = prepared.examples
+    labels = ex.column("label").to_pylist()
+    classes = {lab: i for i, lab in enumerate(sorted(set(labels)))}
+    out = {}
+    for split in ("train", "val", "test"):
+        sel = [i for i, s in enumerate(ex.column("split").to_pylist()) if s == split]
+        ids = [ex.column("text_id")[i].as_py() for i in sel]
+        tensors = {"labels": torch.tensor([classes[labels[i]] for i in sel], dtype=torch.long)}
+        if q_table is not None:
+            tensors["rows"] = q_table.index(ids)
+        out[split] = Split(tensors, {"texts": [texts[t] for t in ids]} if texts else {})
+    return out, len(classes)
+
+
+def _pair_splits(prepared: Prepared, q_table: Any, d_table: Any, texts: dict[str, str]
+                 ) -> tuple[dict[str, Split], int]:
+    ex = prepared.examples.to_pydict()
+    intern: dict[str, int] = {}
+    out = {}
+    for split in ("train", "val", "test"):
+        sel = [i for i, s in enumerate(ex["split"]) if s == split]
+        qs, ds = [ex["query_id"][i] for i in sel], [ex["doc_id"][i] for i in sel]
+        tensors = {
+            "q_ids": torch.tensor([intern.setdefault(q, len(intern)) for q in qs]),
+            "d_ids": torch.tensor([intern.setdefault(d, len(intern)) for d in ds]),
+            "scores": torch.tensor([ex["score"][i] for i in sel], dtype=torch.float32)}
+        if q_table is not None:
+            tensors["q_rows"], tensors["d_rows"] = q_table.index(qs), d_table.index(ds)
+        out[split] = Split(tensors, {"q_texts": [texts[q] for q in qs],
+                                     "d_texts": [texts[d] for d in ds]} if texts else {})
+    return out, 0
+
+
+def build_loss(kind: str, t: TrainParams, num_classes: int, dim: int) -> torch.nn.Module:
+    lp = t.loss
+    if kind == "groups":
+        return GroupLoss(lp.name, lp.distance, lp.temperature, lp.margin, lp.mining, lp.scale,
+                         num_classes, dim)
+    return PairLoss(lp.name, lp.distance, lp.scale, lp.symmetric, lp.margin)
+
+
+def check_trainable(data: TrainData, t: TrainParams, world: int) -> None:
+    """Refuse, before any training, a set-up that cannot train or can never see a positive."""
+    n = len(data.splits["train"])
+    if t.batch_size * world > n:
+        raise UserError(f"train.batch_size: {t.batch_size} x {world} processes is more than the "
+                        f"{n} training examples")
+    if t.head.type == "identity" and t.loss.name != "arcface":
+        raise UserError("train.head.type: 'identity' has nothing to train (it is the frozen "
+                        "baseline that evaluate compares against)")
+    if data.kind == "groups" and t.loss.name != "arcface":
+        counts = torch.bincount(data.splits["train"].tensors["labels"])
+        if int(counts.max()) < 2:
+            raise UserError("train: every label has a single training example, so a batch can "
+                            "never hold a positive pair")
+
+
+Embed = Callable[[Split, str], torch.Tensor]  # (split, role: text | query | doc) -> (n, D)
+
+
+def split_metrics(data: TrainData, split: str, embed: Embed, ks: tuple[int, ...] = (1, 5, 10)
+                  ) -> tuple[dict[str, float], int]:
+    """Retrieval metrics of `split` with vectors from `embed` (any head, any encoder).
+
+    Groups: each text queries the other texts of the split (leave-one-out), relevant = same
+    label. Pairs: each distinct query against the split's distinct documents, relevant = its
+    documents with score > 0. Returns (metrics, queries without a relevant item)."""
+    sp = data.splits[split]
+    if data.kind == "groups":
+        return metrics.group_scores(embed(sp, "text"), sp.tensors["labels"], None, None, ks)
+    q_u, q_inv = torch.unique(sp.tensors["q_ids"], return_inverse=True)
+    d_u, d_inv = torch.unique(sp.tensors["d_ids"], return_inverse=True)
+    q_first, d_first = _first_positions(q_inv, len(q_u)), _first_positions(d_inv, len(d_u))
+    positive = sp.tensors["scores"] > 0
+    pairs = torch.stack([q_inv[positive], d_inv[positive]], 1)
+    return metrics.pair_scores(embed(sp, "query")[q_first], embed(sp, "doc")[d_first], pairs, ks)
+
+
+def _first_positions(inverse: torch.Tensor, n: int) -> torch.Tensor:
+    """For each of `n` unique values, the first row where it occurs."""
+    rows = torch.arange(len(inverse))
+    return torch.full((n,), len(inverse), dtype=torch.long).scatter_reduce_(
+        0, inverse, rows, reduce="amin")

@@ -1,0 +1,157 @@
+"""The train stage: early stopping, reload, determinism, GradCache wiring, DDP, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from simtune import heads
+from simtune import params as P
+from simtune.train_data import load_data, split_metrics
+from stages import app
+from tests.conftest import ROOT
+from tests.train_helpers import project, stage_args
+
+
+def _train(root: Path, params_file: Path, tag: str = "") -> dict[str, Any]:
+    result = CliRunner().invoke(app, stage_args(root, params_file, tag))
+    assert result.exit_code == 0, result.output
+    return json.loads((root / f"train{tag}.json").read_text())
+
+
+def _weights(root: Path, tag: str = "") -> dict[str, torch.Tensor]:
+    return load_file(str(root / f"head{tag}" / "model.safetensors"))
+
+
+def _edit(params_file: Path, **train: Any) -> None:
+    raw = yaml.safe_load(params_file.read_text())
+    for key, value in train.items():
+        section = raw["train"]
+        *path, last = key.split("__")
+        for part in path:
+            section = section[part]
+        section[last] = value
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+
+@pytest.fixture
+def small(tmp_path: Path, tiny_bert: Path) -> tuple[Path, Path]:
+    _, params_file = project(tmp_path, tiny_bert)
+    return tmp_path, params_file
+
+
+def test_train_saves_a_head_that_reloads_to_the_reported_metric(small: tuple[Path, Path]
+                                                                ) -> None:
+    root, params_file = small
+    report = _train(root, params_file)
+    assert 1 <= report["best_epoch"] <= report["epochs"] <= 3
+    head = heads.load(root / "head")
+    p = P.load(params_file)
+    data = load_data(p, root / "prepared", root / "cache")
+    with torch.inference_mode():
+        got, _ = split_metrics(data, "val", lambda sp, role: head(
+            data.q_vectors[sp.tensors["rows"]].float()))
+    assert got["mrr@10"] == pytest.approx(report["best_val"]["val/mrr@10"], abs=1e-6)
+    assert (root / "live" / "plots" / "metrics").is_dir()
+
+
+def test_same_params_and_seed_give_identical_weights(small: tuple[Path, Path]) -> None:
+    root, params_file = small
+    a = _train(root, params_file, "a")
+    b = _train(root, params_file, "b")
+    wa, wb = _weights(root, "a"), _weights(root, "b")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert a["best_val"] == b["best_val"]
+    _edit(params_file, seed=99)
+    _train(root, params_file, "c")
+    wc = _weights(root, "c")
+    assert not all(torch.equal(wa[k], wc[k]) for k in wa)
+
+
+def test_early_stopping_stops(small: tuple[Path, Path]) -> None:
+    root, params_file = small
+    _edit(params_file, lr=1e-12, max_epochs=20, patience=2)  # nothing can improve
+    report = _train(root, params_file)
+    assert report["epochs"] == 3 and report["best_epoch"] == 1
+
+
+def test_gradcache_training_equals_plain_training(small: tuple[Path, Path]) -> None:
+    root, params_file = small
+    _edit(params_file, max_epochs=2, patience=5)
+    _train(root, params_file, "plain")
+    _edit(params_file, gradcache__chunk_size=3)
+    _train(root, params_file, "gc")
+    plain, gc = _weights(root, "plain"), _weights(root, "gc")
+    for k in plain:
+        assert torch.allclose(plain[k], gc[k], atol=1e-5), k
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("chunk", [0, 3])
+def test_ddp_two_cpu_processes_equal_one_with_double_batch(small: tuple[Path, Path],
+                                                          chunk: int) -> None:
+    """gloo DDP, batch 8 x 2 processes (with GradCache: chunks of 3, one all-reduce per step)
+    == 1 process, batch 16, no GradCache."""
+    root, params_file = small
+    _edit(params_file, max_epochs=2, patience=5, batch_size=16)
+    _train(root, params_file, "one")
+    _edit(params_file, batch_size=8, devices=2, strategy="ddp", accelerator="cpu",
+          gradcache__chunk_size=chunk)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
+    proc = subprocess.run([sys.executable, "-m", "stages", *stage_args(root, params_file, "two")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = _weights(root, "one"), _weights(root, "two")
+    for k in one:
+        assert torch.allclose(one[k], two[k], atol=1e-5), (k, (one[k] - two[k]).abs().max())
+
+
+# --- bad input: one line, before any training --------------------------------------------------
+
+
+def _error(root: Path, params_file: Path) -> str:
+    result = CliRunner().invoke(app, stage_args(root, params_file))
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert not (root / "head").exists()
+    return lines[0]
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    ({"loss__name": "mnrl"}, "train.loss.name: 'mnrl' needs pairs data, the prepared data is "
+                             "groups"),
+    ({"gradcache__chunk_size": 9}, "gradcache.chunk_size (9) is larger than batch_size (8)"),
+    ({"devices": 512, "accelerator": "cpu"}, "train.devices: 512 requested"),
+    ({"precision": "16-mixed", "accelerator": "cpu"}, "'16-mixed' needs a GPU"),
+    ({"head__type": "identity"}, "'identity' has nothing to train"),
+    ({"m_per_label": 1}, "a batch can never hold a positive"),
+    ({"batch_size": 64}, "train.batch_size: 64 x 1 processes is more than the 40 training"),
+])
+def test_bad_training_setups(small: tuple[Path, Path], edit: dict[str, Any],
+                             message: str) -> None:
+    root, params_file = small
+    _edit(params_file, **edit)
+    assert message in _error(root, params_file)
+
+
+def test_cache_missing_or_stale(small: tuple[Path, Path]) -> None:
+    root, params_file = small
+    raw = yaml.safe_load(params_file.read_text())
+    raw["encoders"]["models"]["tiny"]["pooling"] = "cls"  # not what the cache was filled with
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert "does not match the current encoder settings" in _error(root, params_file)
+    import shutil
+
+    shutil.rmtree(root / "cache")
+    assert "no cache here (run the cache stage)" in _error(root, params_file)
