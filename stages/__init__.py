@@ -9,6 +9,8 @@ from __future__ import annotations
 import typer
 
 from stages.cache import app as cache_app
+from stages.evaluate import evaluate
+from stages.export import export, search
 from stages.prepare import prepare
 from stages.train import train
 
@@ -22,6 +24,9 @@ app = typer.Typer(
 app.command("prepare")(prepare)
 app.add_typer(cache_app, name="cache")
 app.command("train")(train)
+app.command("evaluate")(evaluate)
+app.command("export")(export)
+app.command("search")(search)
 
 
 @app.callback()

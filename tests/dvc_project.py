@@ -10,7 +10,6 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-
 OUTPUTS = ("models/", "reports/", "cache/", "data/prepared/", "dvc.lock", "bench/")
 
 

@@ -1,48 +1,46 @@
-"""The real pipeline: `dvc repro` in a temp git copy of the project, then a no-op rerun."""
+"""The real pipeline as a user lives it: `dvc repro`, params edits, new rows, `dvc exp`.
+
+Each test copies the project into a temp git repository (tests/dvc_project.py) and runs the real
+DVC; the data is a small CSV in data/raw/ and the encoder a tiny random BERT, so a full
+`dvc repro` takes seconds plus Lightning's import.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from tests.cache_helpers import encoder_params, sentences
+from tests.conftest import save_tiny_bert
 from tests.dvc_project import DvcProject
 
 pytestmark = pytest.mark.integration
+STAGES = ("prepare", "cache", "train", "evaluate", "export")
 
 
-def test_dvc_repro_prepare_then_nothing_to_do(tmp_path: Path) -> None:
+def _ran(proc: Any) -> set[str]:
+    return {s for s in STAGES if f"Running stage '{s}'" in proc.stdout}
+
+
+def test_dvc_repro_prepare_on_trec_then_nothing_to_do(tmp_path: Path) -> None:
     project = DvcProject(tmp_path / "project")
     first = project.dvc("repro", "prepare")
-    assert "Running stage 'prepare'" in first.stdout
+    assert _ran(first) == {"prepare"}
     report = json.loads((project.path / "reports" / "prepare.json").read_text())
     assert report["texts"] == 5380
     assert report["examples"] == {"train": 4306, "val": 536, "test": 538}
     assert sorted(p.name for p in (project.path / "data" / "prepared").iterdir()) == [
         "examples.parquet", "meta.json", "texts.parquet"]
-    assert (project.path / "dvc.lock").is_file()
-
     second = project.dvc("repro", "prepare")
-    assert "Running stage" not in second.stdout
+    assert _ran(second) == set()
     assert "Stage 'prepare' didn't change, skipping" in second.stdout
 
-    # editing a key of its section reruns it
-    params = project.path / "params.yaml"
-    params.write_text(params.read_text().replace("seed: 13", "seed: 14"))
-    third = project.dvc("repro", "prepare")
-    assert "Running stage 'prepare'" in third.stdout
-    status = project.dvc("status", "prepare", "--json")
-    assert json.loads(status.stdout) == {}
 
-
-def test_cache_stage_reruns_only_for_vector_changes(tmp_path: Path) -> None:
-    from tests.cache_helpers import encoder_params, sentences
-    from tests.conftest import save_tiny_bert
-
-
-
+def _small_project(tmp_path: Path) -> tuple[DvcProject, dict[str, Any], Path, Path]:
     project = DvcProject(tmp_path / "project")
     model = save_tiny_bert(tmp_path / "tiny-bert")
     data = project.path / "data" / "raw" / "mine.csv"
@@ -56,41 +54,65 @@ def test_cache_stage_reruns_only_for_vector_changes(tmp_path: Path) -> None:
     raw["cache"]["device"] = "cpu"
     raw["train"].update(batch_size=8, max_epochs=2)
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return project, raw, params, data
 
+
+def test_the_edit_rerun_loop(tmp_path: Path) -> None:
+    project, raw, params, data = _small_project(tmp_path)
     first = project.dvc("repro")
-    assert "Running stage 'prepare'" in first.stdout and "Running stage 'cache'" in first.stdout
+    assert _ran(first) == set(STAGES)
     assert "cache tiny: 0 cached, 60 to embed" in first.stderr
-    assert project.dvc("status", "--json").stdout.strip() == "{}"
+    metrics = json.loads((project.path / "reports" / "metrics.json").read_text())
+    assert set(metrics) >= {"trained", "baseline", "lift"}
+    assert _ran(project.dvc("repro")) == set()
 
-    assert "Running stage 'train'" in first.stdout
-    assert (project.path / "models" / "head" / "model.safetensors").is_file()
-
-    # a train key reruns train only, and no encoder is loaded
+    # a train key: train, evaluate and export rerun; no encoder is loaded
     raw["train"]["lr"] = 0.002
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
     retrain = project.dvc("repro")
-    assert "Running stage 'train'" in retrain.stdout
-    assert "Running stage 'cache'" not in retrain.stdout
-    assert "Running stage 'prepare'" not in retrain.stdout
+    assert _ran(retrain) == {"train", "evaluate", "export"}
     assert "loaded encoder" not in retrain.stderr
 
     # a fill knob changes no vector: nothing reruns
     raw["cache"]["batch_size"] = 7
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
-    knob = project.dvc("repro")
-    assert "Running stage" not in knob.stdout
+    assert _ran(project.dvc("repro")) == set()
 
-    # 5 new rows: prepare and cache rerun, exactly 5 texts embedded
+    # 5 new rows: everything downstream of the data reruns, exactly 5 texts are embedded
     data.write_text(data.read_text() + "".join(f'"{s}",L0\n' for s in sentences(5, 500)))
     grown = project.dvc("repro")
-    assert "Running stage 'prepare'" in grown.stdout and "Running stage 'cache'" in grown.stdout
+    assert {"prepare", "cache", "train", "evaluate"} <= _ran(grown)
     assert "cache tiny: 60 cached, 5 to embed" in grown.stderr
 
-    # pooling changes every vector: cache reruns and rebuilds, saying why
+    # pooling changes every vector: the cache rebuilds and says why; prepare does not rerun
     raw["encoders"]["models"]["tiny"]["pooling"] = "max"
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
     rebuilt = project.dvc("repro")
-    assert "Running stage 'prepare'" not in rebuilt.stdout
-    assert "Running stage 'cache'" in rebuilt.stdout
+    assert {"cache", "train", "evaluate"} <= _ran(rebuilt) and "prepare" not in _ran(rebuilt)
     assert "encoder changed (pooling: 'mean' -> 'max')" in rebuilt.stderr
     assert "cache tiny: 0 cached, 65 to embed" in rebuilt.stderr
+
+
+def test_experiments_and_identical_reruns(tmp_path: Path) -> None:
+    project, *_ = _small_project(tmp_path)
+    project.dvc("repro")
+    before = (project.path / "reports" / "metrics.json").read_bytes()
+    project.dvc("repro", "-f", "train", "evaluate")  # same params again
+    assert (project.path / "reports" / "metrics.json").read_bytes() == before
+    project.git("add", "-A")
+    project.git("commit", "-q", "-m", "baseline run")
+
+    for lr in ("0.005", "0.02"):
+        run = project.dvc("exp", "run", "-S", f"train.lr={lr}")
+        assert "Running stage 'train'" in run.stdout
+    shown = json.loads(project.dvc("exp", "show", "--json").stdout)
+    text = json.dumps(shown)
+    experiments = [e for commit in shown for e in commit.get("experiments") or []]
+    assert len(experiments) == 2, text[:2000]
+    lrs = set()
+    for exp in experiments:
+        data = exp["revs"][0]["data"]
+        lrs.add(data["params"]["params.yaml"]["data"]["train"]["lr"])
+        metric_files = data["metrics"]
+        assert "trained" in metric_files["reports/metrics.json"]["data"]
+    assert lrs == {0.005, 0.02}

@@ -102,6 +102,13 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
     raise ValueError(f"unknown pooling {mode!r}")
 
 
+def trim_padding(tokens: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop the padding columns no row of this (sub-)batch needs: a chunk sliced from a batch
+    padded to the batch's longest text is padded to its own longest text instead."""
+    width = int(tokens["attention_mask"].sum(1).max())
+    return {k: v[:, :width] if v.dim() == 2 else v for k, v in tokens.items()}
+
+
 def resolve_device(device: str) -> torch.device:
     """`auto` -> cuda when available, else cpu; otherwise the named device."""
     if device == "auto":

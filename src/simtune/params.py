@@ -255,6 +255,18 @@ class TrainParams(Section):
         return self
 
 
+class EvaluateParams(Section):
+    """`evaluate`: the retrieval task on the test split."""
+
+    corpus: Literal["train", "test"] = Field(
+        description="groups: each test text queries the `train` texts, or the other `test` "
+        "texts (leave-one-out); pairs always query all documents"
+    )
+    ks: list[Annotated[int, Field(gt=0)]] = Field(
+        min_length=1, description="cut-offs k of Recall@k (also the points of the Recall@k plot)"
+    )
+
+
 class Params(Section):
     """The whole `params.yaml`."""
 
@@ -262,6 +274,7 @@ class Params(Section):
     encoders: EncodersParams
     cache: CacheParams
     train: TrainParams
+    evaluate: EvaluateParams
 
     @model_validator(mode="after")
     def _mapping_names_defined(self) -> Params:

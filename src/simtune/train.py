@@ -19,7 +19,7 @@ import torch
 
 from simtune import heads
 from simtune.atomic import atomic_dir, write_json
-from simtune.encoders import model_dir, pool
+from simtune.encoders import model_dir, pool, trim_padding
 from simtune.errors import UserError
 from simtune.gradcache import cuda_devices
 from simtune.gradcache import step as gradcache_step
@@ -38,8 +38,10 @@ log = logging.getLogger("simtune.train")
 
 
 def _slice(batch: Any, s: int, e: int) -> Any:
+    """Rows s:e of a batch; token dicts are trimmed to the chunk's own longest text."""
     if isinstance(batch, dict):
-        return {k: _slice(v, s, e) for k, v in batch.items()}
+        part = {k: _slice(v, s, e) for k, v in batch.items()}
+        return trim_padding(part) if "attention_mask" in part else part
     return batch[s:e]
 
 
@@ -76,20 +78,21 @@ class SimilarityModule(pl.LightningModule):
         rows = rows.to(table.device)
         return table[rows].to(self.device, non_blocking=True).float()
 
+    def encode_role(self, part: dict[str, Any], role: str) -> torch.Tensor:
+        """Training batch part -> (c, D) head outputs for `role`: text | query | doc."""
+        tr = self.data.splits["train"].tensors
+        if self.encoder is not None:
+            key = {"text": "tokens", "query": "q_tokens", "doc": "d_tokens"}[role]
+            return self.head(self._pooled(part[key]))
+        rows = tr[{"text": "rows", "query": "q_rows", "doc": "d_rows"}[role]][part["idx"]]
+        table = self.data.d_vectors if role == "doc" else self.data.q_vectors
+        return self.head(self._cached(table, rows))
+
     def encode(self, part: dict[str, Any]) -> torch.Tensor:
         """Training batch part -> representations: groups (c, D); pairs (c, 2, D)."""
-        tr = self.data.splits["train"].tensors
-        idx = part["idx"]
         if self.data.kind == "groups":
-            x = self._pooled(part["tokens"]) if self.encoder else self._cached(
-                self.data.q_vectors, tr["rows"][idx])
-            return self.head(x)
-        if self.encoder:
-            q, d = self._pooled(part["q_tokens"]), self._pooled(part["d_tokens"])
-        else:
-            q = self._cached(self.data.q_vectors, tr["q_rows"][idx])
-            d = self._cached(self.data.d_vectors, tr["d_rows"][idx])
-        return torch.stack([self.head(q), self.head(d)], 1)
+            return self.encode_role(part, "text")
+        return torch.stack([self.encode_role(part, "query"), self.encode_role(part, "doc")], 1)
 
     def loss_of(self, reps: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         tr, dev = self.data.splits["train"].tensors, self.device
@@ -111,12 +114,22 @@ class SimilarityModule(pl.LightningModule):
         return loss if self.automatic_optimization else None
 
     def _gradcache_step(self, batch: dict[str, Any], idx: torch.Tensor) -> torch.Tensor:
+        """GradCache over chunks of `gradcache.chunk_size` texts; for pairs the query chunks and
+        the document chunks are separate (one role's activations in memory at a time)."""
         opt = self.optimizers()
         opt.zero_grad()  # type: ignore[union-attr]
-        c = self.t.gradcache.chunk_size
-        chunks = [_slice(batch, s, s + c) for s in range(0, len(idx), c)]
-        loss = gradcache_step(self.encode, chunks, lambda reps: self.loss_of(reps, idx),
-                              backward=self.manual_backward, devices=cuda_devices(self))
+        c, n = self.t.gradcache.chunk_size, len(idx)
+        roles = ["text"] if self.data.kind == "groups" else ["query", "doc"]
+        chunks = [(role, _slice(batch, s, s + c)) for role in roles for s in range(0, n, c)]
+
+        def loss_fn(reps: torch.Tensor) -> torch.Tensor:
+            if self.data.kind == "pairs":  # rows: all queries, then all documents
+                reps = torch.stack([reps[:n], reps[n:]], 1)
+            return self.loss_of(reps, idx)
+
+        loss = gradcache_step(lambda chunk: self.encode_role(chunk[1], chunk[0]), chunks,
+                              loss_fn, backward=self.manual_backward,
+                              devices=cuda_devices(self))
         self._all_reduce_grads()
         opt.step()  # type: ignore[union-attr]
         return loss
@@ -303,6 +316,8 @@ def save(module: SimilarityModule, best: _Best, p: Params, out: Path) -> None:
             module.encoder.load_state_dict(best.state["encoder"])
             module.encoder.save_pretrained(tmp / "encoder")
             module.tokenizer.save_pretrained(tmp / "encoder")
-        meta = {"mode": p.train.mode, "kind": module.data.kind, "query_encoder":
-                p.encoders.query, "document_encoder": p.encoders.document}
+        enc = p.encoders
+        meta = {"mode": p.train.mode, "kind": module.data.kind, "query_encoder": enc.query,
+                "document_encoder": enc.document,
+                "encoder": enc.models[enc.query].model_dump()}
         write_json(tmp / "training.json", meta)

@@ -45,6 +45,7 @@ class TrainData:
     d_vectors: torch.Tensor | None
     splits: dict[str, Split]
     num_classes: int
+    row_ids: dict[str, list[str]]  # "query"/"doc" -> text id of each cache row (head mode)
 
 
 def check_compatible(kind: str, t: TrainParams) -> None:
@@ -58,11 +59,13 @@ def check_compatible(kind: str, t: TrainParams) -> None:
         raise UserError("train.m_per_label: only for groups data; set it to 0")
 
 
-def load_data(p: Params, prepared_dir: Path, cache_dir: Path) -> TrainData:
+def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool = True
+              ) -> TrainData:
     """Examples of every split as index tensors into the resident cache (head mode), or with
     their texts (full mode)."""
     prepared = load_prepared(prepared_dir)
-    check_compatible(prepared.kind, p.train)
+    if check_loss:
+        check_compatible(prepared.kind, p.train)
     full = p.train.mode == "full"
     enc = p.encoders
     if full and enc.query != enc.document:
@@ -84,8 +87,10 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path) -> TrainData:
         if len(splits[name]) == 0:
             raise UserError(f"{prepared_dir}: the {name} split is empty")
     dim = q_table.dim if q_table is not None else _encoder_dim(p)
+    row_ids = {"query": q_table.ids.to_pylist(), "doc": d_table.ids.to_pylist()} if (
+        q_table and d_table) else {}
     return TrainData(prepared.kind, dim, q_table.vectors if q_table else None,
-                     d_table.vectors if d_table else None, splits, num_classes)
+                     d_table.vectors if d_table else None, splits, num_classes, row_ids)
 
 
 def _encoder_dim(p: Params) -> int:

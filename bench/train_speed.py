@@ -1,0 +1,235 @@
+"""Training speed: cached head epochs vs the frozen encoder in the loop; GradCache memory/time.
+
+Same run, same machine:
+  (a) one epoch of head training on the cached MiniLM vectors of TREC (batch 256),
+  (b) the same head, data, batch, loss and optimiser with the frozen encoder in the loop;
+  GradCache in full mode (MiniLM trainable, news title->body pairs, MNRL, batch 256):
+  (c) one step without GradCache, (d) with chunks of 32, (e) sentence-transformers
+  CachedMultipleNegativesRankingLoss with mini-batch 32. Each of (c)-(e) runs in its own process
+  so its peak memory is its own (RSS on CPU, torch.cuda.max_memory_allocated on a GPU).
+
+    python -m bench.train_speed [--steps 1] [--max-length 128]
+
+Prints a Markdown table and writes bench/train_speed.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from bench.common import machine, table, write_results
+from simtune import cache, heads, prepare
+from simtune import params as P
+from simtune.encoders import FrozenEncoder, model_dir, pool, trim_padding
+from simtune.gradcache import step as gradcache_step
+from simtune.losses import GroupLoss, PairLoss
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCH = 256
+
+
+def _setup() -> tuple[P.Params, dict, torch.Tensor, torch.Tensor, list[str]]:
+    p = P.load(ROOT / "params.yaml")
+    prepared = prepare.build(p.prepare)
+    ex = prepared.examples.filter(prepared.examples.column("split").to_numpy(zero_copy_only=False)
+                                  == "train")
+    ids = ex.column("text_id").to_pylist()
+    labels = ex.column("label").to_pylist()
+    classes = {lab: i for i, lab in enumerate(sorted(set(labels)))}
+    texts = dict(zip(prepared.texts.column("text_id").to_pylist(),
+                     prepared.texts.column("text").to_pylist(), strict=True))
+    return p, texts, torch.tensor([classes[x] for x in labels]), ids, [texts[i] for i in ids]
+
+
+def _head_and_opt(dim: int) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    head = heads.build("mlp", dim, 2, 0.1)
+    loss = GroupLoss("supcon", "cosine", 0.05, 0.2, "batch_hard", 20.0)
+    return head, loss, torch.optim.AdamW(head.parameters(), lr=1e-3)
+
+
+def epoch_cached(vectors: torch.Tensor, labels: torch.Tensor) -> float:
+    head, loss_fn, opt = _head_and_opt(vectors.shape[1])
+    perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
+    t0 = time.perf_counter()
+    for s in range(0, len(perm) - BATCH + 1, BATCH):
+        idx = perm[s : s + BATCH]
+        loss = loss_fn(head(vectors[idx].float()), labels[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return time.perf_counter() - t0
+
+
+def epoch_frozen_in_loop(encoder: FrozenEncoder, texts: list[str], labels: torch.Tensor) -> float:
+    head, loss_fn, opt = _head_and_opt(encoder.dim)
+    perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
+    t0 = time.perf_counter()
+    for s in range(0, len(perm) - BATCH + 1, BATCH):
+        idx = perm[s : s + BATCH]
+        with torch.inference_mode():
+            x = encoder.embed(encoder.tokenize([texts[i] for i in idx]))
+        loss = loss_fn(head(x.clone()), labels[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return time.perf_counter() - t0
+
+
+GRADCACHE_CHILD = """
+import json, resource, sys, time, torch
+from bench.train_speed import gradcache_child
+how, chunk, max_length, steps = sys.argv[1], *map(int, sys.argv[2:5])
+print(json.dumps(gradcache_child(how, chunk, max_length, steps)))
+"""
+
+
+def news_batch(n: int) -> tuple[list[str], list[str]]:
+    p = P.load(ROOT / "params.yaml")
+    raw = p.prepare.model_copy(update={"source": "news_pairs"})
+    prepared = prepare.build(raw)
+    texts = dict(zip(prepared.texts.column("text_id").to_pylist(),
+                     prepared.texts.column("text").to_pylist(), strict=True))
+    ex = prepared.examples.to_pydict()
+    seen, q, d = set(), [], []
+    for qi, di in zip(ex["query_id"], ex["doc_id"], strict=True):
+        if qi not in seen and len(q) < n:
+            seen.add(qi)
+            q.append(texts[qi])
+            d.append(texts[di])
+    return q, d
+
+
+def gradcache_child(how: str, chunk: int, max_length: int, steps: int) -> dict:
+    """One configuration in a fresh process: seconds per step and peak memory."""
+    torch.manual_seed(0)
+    p = P.load(ROOT / "params.yaml")
+    spec = p.encoders.models["minilm"]
+    path = model_dir("minilm", spec)
+    q_texts, d_texts = news_batch(BATCH)
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")
+    if how == "st":
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers.losses import CachedMultipleNegativesRankingLoss
+
+        model = SentenceTransformer(str(path), device=str(dev))
+        model.max_seq_length = max_length
+        loss_fn = CachedMultipleNegativesRankingLoss(model, mini_batch_size=chunk)
+        feats = [model.tokenize(q_texts), model.tokenize(d_texts)]
+        feats = [{k: v.to(dev) if torch.is_tensor(v) else v for k, v in f.items()} for f in feats]
+        opt = torch.optim.AdamW(model.parameters(), lr=2e-5)
+
+        def one_step() -> None:
+            opt.zero_grad()
+            loss_fn(feats, None).backward()
+            opt.step()
+    else:
+        import transformers
+
+        tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        enc = transformers.AutoModel.from_pretrained(path, local_files_only=True).to(dev).train()
+        loss_fn = PairLoss("mnrl", "cosine", 20.0, False, 0.0)
+        ids = torch.arange(BATCH, device=dev)
+        tokens = [dict(tok(t, padding=True, truncation=True, max_length=max_length,
+                           return_tensors="pt").to(dev)) for t in (q_texts, d_texts)]
+        opt = torch.optim.AdamW(enc.parameters(), lr=2e-5)
+
+        def encode(t: dict) -> torch.Tensor:
+            h = enc(**t).last_hidden_state
+            return torch.nn.functional.normalize(pool(h, t["attention_mask"], "mean"), dim=-1)
+
+        def loss_of(reps: torch.Tensor) -> torch.Tensor:  # rows: all queries, then all documents
+            return loss_fn(reps[:BATCH], reps[BATCH:], ids, ids + BATCH,
+                           torch.ones(BATCH, device=dev))
+
+        def one_step() -> None:
+            opt.zero_grad()
+            if chunk:  # as the train stage does: query chunks, then document chunks
+                parts = [trim_padding({k: v[s : s + chunk] for k, v in t.items()})
+                         for t in tokens for s in range(0, BATCH, chunk)]
+                gradcache_step(encode, parts, loss_of)
+            else:
+                loss_of(torch.cat([encode(t) for t in tokens])).backward()
+            opt.step()
+
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        one_step()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    peak = (torch.cuda.max_memory_allocated() / 2**20 if cuda
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base)
+    return {"seconds_per_step": min(times), "peak_mb": peak,
+            "memory": "cuda max_memory_allocated" if cuda else "RSS growth during the steps"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=2, help="full-mode steps (the fastest counts)")
+    ap.add_argument("--max-length", type=int, default=128)
+    args = ap.parse_args()
+    p, texts, labels, ids, listed = _setup()
+    spec = p.encoders.models["minilm"]
+    with tempfile.TemporaryDirectory() as d:
+        cp = p.cache.model_copy(update={"device": "cpu"})
+        cache.fill_encoder("minilm", spec, {i: texts[i] for i in ids}, Path(d), cp, cache.Dist())
+        from simtune import store
+
+        loaded = store.load(Path(d))
+        vectors = loaded.vectors[loaded.index(ids)]
+        t_cached = min(epoch_cached(vectors, labels) for _ in range(3))
+    encoder = FrozenEncoder("minilm", spec, torch.device("cpu"))
+    t_frozen = epoch_frozen_in_loop(encoder, listed, labels)
+    runs = {}
+    for name, how, chunk in (("full batch", "ours", 0), ("GradCache 32", "ours", 32),
+                             ("sentence-transformers CachedMNRL 32", "st", 32)):
+        proc = subprocess.run([sys.executable, "-c", GRADCACHE_CHILD, how, str(chunk),
+                               str(args.max_length), str(args.steps)], cwd=ROOT,
+                              capture_output=True, text=True, check=True)
+        runs[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    full, gc = runs["full batch"], runs["GradCache 32"]
+    st = runs["sentence-transformers CachedMNRL 32"]
+    rows = [
+        {"measure": "epoch, TREC train, batch 256 (s)", "ours": t_cached,
+         "peer name": "same head, frozen MiniLM in the loop", "peer": t_frozen,
+         "ratio": t_frozen / t_cached, "target": "peer/ours >= 100"},
+        {"measure": "full-mode step, GradCache 32 (s)", "ours": gc["seconds_per_step"],
+         "peer name": "no GradCache", "peer": full["seconds_per_step"],
+         "ratio": gc["seconds_per_step"] / full["seconds_per_step"], "target": "ours/peer <= 1.4"},
+        {"measure": "full-mode peak memory, GradCache 32 (MB)", "ours": gc["peak_mb"],
+         "peer name": "no GradCache", "peer": full["peak_mb"],
+         "ratio": gc["peak_mb"] / max(full["peak_mb"], 1e-9), "target": "clearly < 1"},
+        {"measure": "full-mode step, GradCache 32 (s)", "ours": gc["seconds_per_step"],
+         "peer name": "sentence-transformers CachedMNRL 32", "peer": st["seconds_per_step"],
+         "ratio": gc["seconds_per_step"] / st["seconds_per_step"], "target": "ours/peer <= 1.0"},
+        {"measure": "full-mode peak memory, GradCache 32 (MB)", "ours": gc["peak_mb"],
+         "peer name": "sentence-transformers CachedMNRL 32", "peer": st["peak_mb"],
+         "ratio": gc["peak_mb"] / max(st["peak_mb"], 1e-9), "target": ""},
+    ]
+    print(f"machine: {machine()}; MiniLM, batch {BATCH}, max_length {args.max_length}, "
+          f"memory: {gc['memory']}\n")
+    print(table(rows, ["measure", "ours", "peer name", "peer", "ratio", "target"]))
+    path = write_results("train_speed", {"machine": machine(), "batch": BATCH,
+                                         "max_length": args.max_length, "rows": rows,
+                                         "cached_epoch_s": t_cached, "frozen_epoch_s": t_frozen,
+                                         "full_mode": runs})
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

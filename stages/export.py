@@ -1,0 +1,39 @@
+"""`export` and `search`: a servable model directory, and nearest neighbours from the shell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from stages._common import user_errors
+
+
+@user_errors
+def export(
+    head: Path = typer.Option(Path("models/head"), help="trained head directory"),
+    out: Path = typer.Option(Path("models/export"), help="servable model directory"),
+) -> None:
+    """Write a servable model: encoder (+ fine-tuned weights), head, config; loads with
+    simtune.load_model(dir) and SentenceTransformer(dir, trust_remote_code=True)."""
+    from simtune import model
+
+    model.export(head, out)
+    print(f"exported {out}")
+
+
+@user_errors
+def search(
+    query: str = typer.Argument(..., help="the text to search for"),
+    k: int = typer.Option(5, help="how many neighbours"),
+    params: Path = typer.Option(Path("params.yaml"), help="params file"),
+    head: Path = typer.Option(Path("models/head"), help="trained head (or export) directory"),
+    prepared: Path = typer.Option(Path("data/prepared"), help="prepared data directory"),
+    cache: Path = typer.Option(Path("cache"), help="embedding cache root"),
+) -> None:
+    """The nearest texts of the prepared corpus to QUERY, with cosine scores."""
+    from simtune import params as P
+    from simtune.search import search as lib
+
+    for score, text in lib(P.load(params), query, k, head, prepared, cache):
+        print(f"{score:.4f}  {text}")

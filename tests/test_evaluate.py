@@ -1,0 +1,165 @@
+"""The evaluate stage and the servable model: metrics vs an independent implementation, trained
+vs baseline, export round trip, sentence-transformers load, search, bad input."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from simtune import evaluate, heads, metrics
+from simtune import params as P
+from simtune.model import export, load_model
+from simtune.train_data import load_data
+from stages import app
+from tests.cache_helpers import sentences
+from tests.train_helpers import project, stage_args
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("evaluate")
+    _, params_file = project(root, tiny_bert)
+    result = CliRunner().invoke(app, stage_args(root, params_file))
+    assert result.exit_code == 0, result.output
+    return root, params_file
+
+
+def _evaluate_args(root: Path, params_file: Path, head: Path | None = None) -> list[str]:
+    return ["evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
+            "--cache", str(root / "cache"), "--head", str(head or root / "head"),
+            "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json")]
+
+
+def test_evaluate_writes_trained_baseline_lift(trained: tuple[Path, Path]) -> None:
+    root, params_file = trained
+    result = CliRunner().invoke(app, _evaluate_args(root, params_file))
+    assert result.exit_code == 0, result.output
+    m = json.loads((root / "metrics.json").read_text())
+    assert set(m) >= {"trained", "baseline", "lift", "queries", "corpus"}
+    assert m["queries"] == 20 and m["corpus"] == 40
+    for k, v in m["trained"].items():
+        assert m["lift"][k] == pytest.approx(v - m["baseline"][k])
+    plot = json.loads((root / "recall.json").read_text())
+    assert [row["k"] for row in plot] == [1, 5, 10, 50]
+    # the baseline is the frozen encoder: recompute it directly from the cache
+    p = P.load(params_file)
+    data = load_data(p, root / "prepared", root / "cache")
+    test, train = data.splits["test"].tensors, data.splits["train"].tensors
+    want, _ = metrics.group_scores(data.q_vectors[test["rows"]], test["labels"],
+                                   data.q_vectors[train["rows"]], train["labels"], (1, 5, 10, 50))
+    assert m["baseline"] == pytest.approx(want)
+
+
+def _reference(scores: torch.Tensor, relevant: list[set[int]], k: int) -> dict[str, float]:
+    """An independent, per-query loop implementation (sorting with explicit tie order)."""
+    import math
+
+    out = {"p@1": 0.0, f"recall@{k}": 0.0, "mrr@10": 0.0, "ndcg@10": 0.0, "map@r": 0.0}
+    for qi, rel in enumerate(relevant):
+        ranking = sorted(range(scores.shape[1]), key=lambda j: (-float(scores[qi, j]), j))
+        hits = [j in rel for j in ranking]
+        r = len(rel)
+        out["p@1"] += hits[0]
+        out[f"recall@{k}"] += sum(hits[:k]) / r if r else 0
+        first = next((i for i, h in enumerate(hits[:10]) if h), None)
+        out["mrr@10"] += 1 / (first + 1) if first is not None else 0
+        dcg = sum(h / math.log2(i + 2) for i, h in enumerate(hits[:10]))
+        idcg = sum(1 / math.log2(i + 2) for i in range(min(r, 10)))
+        out["ndcg@10"] += dcg / idcg if idcg else 0
+        out["map@r"] += (sum(sum(hits[: i + 1]) / (i + 1) for i in range(r) if hits[i]) / r
+                         if r else 0)
+    return {key: v / len(relevant) for key, v in out.items()}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_metrics_match_an_independent_implementation(seed: int) -> None:
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    q, c = torch.randn(30, 6), torch.randn(80, 6)
+    c[10] = c[3]  # exact ties
+    relevant = [set(rng.sample(range(80), rng.randint(0, 12))) for _ in range(30)]
+    pairs = torch.tensor([(qi, d) for qi, rel in enumerate(relevant) for d in sorted(rel)])
+    got, no_rel = metrics.pair_scores(q, c, pairs, ks=(5,))
+    scores = torch.nn.functional.normalize(q) @ torch.nn.functional.normalize(c).T
+    want = _reference(scores, relevant, 5)
+    assert no_rel == sum(1 for r in relevant if not r)
+    for key in want:
+        assert got[key] == pytest.approx(want[key], abs=1e-6), key
+
+
+def test_export_round_trip_equals_cache_plus_head(trained: tuple[Path, Path], tmp_path: Path
+                                                  ) -> None:
+    root, params_file = trained
+    export(root / "head", tmp_path / "export")
+    model = load_model(tmp_path / "export", "cpu")
+    texts = sentences(10)
+    p = P.load(params_file)
+    data = load_data(p, root / "prepared", root / "cache")
+    from simtune.prepare import text_id
+
+    rows = torch.tensor([data.row_ids["query"].index(text_id(t)) for t in texts])
+    head = heads.load(root / "head")
+    with torch.inference_mode():
+        want = head(data.q_vectors[rows].float())
+    assert torch.allclose(model.encode(texts), want, atol=1e-5)
+
+
+def test_sentence_transformers_loads_the_export(trained: tuple[Path, Path],
+                                                tmp_path: Path) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    root, _ = trained
+    export(root / "head", tmp_path / "export")
+    texts = sentences(6)
+    st_model = st.SentenceTransformer(str(tmp_path / "export"), device="cpu",
+                                      trust_remote_code=True)
+    got = torch.as_tensor(st_model.encode(texts, convert_to_numpy=True))
+    want = load_model(tmp_path / "export", "cpu").encode(texts)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_search_prints_neighbours_with_scores(trained: tuple[Path, Path]) -> None:
+    root, params_file = trained
+    query = sentences(80)[7]  # a corpus text: it must come first with score 1
+    result = CliRunner().invoke(app, ["search", query, "--k", "3", "--params", str(params_file),
+                                      "--head", str(root / "head"), "--prepared",
+                                      str(root / "prepared"), "--cache", str(root / "cache")])
+    assert result.exit_code == 0, result.output
+    lines = [x for x in result.output.splitlines() if x[:1].isdigit()]
+    assert len(lines) == 3
+    score, text = lines[0].split("  ", 1)
+    assert float(score) == pytest.approx(1.0, abs=1e-4) and text == query
+
+
+def test_no_trained_head_and_dimension_mismatch(trained: tuple[Path, Path],
+                                                tmp_path: Path) -> None:
+    root, params_file = trained
+    result = CliRunner().invoke(app, _evaluate_args(root, params_file, tmp_path / "none"))
+    assert result.exit_code == 1
+    assert "no trained head here (run the train stage)" in result.output
+    heads.save(heads.build("mlp", 7, 2, 0.0), tmp_path / "wrong")
+    result = CliRunner().invoke(app, _evaluate_args(root, params_file, tmp_path / "wrong"))
+    assert result.exit_code == 1
+    assert "head expects 7-d vectors, the cache holds 32-d" in result.output
+
+
+def test_metric_counts_queries_without_relevant_items() -> None:
+    v = torch.eye(4)
+    got, no_rel = metrics.group_scores(v[:2], torch.tensor([0, 5]), v, torch.tensor([0, 1, 2, 3]),
+                                       ks=(1,))
+    assert no_rel == 1 and got["p@1"] == pytest.approx(0.5)  # the label-5 query scores 0
+
+
+def test_evaluate_run_is_deterministic(trained: tuple[Path, Path], tmp_path: Path) -> None:
+    root, params_file = trained
+    p = P.load(params_file)
+    a = evaluate.run(p, root / "prepared", root / "cache", root / "head", tmp_path / "a.json",
+                     tmp_path / "a_plot.json")
+    b = evaluate.run(p, root / "prepared", root / "cache", root / "head", tmp_path / "b.json",
+                     tmp_path / "b_plot.json")
+    assert a == b
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
