@@ -38,9 +38,9 @@ test: install
 	PATH="$(BIN):$$PATH" pytest -q
 
 # benchmarks: each prints a table and writes bench/<name>.json (peers measured in the same run)
-bench: install
-	$(UV) -c constraints.txt -e '.[bench]'
-	cd $(CURDIR) && $(BIN)/python -m bench.cache_fill
+bench: run
+	$(UV) -c constraints.txt -e '.[dev,bench]'
+	PATH="$(BIN):$$PATH" python -m bench.run_all
 
 lint: install
 	$(BIN)/ruff check .

@@ -123,6 +123,7 @@ def gradcache_child(how: str, chunk: int, max_length: int, steps: int) -> dict:
         from sentence_transformers.losses import CachedMultipleNegativesRankingLoss
 
         model = SentenceTransformer(str(path), device=str(dev))
+        model.train()  # as its trainer does: dropout on, like ours (the loaded encoder is in eval)
         model.max_seq_length = max_length
         loss_fn = CachedMultipleNegativesRankingLoss(model, mini_batch_size=chunk)
         feats = [model.tokenize(q_texts), model.tokenize(d_texts)]

@@ -163,3 +163,29 @@ def test_evaluate_run_is_deterministic(trained: tuple[Path, Path], tmp_path: Pat
                      tmp_path / "b_plot.json")
     assert a == b
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_metrics_match_trec_eval(seed: int) -> None:
+    """P@1, Recall@5, MRR@10, nDCG@10 against trec_eval (pytrec_eval); no score ties here."""
+    pytrec_eval = pytest.importorskip("pytrec_eval")
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    q, c = torch.randn(25, 6), torch.randn(60, 6)
+    relevant = [set(rng.sample(range(60), rng.randint(0, 9))) for _ in range(25)]
+    pairs = torch.tensor([(qi, d) for qi, rel in enumerate(relevant) for d in sorted(rel)])
+    got, _ = metrics.pair_scores(q, c, pairs, ks=(5,))
+    scores = torch.nn.functional.normalize(q) @ torch.nn.functional.normalize(c).T
+    # queries without a relevant document are judged (all 0) so trec_eval counts them too
+    qrels = {f"q{i}": {f"d{d}": int(d in rel) for d in (rel or {0})}
+             for i, rel in enumerate(relevant)}
+    run = {f"q{i}": {f"d{d}": float(scores[i, d]) for d in range(60)} for i in range(25)}
+    top10 = {qid: dict(sorted(docs.items(), key=lambda kv: -kv[1])[:10])
+             for qid, docs in run.items()}
+    full = pytrec_eval.RelevanceEvaluator(qrels, {"P_1", "recall_5", "ndcg_cut_10"}).evaluate(run)
+    mrr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(top10)
+    mean = lambda res, key: sum(v[key] for v in res.values()) / len(res)  # noqa: E731
+    assert got["p@1"] == pytest.approx(mean(full, "P_1"), abs=1e-6)
+    assert got["recall@5"] == pytest.approx(mean(full, "recall_5"), abs=1e-6)
+    assert got["ndcg@10"] == pytest.approx(mean(full, "ndcg_cut_10"), abs=1e-6)
+    assert got["mrr@10"] == pytest.approx(mean(mrr, "recip_rank"), abs=1e-6)

@@ -45,13 +45,19 @@ def topk(queries: torch.Tensor, corpus: torch.Tensor, k: int, chunk: int = 1024,
 
 def _topk_stable(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k per row with ties at every position ordered by column index."""
-    threshold = torch.topk(scores, k, dim=1).values[:, -1:]
-    above = scores > threshold
-    equal = scores == threshold
-    need = k - above.sum(1, keepdim=True)
-    chosen = above | (equal & (equal.cumsum(1) <= need))  # the first tied columns only
-    idx = chosen.nonzero()[:, 1].view(scores.shape[0], k)  # ascending column order
-    vals = scores.gather(1, idx)
+    vals, idx = torch.topk(scores, k, dim=1)
+    threshold = vals[:, -1:]
+    ambiguous = (scores >= threshold).sum(1) > k  # more columns tie at the cut than fit
+    if ambiguous.any():
+        rows = torch.nonzero(ambiguous).squeeze(1)
+        sub, thr = scores[rows], threshold[rows]
+        equal = sub == thr
+        need = k - (sub > thr).sum(1, keepdim=True)
+        chosen = (sub > thr) | (equal & (equal.cumsum(1) <= need))  # the first tied columns
+        idx[rows] = chosen.nonzero()[:, 1].view(len(rows), k)
+        vals[rows] = sub.gather(1, idx[rows])
+    by_index = idx.argsort(1)  # then a stable sort by score keeps equal scores in index order
+    idx, vals = idx.gather(1, by_index), vals.gather(1, by_index)
     order = torch.sort(vals, dim=1, descending=True, stable=True).indices
     return vals.gather(1, order), idx.gather(1, order)
 

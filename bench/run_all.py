@@ -1,0 +1,57 @@
+"""Run every benchmark, collect bench/results.json and refresh the README's benchmark table.
+
+    python -m bench.run_all        (what `make bench` runs, after `make run`)
+
+Each benchmark runs in its own process and writes bench/<name>.json; this script adds the no-op
+`dvc repro` time of the workspace pipeline, writes bench/results.json and replaces the table
+between the README's `<!-- bench:start -->` and `<!-- bench:end -->` markers.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from bench.common import HERE, machine, table
+
+ROOT = HERE.parent
+BENCHES = ("cache_fill", "train_speed", "eval_topk")
+
+
+def noop_repro() -> dict:
+    dvc = [sys.executable, "-m", "dvc"]
+    status = subprocess.run([*dvc, "status", "--json"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.strip()
+    if status not in ("{}", ""):
+        subprocess.run([*dvc, "repro"], cwd=ROOT, check=True)
+    t0 = time.perf_counter()
+    out = subprocess.run([*dvc, "repro"], cwd=ROOT, capture_output=True, text=True, check=True)
+    return {"seconds": time.perf_counter() - t0, "ran_nothing": "Running stage" not in out.stdout}
+
+
+def main() -> None:
+    results = {"machine": machine()}
+    for name in BENCHES:
+        subprocess.run([sys.executable, "-m", f"bench.{name}"], cwd=ROOT, check=True)
+        results[name] = json.loads((HERE / f"{name}.json").read_text())
+    results["noop_repro"] = noop_repro()
+    rows = [r for name in BENCHES for r in results[name]["rows"]]
+    rows.append({"measure": "no-op `dvc repro` of the whole pipeline (s)",
+                 "ours": results["noop_repro"]["seconds"], "peer name": "", "peer": "",
+                 "ratio": "", "target": "runs nothing"})
+    (HERE / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    rendered = (f"Measured on {results['machine']} with `make bench`:\n\n"
+                + table(rows, ["measure", "ours", "peer name", "peer", "ratio", "target"]))
+    print(rendered)
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    start, end = "<!-- bench:start -->", "<!-- bench:end -->"
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        readme.write_text(f"{head}{start}\n{rendered}\n{end}{rest.split(end, 1)[1]}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
