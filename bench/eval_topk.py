@@ -43,7 +43,7 @@ def child(how: str, queries: int, corpus: int, dim: int, k: int) -> None:
     if how == "simtune":
         from simtune.metrics import topk
 
-        _, idx = topk(q, c, k, chunk=1024)
+        _, idx = topk(q, c, k, chunk=512)
     elif how == "faiss":
         import faiss
 

@@ -1,6 +1,7 @@
 """Run every benchmark, collect bench/results.json and refresh the README's benchmark table.
 
     python -m bench.run_all        (what `make bench` runs, after `make run`)
+    python -m bench.run_all --collect-only   (reuse the bench/<name>.json files already there)
 
 Each benchmark runs in its own process and writes bench/<name>.json; this script adds the no-op
 `dvc repro` time of the workspace pipeline, writes bench/results.json and replaces the table
@@ -32,9 +33,11 @@ def noop_repro() -> dict:
 
 
 def main() -> None:
+    collect_only = "--collect-only" in sys.argv  # reuse the bench/<name>.json already written
     results = {"machine": machine()}
     for name in BENCHES:
-        subprocess.run([sys.executable, "-m", f"bench.{name}"], cwd=ROOT, check=True)
+        if not collect_only:
+            subprocess.run([sys.executable, "-m", f"bench.{name}"], cwd=ROOT, check=True)
         results[name] = json.loads((HERE / f"{name}.json").read_text())
     results["noop_repro"] = noop_repro()
     rows = [r for name in BENCHES for r in results[name]["rows"]]

@@ -60,7 +60,7 @@ def test_train_saves_a_head_that_reloads_to_the_reported_metric(small: tuple[Pat
     data = load_data(p, root / "prepared", root / "cache")
     with torch.inference_mode():
         got, _ = split_metrics(data, "val", lambda sp, role: head(
-            data.q_vectors[sp.tensors["rows"]].float()))
+            data.q_vectors[sp.tensors["rows"]].float()), corpus="train")
     assert got["mrr@10"] == pytest.approx(report["best_val"]["val/mrr@10"], abs=1e-6)
     assert (root / "live" / "plots" / "metrics").is_dir()
 

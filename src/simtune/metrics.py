@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -31,8 +32,12 @@ def topk(queries: torch.Tensor, corpus: torch.Tensor, k: int, chunk: int = 1024,
     q_all, c = F.normalize(queries.float(), dim=-1), F.normalize(corpus.float(), dim=-1)
     k = min(k, c.shape[0] - (exclude is not None))
     out_s, out_i = [], []
+    # on CPU, numpy's BLAS (OpenBLAS) runs this GEMM ~1.5x faster than torch's MKL on AMD CPUs
+    # (measured in bench/eval_topk.py); the result is handed to torch without a copy
+    c_t = np.ascontiguousarray(c.numpy().T) if c.device.type == "cpu" else c.T
     for s in range(0, q_all.shape[0], chunk):
-        scores = q_all[s : s + chunk] @ c.T
+        q = q_all[s : s + chunk]
+        scores = torch.from_numpy(q.numpy() @ c_t) if isinstance(c_t, np.ndarray) else q @ c_t
         if exclude is not None:
             ex = exclude[s : s + chunk]
             rows = torch.nonzero(ex >= 0).squeeze(1)
@@ -45,9 +50,14 @@ def topk(queries: torch.Tensor, corpus: torch.Tensor, k: int, chunk: int = 1024,
 
 def _topk_stable(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k per row with ties at every position ordered by column index."""
-    vals, idx = torch.topk(scores, k, dim=1)
-    threshold = vals[:, -1:]
-    ambiguous = (scores >= threshold).sum(1) > k  # more columns tie at the cut than fit
+    extra = min(k + 1, scores.shape[1])
+    vals, idx = torch.topk(scores, extra, dim=1)
+    threshold = vals[:, k - 1 : k]
+    # the (k+1)-th best equals the k-th: more columns tie at the cut than fit, so which of
+    # them are kept must be decided by index (rare: only these rows take the slow path)
+    ambiguous = (vals[:, k] == vals[:, k - 1]) if extra > k else torch.zeros(
+        len(vals), dtype=torch.bool)
+    vals, idx = vals[:, :k].contiguous(), idx[:, :k].contiguous()
     if ambiguous.any():
         rows = torch.nonzero(ambiguous).squeeze(1)
         sub, thr = scores[rows], threshold[rows]

@@ -176,7 +176,9 @@ class SimilarityModule(pl.LightningModule):
         return torch.utils.data.DataLoader([0])  # one step: the whole split is scored at once
 
     def validation_step(self, batch: Any, _: int) -> None:
-        scores, _ = split_metrics(self.data, "val", self.embed_split)
+        # the same task as the test evaluation: against the train texts, or leave-one-out
+        corpus = "train" if self.p.evaluate.corpus == "train" else None
+        scores, _ = split_metrics(self.data, "val", self.embed_split, corpus=corpus)
         self.log_dict({f"val/{k}": v for k, v in scores.items()}, batch_size=1)
 
     def embed_split(self, sp: Split, role: str) -> torch.Tensor:

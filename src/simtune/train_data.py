@@ -165,16 +165,20 @@ def check_trainable(data: TrainData, t: TrainParams, world: int) -> None:
 Embed = Callable[[Split, str], torch.Tensor]  # (split, role: text | query | doc) -> (n, D)
 
 
-def split_metrics(data: TrainData, split: str, embed: Embed, ks: tuple[int, ...] = (1, 5, 10)
-                  ) -> tuple[dict[str, float], int]:
+def split_metrics(data: TrainData, split: str, embed: Embed, ks: tuple[int, ...] = (1, 5, 10),
+                  corpus: str | None = None) -> tuple[dict[str, float], int]:
     """Retrieval metrics of `split` with vectors from `embed` (any head, any encoder).
 
-    Groups: each text queries the other texts of the split (leave-one-out), relevant = same
-    label. Pairs: each distinct query against the split's distinct documents, relevant = its
-    documents with score > 0. Returns (metrics, queries without a relevant item)."""
+    Groups: each text queries the texts of the `corpus` split, or with None the other texts of
+    its own split (leave-one-out); relevant = same label. Pairs: each distinct query against the
+    split's distinct documents, relevant = its documents with score > 0.
+    Returns (metrics, queries without a relevant item)."""
     sp = data.splits[split]
     if data.kind == "groups":
-        return metrics.group_scores(embed(sp, "text"), sp.tensors["labels"], None, None, ks)
+        c = data.splits[corpus] if corpus else None
+        return metrics.group_scores(embed(sp, "text"), sp.tensors["labels"],
+                                    embed(c, "text") if c else None,
+                                    c.tensors["labels"] if c else None, ks)
     q_u, q_inv = torch.unique(sp.tensors["q_ids"], return_inverse=True)
     d_u, d_inv = torch.unique(sp.tensors["d_ids"], return_inverse=True)
     q_first, d_first = _first_positions(q_inv, len(q_u)), _first_positions(d_inv, len(d_u))
