@@ -18,7 +18,7 @@ from simtune import heads, metrics
 from simtune.atomic import write_json
 from simtune.errors import UserError
 from simtune.params import Params
-from simtune.train_data import TrainData, load_data
+from simtune.train_data import TrainData, first_positions, load_data
 
 log = logging.getLogger("simtune.evaluate")
 Vectors = Callable[[torch.Tensor, str], torch.Tensor]  # (cache rows, role) -> (n, D)
@@ -49,8 +49,7 @@ def _task(data: TrainData, corpus: str) -> dict[str, Any]:
             docs.setdefault(did, row)
     doc_index = {did: i for i, did in enumerate(docs)}
     q_u, q_inv = torch.unique(test["q_ids"], return_inverse=True)
-    first = torch.full((len(q_u),), len(q_inv)).scatter_reduce_(
-        0, q_inv, torch.arange(len(q_inv)), reduce="amin")
+    first = first_positions(q_inv, len(q_u))
     positive = test["scores"] > 0
     pairs = torch.stack([q_inv[positive], torch.tensor(
         [doc_index[d] for d in test["d_ids"][positive].tolist()], dtype=torch.long)], 1)

@@ -181,13 +181,13 @@ def split_metrics(data: TrainData, split: str, embed: Embed, ks: tuple[int, ...]
                                     c.tensors["labels"] if c else None, ks)
     q_u, q_inv = torch.unique(sp.tensors["q_ids"], return_inverse=True)
     d_u, d_inv = torch.unique(sp.tensors["d_ids"], return_inverse=True)
-    q_first, d_first = _first_positions(q_inv, len(q_u)), _first_positions(d_inv, len(d_u))
+    q_first, d_first = first_positions(q_inv, len(q_u)), first_positions(d_inv, len(d_u))
     positive = sp.tensors["scores"] > 0
     pairs = torch.stack([q_inv[positive], d_inv[positive]], 1)
     return metrics.pair_scores(embed(sp, "query")[q_first], embed(sp, "doc")[d_first], pairs, ks)
 
 
-def _first_positions(inverse: torch.Tensor, n: int) -> torch.Tensor:
+def first_positions(inverse: torch.Tensor, n: int) -> torch.Tensor:
     """For each of `n` unique values, the first row where it occurs."""
     rows = torch.arange(len(inverse))
     return torch.full((n,), len(inverse), dtype=torch.long).scatter_reduce_(
