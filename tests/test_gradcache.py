@@ -93,3 +93,19 @@ def test_full_mode_tiny_bert_equals_full_batch(chunk: int, tiny_bert: Path) -> N
 
     labels = torch.tensor([0, 1, 2, 3] * 3)
     _check(model, encode, batch, labels, chunk)
+
+
+def test_loss_scale_is_applied_exactly_once() -> None:
+    """As under fp16: the caller's backward scales the loss; the replay must not scale again."""
+    torch.manual_seed(0)
+    head = heads.build("linear", 8, 1, 0.0)
+    x, labels = torch.randn(B, 8), torch.tensor([0, 1, 2] * 4)
+    loss_fn = _loss()
+    head.zero_grad()
+    loss_fn(head(x), labels).backward()
+    want = {k: 1024 * v for k, v in _grads(head).items()}
+    head.zero_grad()
+    gradcache.step(head, [x[s : s + 4] for s in range(0, B, 4)],
+                   lambda reps: loss_fn(reps, labels),
+                   backward=lambda loss: (loss * 1024).backward())
+    _assert_equal(_grads(head), want)

@@ -155,3 +155,29 @@ def test_cache_missing_or_stale(small: tuple[Path, Path]) -> None:
 
     shutil.rmtree(root / "cache")
     assert "no cache here (run the cache stage)" in _error(root, params_file)
+
+
+def test_full_mode_trains_the_encoder_and_evaluate_uses_it(small: tuple[Path, Path]) -> None:
+    """full mode: texts tokenised by the DataLoader, encoder trainable and saved with the head;
+    evaluate embeds the test texts with that fine-tuned encoder (not the frozen cache)."""
+    root, params_file = small
+    _edit(params_file, mode="full", max_epochs=1, encoder_lr=0.001, gradcache__chunk_size=4)
+    _train(root, params_file)
+    encoder_dir = root / "head" / "encoder"
+    assert (encoder_dir / "config.json").is_file()
+    from simtune.model import load_model
+
+    tuned = load_model(root / "head", "cpu")
+    p = P.load(params_file)
+    frozen = load_model(root / "head", "cpu")
+    frozen.encoder.model = __import__("transformers").AutoModel.from_pretrained(
+        p.encoders.models["tiny"].model).eval()
+    texts = ["what is the largest city", "who wrote the book"]
+    assert not torch.allclose(tuned.encode(texts), frozen.encode(texts), atol=1e-4)
+    result = CliRunner().invoke(app, [
+        "evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
+        "--cache", str(root / "cache"), "--head", str(root / "head"),
+        "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json")])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((root / "metrics.json").read_text())
+    assert metrics["trained"] != metrics["baseline"]
