@@ -14,8 +14,10 @@ def export(
     head: Path = typer.Option(Path("models/head"), help="trained head directory"),
     out: Path = typer.Option(Path("models/export"), help="servable model directory"),
 ) -> None:
-    """Write a servable model: encoder (+ fine-tuned weights), head, config; loads with
-    simtune.load_model(dir) and SentenceTransformer(dir, trust_remote_code=True)."""
+    """Write a servable model directory (encoder, head, config) for simtune.load_model.
+
+    It also loads as SentenceTransformer(dir, trust_remote_code=True).
+    """
     from simtune import model
 
     model.export(head, out)
