@@ -128,7 +128,7 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], director
         result.embedded = _embed_missing(encoder, missing, texts, directory, manifest, cp, dist)
     dist.barrier()
     if dist.rank == 0:
-        final = store.finish_fill(directory, manifest.dim or _dim_of(directory))
+        final = store.finish_fill(directory)
         log.info("cache %s: %d rows in %d shards", name, final.rows, len(final.shards))
     dist.barrier()
     return result
@@ -136,9 +136,10 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], director
 
 def _drop_changed_texts(directory: Path, manifest: store.Manifest, texts: dict[str, str]) -> None:
     """With custom keys, a key may now name another text: its cached row is stale, drop it.
-    (With content-hash ids a changed text is a new id, so nothing is ever dropped here.)"""
+    Rows whose id is their content hash (the default ids) cannot go stale and are not rehashed.
+    """
     stale = {i for i, h in store.cached_hashes(directory, manifest).items()
-             if i in texts and h != text_id(texts[i])}
+             if i != h and i in texts and h != text_id(texts[i])}
     if stale:
         log.warning("cache %s: %d keys now name a changed text: dropping their vectors",
                     manifest.encoder, len(stale))
@@ -150,11 +151,6 @@ def _device(cp: CacheParams, dist: Dist) -> torch.device:
     if device.type == "cuda" and dist.world > 1:
         return torch.device("cuda", dist.local_rank)
     return device
-
-
-def _dim_of(directory: Path) -> int | None:
-    manifest = store.read_manifest(directory)
-    return manifest.dim if manifest else None
 
 
 class _Batches(torch.utils.data.Dataset):
@@ -201,7 +197,6 @@ def _embed_missing(encoder: FrozenEncoder, missing: list[str], texts: dict[str, 
         del buf_ids[:rows]
         buf_vecs[:] = [vecs[rows:]]
 
-    manifest.dim = encoder.dim
     with Progress(len(mine), f"embedding with {encoder.name}") as progress, torch.inference_mode():
         for idx, batch in loader:
             buf_vecs.append(encoder.embed(batch).cpu().numpy())

@@ -193,13 +193,15 @@ def _adopt_journals(directory: Path, manifest: Manifest) -> int:
     return adopted
 
 
-def finish_fill(directory: Path, dim: int | None) -> Manifest:
-    """Fold every rank's journal into the manifest and remove the journals (rank 0, at the end)."""
+def finish_fill(directory: Path) -> Manifest:
+    """Fold every rank's journal into the manifest and remove the journals (rank 0, at the end).
+    The dim comes from the shards themselves, whichever rank wrote them."""
     manifest = read_manifest(directory)
     assert manifest is not None, "begin_fill() writes the manifest first"
     _adopt_journals(Path(directory), manifest)
-    if manifest.dim is None:
-        manifest.dim = dim
+    if manifest.dim is None and manifest.shards:
+        with pa.memory_map(str(Path(directory) / manifest.shards[0].file), "r") as f:
+            manifest.dim = pa.ipc.open_file(f).schema.field("embedding").type.list_size
     write_manifest(directory, manifest)
     for path in Path(directory).glob("journal-r*.json"):
         path.unlink()
