@@ -8,7 +8,8 @@ import typer
 
 from stages._common import user_errors
 
-app = typer.Typer(help="Fill the embedding cache (or check it: `cache verify`).",
+app = typer.Typer(help="Fill the embedding cache (check it: `cache verify`; bound the shared "
+                  "store: `cache gc`).",
                   no_args_is_help=False, add_completion=False)
 
 PARAMS = typer.Option(Path("params.yaml"), help="params file (`encoders` and `cache` sections)")
@@ -50,3 +51,27 @@ def verify(params: Path = PARAMS, prepared: Path = PREPARED, out: Path = OUT,
             print(f"  {problem}")
     if any(r.problems for r in results):
         raise typer.Exit(1)
+
+
+@app.command()
+@user_errors
+def gc(params: Path = PARAMS,
+       max_gb: float = typer.Option(None, min=0, help="size bound for this run (default "
+                                    "cache.store_max_gb; 0 keeps only the current settings)"),
+       dry_run: bool = typer.Option(False, "--dry-run", help="say what would go, drop nothing")
+       ) -> None:
+    """Bound the shared store: drop least recently used encoder settings, never the current."""
+    from simtune import cache as lib
+    from simtune import params as P
+    from simtune import shared
+
+    p = P.load(params)
+    kept, dropped = lib.gc(p.encoders, p.cache, max_gb, dry_run)
+    print(f"store {shared.root(p.cache.store)}: kept {len(kept)} encoder settings "
+          f"({sum(e.bytes for e in kept) / 1e6:.1f} MB), "
+          f"{'would drop' if dry_run else 'dropped'} {len(dropped)} "
+          f"({sum(e.bytes for e in dropped) / 1e6:.1f} MB)")
+    for e in kept:
+        print(f"  keep {e.fingerprint} {e.encoder}: {e.rows} rows, {e.bytes / 1e6:.1f} MB")
+    for e in dropped:
+        print(f"  drop {e.fingerprint} {e.encoder}: {e.rows} rows, {e.bytes / 1e6:.1f} MB")

@@ -48,7 +48,9 @@ def encoder_params(model: Path, **overrides: Any) -> dict[str, Any]:
 
 def cache_params(**overrides: Any) -> dict[str, Any]:
     return {"batch_size": 8, "num_workers": 0, "device": "cpu", "shard_rows": 1000,
-            "cache_type": "cpu", "mapping": {}, **overrides}
+            "cache_type": "cpu", "mapping": {},
+            "store": "never-used ($SIMTUNE_STORE is set by conftest)", "store_max_gb": 20,
+            **overrides}
 
 
 def params(model: Path, enc: dict[str, Any] | None = None, **cache: Any) -> P.Params:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,21 @@ def repo_params() -> dict[str, Any]:
 
 def write_params(path: Path, raw: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Outside any test's own store (below), still never the user's: a throwaway one."""
+    import tempfile
+
+    os.environ["SIMTUNE_STORE"] = tempfile.mkdtemp(prefix="simtune-test-store-")
+
+
+@pytest.fixture(autouse=True)
+def _own_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own empty shared vector store (never the user's ~/.cache)."""
+    path = tmp_path / "simtune-store"
+    monkeypatch.setenv("SIMTUNE_STORE", str(path))
     return path
 
 

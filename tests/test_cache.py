@@ -15,7 +15,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from simtune import cache, store
+from simtune import cache, shared, store
 from simtune.encoders import FrozenEncoder, describe, fingerprint, pool
 from simtune.errors import UserError
 from simtune.prepare import text_id
@@ -33,6 +33,11 @@ from tests.conftest import ROOT, repo_params, write_params
 
 def _fill(prepared: Path, out: Path, p) -> list[cache.FillResult]:
     return cache.fill(prepared, out, p.encoders, p.cache)
+
+
+def _entry(manifest: store.Manifest) -> store.Manifest:
+    """The shared-store entry behind a view's manifest."""
+    return store.read_manifest(shared.fingerprint_dir(shared.root(""), manifest.fingerprint))
 
 
 def _as_dict(table: store.CacheTable) -> dict[str, torch.Tensor]:
@@ -126,7 +131,8 @@ def test_ten_new_texts_embed_exactly_ten(tmp_path: Path, tiny_bert: Path) -> Non
         [r] = _fill(grown, tmp_path / "cache", p)
     assert (r.cached, r.embedded, counts["rows"]) == (50, 10, 10)
     table = store.load(tmp_path / "cache" / "tiny")
-    assert len(table) == 60 and len(table.manifest.shards) == 2
+    assert len(table) == 60 and len(table.manifest.shards) == 1  # the view: one part
+    assert len(_entry(table.manifest).shards) == 2  # the store: the first fill's + the 10 new
     want = _manual(tiny_bert, sentences(60), "mean", True)
     got = table.vectors[table.index([text_id(t) for t in sentences(60)])]
     assert torch.allclose(got, want, atol=1e-5)
@@ -142,9 +148,8 @@ def test_pooling_change_rebuilds_and_says_why(tmp_path: Path, tiny_bert: Path,
         [r] = _fill(prepared, tmp_path / "cache", params(tiny_bert, {"pooling": "cls"}))
     assert (r.cached, r.embedded, counts["rows"]) == (0, 25, 25)
     assert "encoder changed (pooling: 'mean' -> 'cls')" in caplog.text
-    assert "dropping 1 shards (25 rows)" in caplog.text
-    files = {p.name for p in (tmp_path / "cache" / "tiny").iterdir()}
-    assert not files & old_files
+    assert "vectors under the previous settings stay in the store" in caplog.text
+    assert old_files == {"part-00000.arrow"}
     table = store.load(tmp_path / "cache" / "tiny")
     assert torch.allclose(table.vectors[table.index([text_id(sentences(25)[3])])][0],
                           _manual(tiny_bert, [sentences(25)[3]], "cls", True)[0], atol=1e-5)
@@ -385,10 +390,10 @@ def test_disk_full_keeps_earlier_shards(tmp_path: Path, tiny_bert: Path,
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_osfile(path, mode)
 
-    monkeypatch.setattr(store.pa, "OSFile", failing_osfile)
-    with pytest.raises(UserError, match=r"cannot write cache shard: No space left on device"):
+    with monkeypatch.context() as m, pytest.raises(
+            UserError, match=r"cannot write cache shard: No space left on device"):
+        m.setattr(store.pa, "OSFile", failing_osfile)
         _fill(prepared, tmp_path / "cache", p)
-    monkeypatch.undo()
     directory = tmp_path / "cache" / "tiny"
     assert not list(directory.glob(".*.tmp"))
     with count_forward() as counts:
@@ -405,13 +410,13 @@ def _fill_subprocess(tmp_path: Path, params_file: Path, out: Path, kill_after: i
     shards are journaled (a deterministic point mid-fill)."""
     code = textwrap.dedent(f"""
         import os, signal, sys
-        from simtune import store
-        add = store.Journal.add
+        from simtune import shared
+        add = shared.Journal.add
         def add_then_die(self, shard):
             add(self, shard)
             if {kill_after!r} is not None and len(self.shards) == {kill_after!r}:
                 os.kill(os.getpid(), signal.SIGKILL)
-        store.Journal.add = add_then_die
+        shared.Journal.add = add_then_die
         from stages import app
         app(["cache", "--params", {str(params_file)!r}, "--prepared",
              {str(tmp_path / "prepared")!r}, "--out", {str(out)!r}])
@@ -426,8 +431,11 @@ def test_killed_fill_resumes_and_equals_an_uninterrupted_one(tmp_path: Path,
     killed = _fill_subprocess(tmp_path, params_file, tmp_path / "killed", kill_after=2)
     assert killed.returncode == -signal.SIGKILL
     directory = tmp_path / "killed" / "tiny"
-    assert json.loads((directory / "journal-r0.json").read_text())["shards"][1]["rows"] == 10
-    with pytest.raises(UserError, match="a fill was interrupted"):
+    encoders, _ = _sections(params_file)
+    entry = shared.fingerprint_dir(shared.root(""), fingerprint(describe(
+        "tiny", encoders.models["tiny"])))
+    assert json.loads((entry / "journal-r0.json").read_text())["shards"][1]["rows"] == 10
+    with pytest.raises(UserError, match="no cache here"):  # no view before a fill completes
         store.load(directory)
     with count_forward() as counts:
         [r] = cache.fill(tmp_path / "prepared", tmp_path / "killed",
@@ -453,20 +461,23 @@ def test_two_process_fill_equals_one_process(tmp_path: Path, tiny_bert: Path) ->
     params_file = _project(tmp_path, tiny_bert, n=50)
     one = _fill_subprocess(tmp_path, params_file, tmp_path / "one", kill_after=None)
     assert one.returncode == 0, one.stderr
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    store_two = tmp_path / "store-two"  # its own store: the first fill's vectors are not there
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SIMTUNE_STORE": str(store_two)}
     two = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
          "--master_port", "29517", "-m", "stages", "cache", "--params", str(params_file),
          "--prepared", str(tmp_path / "prepared"), "--out", str(tmp_path / "two")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
-    manifest = store.read_manifest(tmp_path / "two" / "tiny")
+    view = store.read_manifest(tmp_path / "two" / "tiny")
+    entry = shared.fingerprint_dir(store_two, view.fingerprint)
+    manifest = store.read_manifest(entry)
     assert {s.file.rsplit("-", 1)[1] for s in manifest.shards} == {"r0.arrow", "r1.arrow"}
     a = _as_dict(store.load(tmp_path / "one" / "tiny"))
     b = _as_dict(store.load(tmp_path / "two" / "tiny", checksums=True))
     assert a.keys() == b.keys() and len(a) == 50
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
-    assert not list((tmp_path / "two" / "tiny").glob("journal-*"))
+    assert not list(entry.glob("journal-*"))
 
 
 @pytest.mark.integration
@@ -520,7 +531,6 @@ def test_custom_key_with_changed_text_is_re_embedded(tmp_path: Path, tiny_bert: 
     with count_forward() as counts:
         [r] = _fill(prepared_with(texts), tmp_path / "cache", p)
     assert (r.cached, r.embedded, counts["rows"]) == (19, 1, 1)
-    assert "1 keys now name a changed text" in caplog.text
     table = store.load(tmp_path / "cache" / "tiny", checksums=True)
     assert len(table) == 20
     want = _manual(tiny_bert, texts, "mean", True)

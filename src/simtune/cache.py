@@ -1,16 +1,22 @@
-"""The `cache` stage: embed every text each frozen encoder must see, once, into `cache/<name>/`.
+"""The `cache` stage: embed every text each frozen encoder must see, once, for good.
 
-Incremental and safe: only ids missing under the current fingerprint are embedded; a changed
-fingerprint drops the old shards first (the log says why); shards are written atomically and
-journaled, so a killed fill resumes where it stopped. Under `torchrun` each rank embeds a slice.
+Vectors live in the machine-wide shared store (`simtune.shared`, keyed by encoder fingerprint
+and content hash): every workspace, queued or temp experiment and data set on the machine reuses
+them, and settings switched back and forth re-embed nothing. The stage's output is a *view*,
+`cache/<encoder>/`: exactly the rows this workspace's data needs, keyed by its text ids, in the
+same Arrow format; DVC tracks it, so it can be pushed, pulled and checked out. A view pulled from
+a teammate feeds the store in turn. Fills are locked per store entry, journaled and resumable;
+under `torchrun` each rank embeds a slice.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from simtune import store
+from simtune import shared, store
+from simtune.atomic import atomic_dir
 from simtune.encoders import FrozenEncoder, changes, describe, fingerprint, resolve_device
 from simtune.errors import UserError
 from simtune.params import CacheParams, EncoderParams, EncodersParams
@@ -86,7 +93,8 @@ def texts_per_encoder(prepared: Prepared, encoders: EncodersParams) -> dict[str,
 
 def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParams,
          dist: Dist | None = None) -> list[FillResult]:
-    """Fill `out/<name>/` for every encoder the prepared data needs."""
+    """Fill the view `out/<name>/` for every encoder the prepared data needs, embedding only
+    what the shared store (`cache.store`) lacks."""
     prepared = load_prepared(prepared_dir)
     if prepared.texts.num_rows == 0:
         raise UserError(f"{prepared_dir}: prepared data has no texts")
@@ -104,46 +112,132 @@ def _texts_of(prepared: Prepared, ids: pa.Array) -> dict[str, str]:
     return dict(zip(t.column("text_id").to_pylist(), t.column("text").to_pylist(), strict=True))
 
 
-def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], directory: Path,
+def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Path,
                  cp: CacheParams, dist: Dist,
                  encoder_factory: Callable[..., FrozenEncoder] = FrozenEncoder) -> FillResult:
-    """Embed the ids of `texts` (id -> text) that `directory` lacks under the current
-    fingerprint; rank `r` of `w` embeds every w-th of the length-sorted missing texts."""
+    """Make `view` hold the vectors of `texts` (workspace id -> text) under the current
+    fingerprint. Texts the store lacks are embedded into it first (rank `r` of `w` embeds every
+    w-th of the length-sorted missing texts); nothing stored is touched before the encoder has
+    loaded, and the view is replaced only when complete."""
     description = describe(name, spec)
     fp = fingerprint(description)
-    if dist.rank == 0:
-        manifest = store.begin_fill(directory, name, fp, description, spec.dtype)
-        _drop_changed_texts(directory, manifest, texts)
-    dist.barrier()
-    manifest = store.read_manifest(directory)
-    assert manifest is not None
-    have = store.cached_hashes(directory, manifest)
-    missing = sorted(t for t in texts if t not in have)
-    cached = len(texts) - len(missing)
-    log.info("cache %s: %d cached, %d to embed", name, cached, len(missing))
-    result = FillResult(name, len(texts), cached, 0, model_loaded=False)
-    if missing:
-        encoder = encoder_factory(name, spec, _device(cp, dist))
-        result.model_loaded = True
-        result.embedded = _embed_missing(encoder, missing, texts, directory, manifest, cp, dist)
-    dist.barrier()
-    if dist.rank == 0:
-        final = store.finish_fill(directory)
-        log.info("cache %s: %d rows in %d shards", name, final.rows, len(final.shards))
-    dist.barrier()
+    root = shared.root(cp.store)
+    directory = shared.fingerprint_dir(root, fp)
+    by_hash = {text_id(t): t for t in texts.values()}
+    with _rank0_locks(dist, root, view, directory, name):
+        if dist.rank == 0:
+            _say_what_changed(view, name, description, fp)
+            manifest = shared.begin_fill(directory, name, fp, description, spec.dtype)
+            _import_view(view, directory, manifest, by_hash)
+        dist.barrier()
+        manifest = store.read_manifest(directory)
+        assert manifest is not None
+        have = store.cached_hashes(directory, manifest)
+        missing = sorted(h for h in by_hash if h not in have)
+        result = FillResult(name, len(texts), len(texts) - _count_missing(texts, missing), 0,
+                            model_loaded=False)
+        log.info("cache %s: %d cached, %d to embed", name, result.cached, len(missing))
+        if missing:
+            encoder = encoder_factory(name, spec, _device(cp, dist))
+            result.model_loaded = True
+            result.embedded = _embed_missing(encoder, missing, by_hash, directory, manifest,
+                                             cp, dist)
+        dist.barrier()
+        if dist.rank == 0:
+            final = shared.finish_fill(directory)
+            write_view(view, directory, final, {i: text_id(t) for i, t in texts.items()},
+                       cp.shard_rows)
+            log.info("cache %s: %d rows in %s (store entry %s: %d rows)", name, len(texts),
+                     view, fp, final.rows)
+            shared.evict(root, int(cp.store_max_gb * 1e9), keep={fp})
+        dist.barrier()
     return result
 
 
-def _drop_changed_texts(directory: Path, manifest: store.Manifest, texts: dict[str, str]) -> None:
-    """With custom keys, a key may now name another text: its cached row is stale, drop it.
-    Rows whose id is their content hash (the default ids) cannot go stale and are not rehashed.
-    """
-    stale = {i for i, h in store.cached_hashes(directory, manifest).items()
-             if i != h and i in texts and h != text_id(texts[i])}
-    if stale:
-        log.warning("cache %s: %d keys now name a changed text: dropping their vectors",
-                    manifest.encoder, len(stale))
-        store.drop_rows(directory, manifest, stale)
+def _count_missing(texts: dict[str, str], missing: list[str]) -> int:
+    """Workspace ids whose text is among the `missing` content hashes."""
+    if not missing:
+        return 0
+    gone = set(missing)
+    return sum(text_id(t) in gone for t in texts.values())
+
+
+@contextlib.contextmanager
+def _rank0_locks(dist: Dist, root: Path, view: Path, directory: Path, name: str
+                 ) -> Iterator[None]:
+    """Rank 0 holds the view's lock, then the store entry's (always in that order): one fill
+    per store entry and per view at a time, on this machine."""
+    if dist.rank != 0:
+        yield
+        return
+    key = hashlib.blake2b(str(view.resolve()).encode(), digest_size=8).hexdigest()
+    with shared.locked(root / "views" / key, f"cache {name}"), \
+            shared.locked(directory, f"cache {name}"):
+        yield
+
+
+def _say_what_changed(view: Path, name: str, description: dict, fp: str) -> None:
+    """Log why the view's vectors are about to change encoder settings (nothing is dropped:
+    the earlier settings' vectors stay in the store)."""
+    try:
+        old = store.read_manifest(view)
+    except UserError:
+        return
+    if old is not None and old.fingerprint != fp:
+        log.warning("cache %s: encoder changed (%s); vectors under the previous settings stay "
+                    "in the store", name, changes(old.description, description))
+
+
+def _import_view(view: Path, directory: Path, manifest: store.Manifest,
+                 by_hash: dict[str, str]) -> None:
+    """Rows of an existing view with the same fingerprint that the store lacks (a teammate's
+    `dvc pull`, a cache from before the store existed) go into the store: no re-embedding.
+    Only intact shards are taken."""
+    try:
+        old = store.read_manifest(view)
+    except UserError:
+        return
+    if old is None or old.fingerprint != manifest.fingerprint:
+        return
+    have = store.cached_hashes(directory, manifest)
+    for s in old.shards:
+        try:
+            if store.sha256_of(view / s.file) != s.sha256:
+                continue
+            t = store.open_shard(view, s, old)
+        except (UserError, OSError):
+            continue
+        hashes = t.column("text_hash").to_pylist()
+        take = [i for i, h in enumerate(hashes) if h not in have and h in by_hash]
+        if not take:
+            continue
+        vecs = store.table_vectors(t, old.dim or 0).numpy()[take]
+        picked = [hashes[i] for i in take]
+        shard = store.write_shard(directory, 0, picked, picked, vecs, manifest)
+        manifest.shards.append(shard)
+        store.write_manifest(directory, manifest)
+        have.update(dict.fromkeys(picked, ""))
+        log.info("cache %s: took %d vectors from %s into the store", manifest.encoder,
+                 len(take), view / s.file)
+
+
+def write_view(view: Path, directory: Path, manifest: store.Manifest, ids: dict[str, str],
+               shard_rows: int) -> None:
+    """Write `view` (atomically replaced): the rows `ids` (workspace id -> content hash) taken
+    from the store entry `directory`, sorted by id, in `part-NNNNN.arrow` shards of
+    `shard_rows`. Same inputs give the same bytes on any machine (stable DVC hashes)."""
+    table = store.load(directory)
+    keys = sorted(ids)
+    hashes = [ids[k] for k in keys]
+    vectors = table.vectors[table.index(hashes)].numpy() if keys else None
+    out = store.Manifest(manifest.encoder, manifest.fingerprint, manifest.description,
+                         manifest.dtype, manifest.dim)
+    with atomic_dir(view) as tmp:
+        for n, i in enumerate(range(0, len(keys), shard_rows)):
+            j = i + shard_rows
+            out.shards.append(store.write_shard(tmp, 0, keys[i:j], hashes[i:j], vectors[i:j],
+                                                out, name=f"part-{n:05d}.arrow"))
+        store.write_manifest(tmp, out)
 
 
 def _device(cp: CacheParams, dist: Dist) -> torch.device:
@@ -184,16 +278,15 @@ def _embed_missing(encoder: FrozenEncoder, missing: list[str], texts: dict[str, 
     loader = torch.utils.data.DataLoader(
         _Batches([texts[t] for t in mine], batches, encoder), batch_size=None,
         num_workers=cp.num_workers, pin_memory=encoder.device.type == "cuda")
-    journal = store.Journal(directory, dist.rank, manifest.fingerprint)
+    journal = shared.Journal(directory, dist.rank, manifest.fingerprint)
     buf_ids: list[str] = []
     buf_vecs: list[np.ndarray] = []
 
     def flush(rows: int) -> None:
         """Write the first `rows` buffered rows as one shard, keep the rest buffered."""
         vecs = np.concatenate(buf_vecs)
-        ids = buf_ids[:rows]
-        hashes = [text_id(texts[t]) for t in ids]
-        journal.add(store.write_shard(directory, dist.rank, ids, hashes, vecs[:rows], manifest))
+        ids = buf_ids[:rows]  # store rows are keyed by their content hash
+        journal.add(store.write_shard(directory, dist.rank, ids, ids, vecs[:rows], manifest))
         del buf_ids[:rows]
         buf_vecs[:] = [vecs[rows:]]
 
@@ -260,3 +353,23 @@ def verify(prepared_dir: Path, out: Path, encoders: EncodersParams, sample: int,
                                 f"(tolerance {tol:.3g})")
         results.append(VerifyResult(name, len(table), problems, len(picked), diff))
     return results
+
+
+def gc(encoders: EncodersParams, cp: CacheParams, max_gb: float | None = None,
+       dry_run: bool = False) -> tuple[list[shared.Entry], list[shared.Entry]]:
+    """Apply the store's size policy now: drop least-recently-used fingerprints until the store
+    holds at most `max_gb` (default `cache.store_max_gb`; 0 keeps only the current settings).
+    The fingerprints of the current `encoders` settings are always kept.
+    Returns (kept, dropped) entries."""
+    root = shared.root(cp.store)
+    keep = set()
+    for name, spec in encoders.models.items():
+        try:
+            keep.add(fingerprint(describe(name, spec)))
+        except UserError as e:  # a model that is gone cannot be in use
+            log.warning("%s: its vectors are not protected from gc", e)
+    budget = cp.store_max_gb if max_gb is None else max_gb
+    dropped = shared.evict(root, int(budget * 1e9), keep, dry_run=dry_run)
+    gone = {e.fingerprint for e in dropped}
+    kept = [e for e in shared.entries(root) if e.fingerprint not in gone]
+    return kept, dropped

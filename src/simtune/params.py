@@ -174,6 +174,14 @@ class CacheParams(Section):
     mapping: dict[str, Literal["auto", "cpu", "gpu"]] = Field(
         description="per-encoder override of `cache_type`, e.g. {minilm: cpu}"
     )
+    store: str = Field(
+        min_length=1, description="the machine-wide shared store of every vector ever computed "
+        "(`~` expanded; `$SIMTUNE_STORE` overrides it), shared by all workspaces on the machine"
+    )
+    store_max_gb: Number = Field(
+        gt=0, description="size policy of the shared store: after a fill, least recently used "
+        "encoder settings are dropped until it holds at most this many GB (never those in use)"
+    )
 
 
 class HeadParams(Section):

@@ -1,16 +1,17 @@
-"""The Arrow embedding cache format: atomic sharded writer, memory-mapped reader, manifest.
+"""The Arrow embedding cache format: atomic shard writer, memory-mapped reader, manifest.
 
-A cache directory (one per encoder) holds:
+One format serves both places vectors live: a workspace *view* `cache/<encoder>/` (what the
+pipeline reads; a DVC output) and each fingerprint directory of the machine-wide shared store
+(`simtune.shared`). A directory holds:
 
-- `shard-<token>-r<rank>.arrow`: uncompressed Arrow IPC files, one record batch each, columns
-  `text_id: string` (the key), `text_hash: string` (content hash of the embedded text, so a
-  custom key whose text changed is detected) and
-  `embedding: fixed_size_list<float32|float16>[dim]`; schema metadata
-  `simtune.format_version` and `simtune.fingerprint`. Written under a temp name, then renamed.
+- shards: uncompressed Arrow IPC files, one record batch each, columns `text_id: string` (the
+  key: the workspace's id in a view, the content hash in the store), `text_hash: string`
+  (content hash of the embedded text) and `embedding: fixed_size_list<float32|float16>[dim]`;
+  schema metadata `simtune.format_version` and `simtune.fingerprint`. Written under a temp name,
+  then renamed. Store shards are `shard-<token>-r<rank>.arrow`, view shards `part-<n>.arrow`;
+  a manifest naming any other file is damaged (no path ever leaves the directory).
 - `manifest.json`: format version, encoder name, fingerprint (+ the description it hashes, so a
   rebuild can say what changed), dim, dtype, and each shard's file, rows, bytes and sha256.
-- `journal-r<rank>.json` only while a fill runs: the shards that rank completed, rewritten
-  atomically after each. A killed fill leaves it behind; the next fill adopts those shards.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -37,6 +39,7 @@ from simtune.errors import UserError
 log = logging.getLogger("simtune.store")
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+_SHARD_NAME = re.compile(r"^(shard-[0-9a-f]{12}-r\d{1,5}|part-\d{5})\.arrow$")
 _DTYPES = {"float32": (pa.float32(), np.float32), "float16": (pa.float16(), np.float16)}
 
 
@@ -75,16 +78,29 @@ def read_manifest(directory: Path) -> Manifest | None:
         raw = json.loads(path.read_text())
         raw.pop("rows", None)
         raw["shards"] = [Shard(**s) for s in raw["shards"]]
-        return Manifest(**raw)
+        manifest = Manifest(**raw)
     except (ValueError, TypeError, KeyError) as e:
         raise UserError(f"{path}: damaged cache manifest ({e})") from None
+    for s in manifest.shards:
+        if not valid_shard_name(s.file):
+            raise UserError(f"{path}: damaged cache manifest (shard file {s.file[:80]!r} is "
+                            "not a shard name of this store)")
+    if manifest.format_version != FORMAT_VERSION:
+        raise UserError(f"{path}: cache format version {manifest.format_version}, this simtune "
+                        f"reads {FORMAT_VERSION}; run the cache stage")
+    return manifest
+
+
+def valid_shard_name(name: str) -> bool:
+    """Whether `name` is a plain shard file name (no directory part, our own pattern)."""
+    return isinstance(name, str) and bool(_SHARD_NAME.match(name))
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:
     write_json(Path(directory) / MANIFEST, manifest.to_json())
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(1 << 22):
@@ -93,9 +109,10 @@ def _sha256(path: Path) -> str:
 
 
 def write_shard(directory: Path, rank: int, ids: list[str], hashes: list[str],
-                vectors: np.ndarray, manifest: Manifest) -> Shard:
+                vectors: np.ndarray, manifest: Manifest, name: str | None = None) -> Shard:
     """Write one shard atomically. `ids`, `hashes`: (n,) keys and content hashes;
-    `vectors`: (n, dim) array, cast to the manifest's dtype."""
+    `vectors`: (n, dim) array, cast to the manifest's dtype. `name`: the file name (default: a
+    fresh random store shard name of `rank`)."""
     arrow_type, np_type = _DTYPES[manifest.dtype]
     n, dim = vectors.shape
     flat = pa.array(np.ascontiguousarray(vectors, dtype=np_type).reshape(-1), arrow_type)
@@ -105,12 +122,12 @@ def write_shard(directory: Path, rank: int, ids: list[str], hashes: list[str],
                                  "simtune.fingerprint": manifest.fingerprint})
     batch = pa.record_batch([pa.array(ids, pa.string()), pa.array(hashes, pa.string()),
                              pa.FixedSizeListArray.from_arrays(flat, dim)], schema=schema)
-    name = f"shard-{secrets.token_hex(6)}-r{rank}.arrow"
+    name = name or f"shard-{secrets.token_hex(6)}-r{rank}.arrow"
     final, tmp = Path(directory) / name, Path(directory) / f".{name}.tmp"
     try:
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
             writer.write_batch(batch)
-        shard = Shard(name, n, tmp.stat().st_size, _sha256(tmp))
+        shard = Shard(name, n, tmp.stat().st_size, sha256_of(tmp))
         os.replace(tmp, final)
     except OSError as e:
         with contextlib.suppress(OSError):
@@ -119,124 +136,23 @@ def write_shard(directory: Path, rank: int, ids: list[str], hashes: list[str],
     return shard
 
 
-class Journal:
-    """The shards one rank has completed in the running fill (atomically rewritten)."""
-
-    def __init__(self, directory: Path, rank: int, fingerprint: str) -> None:
-        self.path = Path(directory) / f"journal-r{rank}.json"
-        self.fingerprint, self.shards = fingerprint, []
-
-    def add(self, shard: Shard) -> None:
-        self.shards.append(shard)
-        try:
-            write_json(self.path, {"fingerprint": self.fingerprint,
-                                   "shards": [asdict(s) for s in self.shards]})
-        except OSError as e:
-            raise UserError(f"{self.path}: cannot write fill journal: {e.strerror or e}") from None
-
-
-def begin_fill(directory: Path, encoder: str, fingerprint: str, description: dict[str, Any],
-               dtype: str) -> Manifest:
-    """Make `directory` ready for a fill under `fingerprint` (run once, by rank 0).
-
-    A manifest with another fingerprint is stale: its shards are dropped (the log says why).
-    Journals of an interrupted fill under the same fingerprint are adopted; files belonging to
-    nothing (temp files, shards written but never journaled) are removed.
-    """
-    directory = Path(directory)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"{directory}: cannot create cache directory: {e.strerror or e}") from None
-    try:
-        manifest = read_manifest(directory)
-    except UserError as e:
-        log.warning("%s; rebuilding the cache", e)
-        manifest = None
-    if manifest is not None and manifest.fingerprint != fingerprint:
-        from simtune.encoders import changes
-
-        log.warning("cache %s: encoder changed (%s): dropping %d shards (%d rows), rebuilding",
-                    directory, changes(manifest.description, description),
-                    len(manifest.shards), manifest.rows)
-        manifest = None
-    if manifest is None:
-        manifest = Manifest(encoder, fingerprint, description, dtype)
-    adopted = _adopt_journals(directory, manifest)
-    if adopted:
-        log.info("cache %s: kept %d shards of an interrupted fill", directory, adopted)
-    keep = {s.file for s in manifest.shards} | {MANIFEST}
-    for p in directory.iterdir():
-        if p.is_file() and p.name not in keep:
-            p.unlink()
-    write_manifest(directory, manifest)
-    return manifest
-
-
-def _adopt_journals(directory: Path, manifest: Manifest) -> int:
-    """Add the journaled shards that exist intact to `manifest`; returns how many."""
-    known = {s.file for s in manifest.shards}
-    adopted = 0
-    for path in sorted(directory.glob("journal-r*.json")):
-        try:
-            journal = json.loads(path.read_text())
-        except ValueError:
-            continue
-        if journal.get("fingerprint") != manifest.fingerprint:
-            continue
-        for s in (Shard(**d) for d in journal.get("shards", [])):
-            f = directory / s.file
-            if s.file not in known and f.is_file() and f.stat().st_size == s.bytes:
-                manifest.shards.append(s)
-                known.add(s.file)
-                adopted += 1
-    return adopted
-
-
-def finish_fill(directory: Path) -> Manifest:
-    """Fold every rank's journal into the manifest and remove the journals (rank 0, at the end).
-    The dim comes from the shards themselves, whichever rank wrote them."""
-    manifest = read_manifest(directory)
-    assert manifest is not None, "begin_fill() writes the manifest first"
-    _adopt_journals(Path(directory), manifest)
-    if manifest.dim is None and manifest.shards:
-        with pa.memory_map(str(Path(directory) / manifest.shards[0].file), "r") as f:
-            manifest.dim = pa.ipc.open_file(f).schema.field("embedding").type.list_size
-    write_manifest(directory, manifest)
-    for path in Path(directory).glob("journal-r*.json"):
-        path.unlink()
-    return manifest
-
-
 def cached_hashes(directory: Path, manifest: Manifest) -> dict[str, str]:
     """text id -> content hash of every cached row (reads only those two columns)."""
     out: dict[str, str] = {}
     for s in manifest.shards:
-        t = _open(Path(directory), s, manifest)
+        t = open_shard(Path(directory), s, manifest)
         out.update(zip(t.column("text_id").to_pylist(), t.column("text_hash").to_pylist(),
                        strict=True))
     return out
 
 
-def drop_rows(directory: Path, manifest: Manifest, ids: set[str]) -> None:
-    """Remove the rows of `ids` (keys whose text changed): each shard holding one is rewritten
-    without them, the manifest swapped atomically, then the old file deleted."""
-    directory = Path(directory)
-    for i, s in enumerate(list(manifest.shards)):
-        t = _open(directory, s, manifest)
-        keep = pc.invert(pc.is_in(t.column("text_id"), value_set=pa.array(list(ids), pa.string())))
-        if pc.all(keep).as_py():
-            continue
-        t = t.filter(keep)
-        new = [] if t.num_rows == 0 else [write_shard(
-            directory, 0, t.column("text_id").to_pylist(), t.column("text_hash").to_pylist(),
-            _vectors(t, manifest.dim or 0).numpy(), manifest)]
-        manifest.shards[i : i + 1] = new
-        write_manifest(directory, manifest)
-        (directory / s.file).unlink()
+def shard_dim(path: Path) -> int:
+    """The embedding width of a shard, from its schema alone."""
+    with pa.memory_map(str(path), "r") as f:
+        return int(pa.ipc.open_file(f).schema.field("embedding").type.list_size)
 
 
-def _open(directory: Path, shard: Shard, manifest: Manifest) -> pa.Table:
+def open_shard(directory: Path, shard: Shard, manifest: Manifest) -> pa.Table:
     """Memory-map one shard, checking size, rows, schema and fingerprint against the manifest."""
     path = directory / shard.file
     if not path.is_file():
@@ -306,21 +222,21 @@ def load(directory: Path, fingerprint: str | None = None, checksums: bool = Fals
                         "run the cache stage")
     if checksums:
         for s in manifest.shards:
-            if _sha256(directory / s.file) != s.sha256:
+            if sha256_of(directory / s.file) != s.sha256:
                 raise UserError(f"{directory / s.file}: checksum mismatch (corrupted shard)")
-    tables = [_open(directory, s, manifest) for s in manifest.shards]
+    tables = [open_shard(directory, s, manifest) for s in manifest.shards]
     dim = manifest.dim or 0
     if not tables:
         empty = torch.empty(0, dim, dtype=getattr(torch, manifest.dtype))
         return CacheTable(directory, manifest, pa.array([], pa.string()), empty)
     id_chunks = [c for t in tables for c in t.column("text_id").chunks]
     ids = id_chunks[0] if len(id_chunks) == 1 else pa.concat_arrays(id_chunks)  # 1: no copy
-    parts = [_vectors(t, dim) for t in tables]
+    parts = [table_vectors(t, dim) for t in tables]
     vectors = parts[0] if len(parts) == 1 else torch.cat(parts)
     return CacheTable(directory, manifest, ids, vectors)
 
 
-def _vectors(table: pa.Table, dim: int) -> torch.Tensor:
+def table_vectors(table: pa.Table, dim: int) -> torch.Tensor:
     chunks = table.column("embedding").chunks
     arrays = [c.flatten().to_numpy(zero_copy_only=True).reshape(-1, dim) for c in chunks]
     with warnings.catch_warnings():
@@ -344,10 +260,10 @@ def verify(directory: Path) -> list[str]:
     for s in manifest.shards:
         path = directory / s.file
         try:
-            if path.is_file() and _sha256(path) != s.sha256:
+            if path.is_file() and sha256_of(path) != s.sha256:
                 problems.append(f"{path}: checksum mismatch (corrupted shard)")
                 continue
-            ids = _open(directory, s, manifest).column("text_id").to_pylist()
+            ids = open_shard(directory, s, manifest).column("text_id").to_pylist()
         except UserError as e:
             problems.append(str(e))
             continue

@@ -1,0 +1,98 @@
+"""dvc.yaml's code deps are exactly the code each stage can run, so an edit to any file a stage
+runs reruns it, and an edit to any other file reruns nothing.
+
+The closure of `python -m stages <name>`: the top-level imports of `stages/__init__.py` and
+`stages/__main__.py` (every stage module is imported, but only its top level runs), then every
+import of `stages/<name>.py` and, transitively, of each `simtune` module it reaches, imports
+inside functions included (they may run). A package `__init__.py` counts with its top-level
+imports only (its lazy `__getattr__` imports run only when that attribute is used).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+PACKAGES = {"simtune": ROOT / "src" / "simtune", "stages": ROOT / "stages"}
+
+
+def _module_file(dotted: str) -> Path | None:
+    top, *rest = dotted.split(".")
+    if top not in PACKAGES:
+        return None
+    base = PACKAGES[top].joinpath(*rest)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports(path: Path, top_level_only: bool) -> set[Path]:
+    """Project files imported by `path` (its package `__init__` files included)."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)  # submodules
+    out = set()
+    for dotted in found:
+        parts = dotted.split(".")
+        for i in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__ and a/b/__init__
+            f = _module_file(".".join(parts[:i]))
+            if f is not None:
+                out.add(f)
+    return out
+
+
+def _closure(start: set[Path], top_level_only: set[Path]) -> set[Path]:
+    seen: set[Path] = set()
+    todo = list(start)
+    while todo:
+        f = todo.pop()
+        if f in seen:
+            continue
+        seen.add(f)
+        only_top = f in top_level_only or f.name == "__init__.py"
+        todo.extend(_imports(f, only_top) - seen)
+    return seen
+
+
+def stage_closure(stage: str) -> set[str]:
+    """Repository-relative files `python -m stages <stage>` can run."""
+    entry = {ROOT / "stages" / "__init__.py", ROOT / "stages" / "__main__.py"}
+    other_stages = {p for p in (ROOT / "stages").glob("*.py") if p.stem != stage}
+    files = _closure(entry, other_stages)
+    files |= _closure({ROOT / "stages" / f"{stage}.py"}, other_stages)
+    return {str(f.relative_to(ROOT)) for f in files}
+
+
+def _declared() -> dict[str, set[str]]:
+    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    return {name: {d for d in stage.get("deps", []) if d.endswith(".py")}
+            for name, stage in dvc["stages"].items()}
+
+
+@pytest.mark.parametrize("stage", sorted(_declared()))
+def test_dvc_code_deps_equal_the_stage_import_closure(stage: str) -> None:
+    want, have = stage_closure(stage), _declared()[stage]
+    assert have == want, (f"dvc.yaml stage '{stage}': missing {sorted(want - have)}, "
+                          f"not run {sorted(have - want)}; the deps should be:\n"
+                          + "\n".join(f"      - {f}" for f in sorted(want)))
+
+
+def test_the_closure_sees_imports_inside_functions(tmp_path: Path) -> None:
+    # the train command imports simtune.train inside its function body; simtune.train imports
+    # Lightning-wired code inside functions too: both must be in the closure
+    closure = stage_closure("train")
+    assert "src/simtune/train.py" in closure and "stages/train.py" in closure
+    assert "stages/export.py" in closure  # imported (top level only) by stages/__init__.py
+    assert "src/simtune/model.py" not in stage_closure("prepare")
