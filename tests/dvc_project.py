@@ -25,12 +25,21 @@ def project_files() -> list[str]:
 class DvcProject:
     """A copy of the project in `path`, committed to a fresh git repository."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, clone_of: DvcProject | None = None) -> None:
         self.path = path
+        self._environment(path)
+        if clone_of is not None:  # a teammate's `git clone`
+            self.run("git", "clone", "-q", str(clone_of.path), str(path), cwd=path.parent)
+            return
         for rel in project_files():
             dest = path / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / rel, dest)
+        self.git("init", "-q")
+        self.git("add", "-A")
+        self.git("commit", "-q", "-m", "project copy")
+
+    def _environment(self, path: Path) -> None:
         bin_dir = str(Path(sys.executable).parent)
         self.env = {
             **os.environ,
@@ -42,13 +51,11 @@ class DvcProject:
             "GIT_AUTHOR_NAME": "simtune tests", "GIT_AUTHOR_EMAIL": "tests@example.invalid",
             "GIT_COMMITTER_NAME": "simtune tests", "GIT_COMMITTER_EMAIL": "tests@example.invalid",
         }
-        self.git("init", "-q")
-        self.git("add", "-A")
-        self.git("commit", "-q", "-m", "project copy")
 
-    def run(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(list(cmd), cwd=self.path, env=self.env, capture_output=True,
-                              text=True, timeout=900)
+    def run(self, *cmd: str, check: bool = True, cwd: Path | None = None
+            ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(list(cmd), cwd=cwd or self.path, env=self.env,
+                              capture_output=True, text=True, timeout=900)
         if check and proc.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
                                  f"{proc.stdout}\n{proc.stderr}")

@@ -116,3 +116,91 @@ def test_experiments_and_identical_reruns(tmp_path: Path) -> None:
         metric_files = data["metrics"]
         assert "trained" in metric_files["reports/metrics.json"]["data"]
     assert lrs == {0.004, 0.02}
+
+
+def _embedded(text: str) -> list[str]:
+    """Every 'N cached, M to embed' the cache stage logged in `text`."""
+    return [line.split("cache tiny: ")[1] for line in text.splitlines()
+            if "cache tiny: " in line and " to embed" in line]
+
+
+def _nothing_embedded(text: str) -> bool:
+    return all(said.endswith(" 0 to embed") for said in _embedded(text))
+
+
+def _committed_baseline(tmp_path: Path) -> tuple[DvcProject, dict[str, Any], Path, Path]:
+    project, raw, params, data = _small_project(tmp_path)
+    raw["train"]["max_epochs"] = 1
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+    project.dvc("repro")
+    project.git("add", "-A")
+    project.git("commit", "-q", "-m", "baseline run")
+    return project, raw, params, data
+
+
+def test_a_queued_grid_and_a_temp_experiment_embed_nothing(tmp_path: Path) -> None:
+    import time
+
+    project, *_ = _committed_baseline(tmp_path)
+    project.dvc("exp", "run", "--queue", "-S", "train.lr=0.001,0.003,0.01",
+                "-S", "train.head.type=mlp,skip_connection")
+    project.dvc("queue", "start", "-j", "2")
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        status = project.dvc("queue", "status").stdout
+        if not any(s in status for s in ("Queued", "Running")):
+            break
+        time.sleep(3)
+    rows = [line.split() for line in status.splitlines() if line[:1].isalnum()][1:]
+    names = [r[1] for r in rows if len(r) >= 4]
+    assert len(names) == 6 and all("Success" in r for r in rows if len(r) >= 4), status
+    for name in names:
+        logs = project.dvc("queue", "logs", name).stdout
+        assert "Running stage 'train'" in logs and _nothing_embedded(logs), logs[-3000:]
+    shown = json.loads(project.dvc("exp", "show", "--json").stdout)
+    experiments = [e for commit in shown for e in commit.get("experiments") or []]
+    grid = {(e["revs"][0]["data"]["params"]["params.yaml"]["data"]["train"]["lr"],
+             e["revs"][0]["data"]["params"]["params.yaml"]["data"]["train"]["head"]["type"])
+            for e in experiments}
+    assert grid == {(lr, h) for lr in (0.001, 0.003, 0.01) for h in ("mlp", "skip_connection")}
+    assert all("lift" in e["revs"][0]["data"]["metrics"]["reports/metrics.json"]["data"]
+               for e in experiments)
+    temp = project.dvc("exp", "run", "--temp", "-S", "train.lr=0.02")
+    assert "Running stage 'train'" in temp.stdout
+    assert _nothing_embedded(temp.stdout + temp.stderr)
+
+
+def test_settings_round_trip_checkout_and_a_teammates_clone(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    project, raw, params, _ = _committed_baseline(tmp_path)
+    first = json.loads((project.path / "cache" / "tiny" / "manifest.json").read_text())
+    raw["encoders"]["models"]["tiny"]["max_length"] = 16
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert _embedded(project.dvc("repro").stderr) == ["0 cached, 60 to embed"]
+    project.git("add", "-A")
+    project.git("commit", "-q", "-m", "max_length 16")
+    raw["encoders"]["models"]["tiny"]["max_length"] = 32
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+    back = project.dvc("repro")
+    assert "cache" in _ran(back), back.stdout
+    assert _nothing_embedded(back.stderr)
+    # an older commit's vectors come back with `dvc checkout`
+    project.git("checkout", "-q", "-f", "HEAD~1")
+    project.dvc("checkout")
+    assert json.loads((project.path / "cache" / "tiny" / "manifest.json").read_text()) == first
+    project.git("checkout", "-q", "-f", "-")
+    project.dvc("checkout")
+    # a teammate: push to a remote, clone, pull, repro embeds nothing; on their machine (an empty
+    # store of their own), the pulled vectors feed their store
+    project.dvc("remote", "add", "-d", "shared", str(tmp_path / "remote"))
+    project.git("commit", "-q", "-am", "remote")
+    project.dvc("push")
+    monkeypatch.setenv("SIMTUNE_STORE", str(tmp_path / "teammate-store"))
+    mate = DvcProject(tmp_path / "mate", clone_of=project)
+    mate.dvc("pull")
+    assert _ran(mate.dvc("repro")) == set()
+    mine = mate.path / "data" / "raw" / "mine.csv"
+    mine.write_text(mine.read_text() + "".join(f'"{s}",L1\n' for s in sentences(3, 700)))
+    grown = mate.dvc("repro")
+    assert _embedded(grown.stderr) == ["60 cached, 3 to embed"], grown.stderr[-3000:]

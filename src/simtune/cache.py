@@ -126,7 +126,7 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Pa
     by_hash = {text_id(t): t for t in texts.values()}
     with _rank0_locks(dist, root, view, directory, name):
         if dist.rank == 0:
-            _say_what_changed(view, name, description, fp)
+            _say_what_changed(view, root, name, description, fp)
             manifest = shared.begin_fill(directory, name, fp, description, spec.dtype)
             _import_view(view, directory, manifest, by_hash)
         dist.barrier()
@@ -176,13 +176,17 @@ def _rank0_locks(dist: Dist, root: Path, view: Path, directory: Path, name: str
         yield
 
 
-def _say_what_changed(view: Path, name: str, description: dict, fp: str) -> None:
-    """Log why the view's vectors are about to change encoder settings (nothing is dropped:
-    the earlier settings' vectors stay in the store)."""
+def _say_what_changed(view: Path, root: Path, name: str, description: dict, fp: str) -> None:
+    """Log why the vectors are about to change encoder settings, against the view's settings,
+    or (the view is gone: DVC removes outputs before rerunning a stage) the store entry of this
+    encoder used last. Nothing is dropped: earlier settings' vectors stay in the store."""
     try:
         old = store.read_manifest(view)
     except UserError:
-        return
+        old = None
+    if old is None:
+        last = [e for e in shared.entries(root) if e.encoder == name and e.fingerprint != fp]
+        old = store.read_manifest(last[-1].path) if last else None
     if old is not None and old.fingerprint != fp:
         log.warning("cache %s: encoder changed (%s); vectors under the previous settings stay "
                     "in the store", name, changes(old.description, description))
