@@ -149,9 +149,9 @@ def build_loss(kind: str, t: TrainParams, num_classes: int, dim: int) -> torch.n
 def check_trainable(data: TrainData, t: TrainParams, world: int) -> None:
     """Refuse, before any training, a set-up that cannot train or can never see a positive."""
     n = len(data.splits["train"])
-    if t.batch_size * world > n:
-        raise UserError(f"train.batch_size: {t.batch_size} x {world} processes is more than the "
-                        f"{n} training examples")
+    if n < world:  # a larger batch_size is reduced to the training set (sampling)
+        raise UserError(f"train: {n} training examples for {world} processes (each process "
+                        "needs at least one)")
     if t.head.type == "identity" and t.loss.name != "arcface":
         raise UserError("train.head.type: 'identity' has nothing to train (it is the frozen "
                         "baseline that evaluate compares against)")
