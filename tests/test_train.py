@@ -181,6 +181,25 @@ def test_m_per_label_uses_every_example_in_runs_of_at_least_m() -> None:
     assert [len(b) for b in batches] == [6, 6, 6, 2]
 
 
+def test_training_curves_have_one_increasing_step_per_epoch(small: tuple[Path, Path]) -> None:
+    """dvclive's files: steps 1, 2, ... (the epoch) for the loss and every val metric."""
+    root, params_file = small
+    _edit(params_file, max_epochs=4, patience=10)
+    report = _train(root, params_file)
+    metrics_dir = root / "live" / "plots" / "metrics"
+
+    def rows(name: str) -> list[tuple[int, float]]:
+        lines = (metrics_dir / f"{name}.tsv").read_text().splitlines()
+        assert lines[0].split("\t") == ["step", name.rsplit("/", 1)[1]]
+        return [(int(s), float(v)) for s, v in (line.split("\t") for line in lines[1:])]
+
+    for name in ("train/loss", "val/mrr@10", "val/p@1"):
+        assert [step for step, _ in rows(name)] == [1, 2, 3, 4], name
+    val = dict(rows("val/mrr@10"))
+    assert val[report["best_epoch"]] == pytest.approx(report["best_val"]["val/mrr@10"])
+    assert max(val.values()) == pytest.approx(report["best_val"]["val/mrr@10"])
+
+
 def test_stage_reduces_a_too_large_batch_and_trains(small: tuple[Path, Path]) -> None:
     root, params_file = small
     _edit(params_file, batch_size=64, max_epochs=1)
