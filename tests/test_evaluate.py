@@ -32,7 +32,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path) -> tuple[
 def _evaluate_args(root: Path, params_file: Path, head: Path | None = None) -> list[str]:
     return ["evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
             "--cache", str(root / "cache"), "--head", str(head or root / "head"),
-            "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json")]
+            "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json"),
+            "--detail", str(root / "detail.json")]
 
 
 def test_evaluate_writes_trained_baseline_lift(trained: tuple[Path, Path]) -> None:
@@ -40,7 +41,9 @@ def test_evaluate_writes_trained_baseline_lift(trained: tuple[Path, Path]) -> No
     result = CliRunner().invoke(app, _evaluate_args(root, params_file))
     assert result.exit_code == 0, result.output
     m = json.loads((root / "metrics.json").read_text())
-    assert set(m) >= {"trained", "baseline", "lift", "queries", "corpus"}
+    # the headline only: what `dvc exp show` makes a column of
+    assert set(m) == {"trained", "baseline", "lift", "queries", "corpus",
+                      "queries_without_relevant"}
     assert m["queries"] == 20 and m["corpus"] == 40
     for k, v in m["trained"].items():
         assert m["lift"][k] == pytest.approx(v - m["baseline"][k])
@@ -53,6 +56,42 @@ def test_evaluate_writes_trained_baseline_lift(trained: tuple[Path, Path]) -> No
     want, _ = metrics.group_scores(data.q_vectors[test["rows"]], test["labels"],
                                    data.q_vectors[train["rows"]], train["labels"], (1, 5, 10, 50))
     assert m["baseline"] == pytest.approx(want)
+    # the detail report: each label's test queries, scored alone, against the same corpus
+    detail = json.loads((root / "detail.json").read_text())
+    per_label = detail["per_label"]
+    assert detail["kind"] == "groups" and sorted(per_label) == ["L0", "L1", "L2", "L3"]
+    for i, name in enumerate(data.label_names):
+        mine = test["labels"] == i
+        assert per_label[name]["queries"] == int(mine.sum())
+        alone, _ = metrics.group_scores(data.q_vectors[test["rows"][mine]], test["labels"][mine],
+                                        data.q_vectors[train["rows"]], train["labels"],
+                                        (1, 5, 10, 50))
+        assert per_label[name]["baseline"] == pytest.approx(alone)
+        for k, v in per_label[name]["trained"].items():
+            assert per_label[name]["lift"][k] == pytest.approx(v - per_label[name]["baseline"][k])
+    for model in ("trained", "baseline"):  # the query-weighted mean of the labels: the headline
+        for k, v in m[model].items():
+            assert sum(d["queries"] * d[model][k] for d in per_label.values()) / 20 == (
+                pytest.approx(v))
+
+
+def test_leave_one_out_per_label_metrics(trained: tuple[Path, Path], tmp_path: Path) -> None:
+    """evaluate.corpus test: each test text against the other test texts, per label too."""
+    root, params_file = trained
+    p = P.load(params_file)
+    p = p.model_copy(update={"evaluate": p.evaluate.model_copy(update={"corpus": "test"})})
+    m = evaluate.run(p, root / "prepared", root / "cache", root / "head", tmp_path / "m.json",
+                     tmp_path / "plot.json", tmp_path / "detail.json")
+    data = load_data(p, root / "prepared", root / "cache")
+    test = data.splits["test"].tensors
+    want, _ = metrics.group_scores(data.q_vectors[test["rows"]], test["labels"], None, None,
+                                   (1, 5, 10, 50))
+    assert m["baseline"] == pytest.approx(want) and m["corpus"] == 19
+    per_label = json.loads((tmp_path / "detail.json").read_text())["per_label"]
+    assert sum(d["queries"] for d in per_label.values()) == 20
+    for k, v in m["trained"].items():
+        assert sum(d["queries"] * d["trained"][k] for d in per_label.values()) / 20 == (
+            pytest.approx(v))
 
 
 def _reference(scores: torch.Tensor, relevant: list[set[int]], k: int) -> dict[str, float]:
@@ -158,11 +197,13 @@ def test_evaluate_run_is_deterministic(trained: tuple[Path, Path], tmp_path: Pat
     root, params_file = trained
     p = P.load(params_file)
     a = evaluate.run(p, root / "prepared", root / "cache", root / "head", tmp_path / "a.json",
-                     tmp_path / "a_plot.json")
+                     tmp_path / "a_plot.json", tmp_path / "a_detail.json")
     b = evaluate.run(p, root / "prepared", root / "cache", root / "head", tmp_path / "b.json",
-                     tmp_path / "b_plot.json")
+                     tmp_path / "b_plot.json", tmp_path / "b_detail.json")
     assert a == b
-    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    for name in ("", "_detail"):
+        assert (tmp_path / f"a{name}.json").read_bytes() == (tmp_path / f"b{name}.json"
+                                                              ).read_bytes()
 
 
 @pytest.mark.parametrize("seed", [0, 1])
