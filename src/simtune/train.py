@@ -333,8 +333,11 @@ def save(module: SimilarityModule, best: _Best, p: Params, out: Path) -> None:
             module.encoder.load_state_dict(best.state["encoder"])
             module.encoder.save_pretrained(tmp / "encoder")
             module.tokenizer.save_pretrained(tmp / "encoder")
-        enc = p.encoders
+        enc, loss = p.encoders, p.train.loss
+        # trained on angles (cosine, or arcface, which is cosine whatever the distance): the
+        # servable model normalises its output (unit vectors, the same cosine ranking)
+        angular = loss.distance == "cosine" or loss.name == "arcface"
         meta = {"mode": p.train.mode, "kind": module.data.kind, "query_encoder": enc.query,
                 "document_encoder": enc.document,
-                "encoder": enc.models[enc.query].model_dump()}
+                "encoder": enc.models[enc.query].model_dump(), "normalize_output": angular}
         write_json(tmp / "training.json", meta)
