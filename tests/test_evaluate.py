@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from typer.testing import CliRunner
 
 from simtune import evaluate, heads, metrics
@@ -17,6 +18,7 @@ from simtune.model import export, load_model
 from simtune.train_data import load_data
 from stages import app
 from tests.cache_helpers import sentences
+from tests.conftest import write_params
 from tests.train_helpers import project, stage_args
 
 
@@ -32,7 +34,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path) -> tuple[
 def _evaluate_args(root: Path, params_file: Path, head: Path | None = None) -> list[str]:
     return ["evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
             "--cache", str(root / "cache"), "--head", str(head or root / "head"),
-            "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json")]
+            "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json"),
+            "--detail", str(root / "detail.json")]
 
 
 def test_evaluate_writes_trained_baseline_lift(trained: tuple[Path, Path]) -> None:
@@ -40,7 +43,9 @@ def test_evaluate_writes_trained_baseline_lift(trained: tuple[Path, Path]) -> No
     result = CliRunner().invoke(app, _evaluate_args(root, params_file))
     assert result.exit_code == 0, result.output
     m = json.loads((root / "metrics.json").read_text())
-    assert set(m) >= {"trained", "baseline", "lift", "queries", "corpus"}
+    # the headline only: what `dvc exp show` makes a column of
+    assert set(m) == {"trained", "baseline", "lift", "queries", "corpus",
+                      "queries_without_relevant"}
     assert m["queries"] == 20 and m["corpus"] == 40
     for k, v in m["trained"].items():
         assert m["lift"][k] == pytest.approx(v - m["baseline"][k])
@@ -53,6 +58,42 @@ def test_evaluate_writes_trained_baseline_lift(trained: tuple[Path, Path]) -> No
     want, _ = metrics.group_scores(data.q_vectors[test["rows"]], test["labels"],
                                    data.q_vectors[train["rows"]], train["labels"], (1, 5, 10, 50))
     assert m["baseline"] == pytest.approx(want)
+    # the detail report: each label's test queries, scored alone, against the same corpus
+    detail = json.loads((root / "detail.json").read_text())
+    per_label = detail["per_label"]
+    assert detail["kind"] == "groups" and sorted(per_label) == ["L0", "L1", "L2", "L3"]
+    for i, name in enumerate(data.label_names):
+        mine = test["labels"] == i
+        assert per_label[name]["queries"] == int(mine.sum())
+        alone, _ = metrics.group_scores(data.q_vectors[test["rows"][mine]], test["labels"][mine],
+                                        data.q_vectors[train["rows"]], train["labels"],
+                                        (1, 5, 10, 50))
+        assert per_label[name]["baseline"] == pytest.approx(alone)
+        for k, v in per_label[name]["trained"].items():
+            assert per_label[name]["lift"][k] == pytest.approx(v - per_label[name]["baseline"][k])
+    for model in ("trained", "baseline"):  # the query-weighted mean of the labels: the headline
+        for k, v in m[model].items():
+            assert sum(d["queries"] * d[model][k] for d in per_label.values()) / 20 == (
+                pytest.approx(v))
+
+
+def test_leave_one_out_per_label_metrics(trained: tuple[Path, Path], tmp_path: Path) -> None:
+    """evaluate.corpus test: each test text against the other test texts, per label too."""
+    root, params_file = trained
+    p = P.load(params_file)
+    p = p.model_copy(update={"evaluate": p.evaluate.model_copy(update={"corpus": "test"})})
+    m = evaluate.run(p, root / "prepared", root / "cache", root / "head", tmp_path / "m.json",
+                     tmp_path / "plot.json", tmp_path / "detail.json")
+    data = load_data(p, root / "prepared", root / "cache")
+    test = data.splits["test"].tensors
+    want, _ = metrics.group_scores(data.q_vectors[test["rows"]], test["labels"], None, None,
+                                   (1, 5, 10, 50))
+    assert m["baseline"] == pytest.approx(want) and m["corpus"] == 19
+    per_label = json.loads((tmp_path / "detail.json").read_text())["per_label"]
+    assert sum(d["queries"] for d in per_label.values()) == 20
+    for k, v in m["trained"].items():
+        assert sum(d["queries"] * d["trained"][k] for d in per_label.values()) / 20 == (
+            pytest.approx(v))
 
 
 def _reference(scores: torch.Tensor, relevant: list[set[int]], k: int) -> dict[str, float]:
@@ -92,21 +133,80 @@ def test_metrics_match_an_independent_implementation(seed: int) -> None:
         assert got[key] == pytest.approx(want[key], abs=1e-6), key
 
 
-def test_export_round_trip_equals_cache_plus_head(trained: tuple[Path, Path], tmp_path: Path
-                                                  ) -> None:
-    root, params_file = trained
-    export(root / "head", tmp_path / "export")
-    model = load_model(tmp_path / "export", "cpu")
-    texts = sentences(10)
-    p = P.load(params_file)
-    data = load_data(p, root / "prepared", root / "cache")
+def _pipeline_vectors(root: Path, params_file: Path, texts: list[str],
+                      head_dir: Path | None = None) -> torch.Tensor:
+    """cache + head (what train and evaluate compute) for corpus texts, unnormalised."""
     from simtune.prepare import text_id
 
+    data = load_data(P.load(params_file), root / "prepared", root / "cache")
     rows = torch.tensor([data.row_ids["query"].index(text_id(t)) for t in texts])
-    head = heads.load(root / "head")
     with torch.inference_mode():
-        want = head(data.q_vectors[rows].float())
-    assert torch.allclose(model.encode(texts), want, atol=1e-5)
+        return heads.load(head_dir or root / "head")(data.q_vectors[rows].float())
+
+
+def test_export_round_trip_equals_normalised_cache_plus_head(trained: tuple[Path, Path],
+                                                             tmp_path: Path) -> None:
+    """Trained with cosine: the export's vectors are the pipeline's, L2-normalised."""
+    root, params_file = trained
+    export(root / "head", tmp_path / "export")
+    config = json.loads((tmp_path / "export" / "simtune.json").read_text())
+    assert (config["format_version"], config["encoder_name"], config["normalize_output"]) == (
+        2, "tiny", True)
+    texts = sentences(10)
+    want = _pipeline_vectors(root, params_file, texts)
+    assert not torch.allclose(want.norm(dim=1), torch.ones(10), atol=1e-3)  # the head's own
+    for directory in (tmp_path / "export", root / "head"):  # export, or the head directory
+        got = load_model(directory, "cpu").encode(texts)
+        assert torch.allclose(got.norm(dim=1), torch.ones(10), atol=1e-6)
+        assert torch.allclose(got, torch.nn.functional.normalize(want, dim=-1), atol=1e-6)
+
+
+def test_exported_vectors_give_the_evaluated_metrics(trained: tuple[Path, Path],
+                                                     tmp_path: Path) -> None:
+    """Normalising changes no cosine ranking: the exported model's vectors of the test and train
+    texts give exactly evaluate's `trained` metrics (computed from unnormalised head outputs)."""
+    root, params_file = trained
+    p = P.load(params_file)
+    m = evaluate.run(p, root / "prepared", root / "cache", root / "head", tmp_path / "m.json",
+                     tmp_path / "plot.json", tmp_path / "detail.json")
+    export(root / "head", tmp_path / "export")
+    model = load_model(tmp_path / "export", "cpu")
+    from simtune.prepare import load as load_prepared
+
+    prepared = load_prepared(root / "prepared")
+    text_of = dict(zip(prepared.texts.column("text_id").to_pylist(),
+                       prepared.texts.column("text").to_pylist(), strict=True))
+    data = load_data(p, root / "prepared", root / "cache")
+    ids = data.row_ids["query"]
+    test, train = data.splits["test"].tensors, data.splits["train"].tensors
+    q = model.encode([text_of[ids[r]] for r in test["rows"].tolist()])
+    c = model.encode([text_of[ids[r]] for r in train["rows"].tolist()])
+    got, _ = metrics.group_scores(q, test["labels"], c, train["labels"], (1, 5, 10, 50))
+    assert got == pytest.approx(m["trained"], abs=1e-6)
+    assert m["trained"] != m["baseline"]
+
+
+def test_export_of_a_dot_product_head_is_not_normalised(trained: tuple[Path, Path],
+                                                        tmp_path: Path) -> None:
+    """Distance `dot`: vector lengths carry meaning; the export returns cache + head as is."""
+    root, params_file = trained
+    raw = yaml.safe_load(params_file.read_text())
+    raw["train"]["loss"]["distance"] = "dot"
+    raw["train"]["max_epochs"] = 1
+    dot_params = write_params(tmp_path / "params.yaml", raw)
+    args = stage_args(root, dot_params, "_dot")
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    head_dir = root / "head_dot"
+    assert json.loads((head_dir / "training.json").read_text())["normalize_output"] is False
+    export(head_dir, tmp_path / "export")
+    config = json.loads((tmp_path / "export" / "simtune.json").read_text())
+    assert config["normalize_output"] is False
+    modules = json.loads((tmp_path / "export" / "modules.json").read_text())
+    assert [mod["path"] for mod in modules] == ["encoder", "1_Pooling", "2_Normalize", "head"]
+    texts = sentences(10)
+    want = _pipeline_vectors(root, params_file, texts, head_dir)
+    assert torch.allclose(load_model(tmp_path / "export", "cpu").encode(texts), want, atol=1e-6)
 
 
 def test_sentence_transformers_loads_the_export(trained: tuple[Path, Path],
@@ -120,6 +220,10 @@ def test_sentence_transformers_loads_the_export(trained: tuple[Path, Path],
     got = torch.as_tensor(st_model.encode(texts, convert_to_numpy=True))
     want = load_model(tmp_path / "export", "cpu").encode(texts)
     assert torch.allclose(got, want, atol=1e-5)
+    assert torch.allclose(got.norm(dim=1), torch.ones(6), atol=1e-5)  # its last module normalises
+    modules = json.loads((tmp_path / "export" / "modules.json").read_text())
+    assert [mod["path"] for mod in modules] == ["encoder", "1_Pooling", "2_Normalize", "head",
+                                                "4_Normalize"]
 
 
 def test_search_prints_neighbours_with_scores(trained: tuple[Path, Path]) -> None:
@@ -133,6 +237,7 @@ def test_search_prints_neighbours_with_scores(trained: tuple[Path, Path]) -> Non
     assert len(lines) == 3
     score, text = lines[0].split("  ", 1)
     assert float(score) == pytest.approx(1.0, abs=1e-4) and text == query
+    assert "loaded encoder 'tiny' from" in result.output  # its name in params, not 'model'
 
 
 def test_no_trained_head_and_dimension_mismatch(trained: tuple[Path, Path],
@@ -158,11 +263,13 @@ def test_evaluate_run_is_deterministic(trained: tuple[Path, Path], tmp_path: Pat
     root, params_file = trained
     p = P.load(params_file)
     a = evaluate.run(p, root / "prepared", root / "cache", root / "head", tmp_path / "a.json",
-                     tmp_path / "a_plot.json")
+                     tmp_path / "a_plot.json", tmp_path / "a_detail.json")
     b = evaluate.run(p, root / "prepared", root / "cache", root / "head", tmp_path / "b.json",
-                     tmp_path / "b_plot.json")
+                     tmp_path / "b_plot.json", tmp_path / "b_detail.json")
     assert a == b
-    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    for name in ("", "_detail"):
+        assert (tmp_path / f"a{name}.json").read_bytes() == (tmp_path / f"b{name}.json"
+                                                              ).read_bytes()
 
 
 @pytest.mark.parametrize("seed", [0, 1])

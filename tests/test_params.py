@@ -33,6 +33,17 @@ def test_unknown_key_names_key_and_section(params_raw: dict[str, Any]) -> None:
     )
 
 
+def test_typo_reports_the_unknown_key_before_the_missing_one(params_raw: dict[str, Any]
+                                                              ) -> None:
+    """`lrr:` for `lr:` makes `train.lr` missing too; the typo is what to report."""
+    params_raw["train"]["lrr"] = params_raw["train"].pop("lr")
+    allowed = ", ".join(P.TrainParams.model_fields)
+    assert _error(params_raw) == (
+        f"params.yaml: unknown key 'lrr' in section 'train' (allowed: {allowed}) (and 1 more)"
+    )
+    assert "lr, encoder_lr" in allowed  # the allowed list names the intended key
+
+
 def test_unknown_section(params_raw: dict[str, Any]) -> None:
     params_raw["trian"] = {"lr": 0.1}
     assert _error(params_raw).startswith("params.yaml: unknown key 'trian' in the top level")

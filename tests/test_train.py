@@ -1,4 +1,4 @@
-"""The train stage: early stopping, reload, determinism, GradCache wiring, DDP, bad input."""
+"""The train stage: batches, curves, early stopping, reload, determinism, GradCache, DDP, errors."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from itertools import chain, groupby
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from typer.testing import CliRunner
 
 from simtune import heads
 from simtune import params as P
+from simtune.sampling import EpochBatches
 from simtune.train_data import load_data, split_metrics
 from stages import app
 from tests.conftest import ROOT
@@ -116,6 +118,98 @@ def test_ddp_two_cpu_processes_equal_one_with_double_batch(small: tuple[Path, Pa
         assert torch.allclose(one[k], two[k], atol=1e-5), (k, (one[k] - two[k]).abs().max())
 
 
+# --- batches: every example every epoch, equal for any number of processes -------------------
+
+
+def _epoch(n: int, batch: int, world: int = 1, epoch: int = 0, **kw: Any) -> list[list[int]]:
+    """The global batches of one epoch: each the concatenation of every process's part."""
+    samplers = [EpochBatches(n, batch, 13, world, rank, **kw) for rank in range(world)]
+    for s in samplers:
+        s.set_epoch(epoch)
+    parts = [list(s) for s in samplers]
+    assert all(len(p) == len(s) for p, s in zip(parts, samplers, strict=True))
+    for b in range(len(parts[0])):  # processes always hold equal shares
+        assert len({len(p[b]) for p in parts}) == 1
+    return [list(chain(*(p[b] for p in parts))) for b in range(len(parts[0]))]
+
+
+def test_every_example_once_per_epoch_last_batch_smaller() -> None:
+    for epoch in (0, 1):
+        batches = _epoch(1701, 1024, epoch=epoch)
+        assert [len(b) for b in batches] == [1024, 677]  # was: 1 batch, 677 dropped
+        assert sorted(chain(*batches)) == list(range(1701))
+    assert _epoch(1701, 1024, epoch=0) != _epoch(1701, 1024, epoch=1)  # reshuffled
+
+
+def test_two_processes_see_the_batches_of_one_with_double_batch() -> None:
+    for n in (40, 1700):  # n divisible by the processes (else see below)
+        for epoch in (0, 3):
+            assert _epoch(n, 8, world=2, epoch=epoch) == _epoch(n, 16, epoch=epoch)
+    # an odd remainder is topped up from the epoch's first examples: one example twice
+    batches = _epoch(41, 8, world=2)
+    assert [len(b) for b in batches] == [16, 16, 10]
+    flat = list(chain(*batches))
+    assert sorted(set(flat)) == list(range(41)) and len(flat) == 42
+    assert batches[-1][-1] == batches[0][0]
+
+
+def test_batch_larger_than_the_training_set_is_reduced(caplog: pytest.LogCaptureFixture
+                                                       ) -> None:
+    with caplog.at_level("WARNING", logger="simtune.sampling"):
+        batches = _epoch(481, 1024)
+    assert [len(b) for b in batches] == [481] and sorted(batches[0]) == list(range(481))
+    assert caplog.messages == ["train.batch_size 1024 is more than the 481 training examples: "
+                               "using 481 (one batch per epoch)"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="simtune.sampling"):
+        batches = _epoch(481, 1024, world=2)
+    assert [len(b) for b in batches] == [482]  # 241 per process, one example topped up
+    assert caplog.messages == ["train.batch_size 1024 x 2 processes is more than the 481 "
+                               "training examples: using 241 per process (one batch per epoch)"]
+
+
+def test_m_per_label_uses_every_example_in_runs_of_at_least_m() -> None:
+    labels = torch.tensor([0] * 7 + [1] * 5 + [2] * 2 + [3] * 4)
+    sampler = EpochBatches(len(labels), 6, 13, labels=labels, m_per_label=4)
+    order = sampler._m_per_label(torch.Generator().manual_seed(0))
+    assert sampler.epoch_size == len(order) == 7 + 5 + 4 + 4  # label 2 repeated to one run of 4
+    counts = torch.bincount(order, minlength=len(labels))
+    assert counts[labels != 2].tolist() == [1] * 16 and counts[labels == 2].tolist() == [2, 2]
+    run_lengths = [len(list(g)) for _, g in groupby(labels[order].tolist())]
+    assert min(run_lengths) >= 4
+    batches = _epoch(len(labels), 6, labels=labels, m_per_label=4)
+    assert [len(b) for b in batches] == [6, 6, 6, 2]
+
+
+def test_training_curves_have_one_increasing_step_per_epoch(small: tuple[Path, Path]) -> None:
+    """dvclive's files: steps 1, 2, ... (the epoch) for the loss and every val metric."""
+    root, params_file = small
+    _edit(params_file, max_epochs=4, patience=10)
+    report = _train(root, params_file)
+    metrics_dir = root / "live" / "plots" / "metrics"
+
+    def rows(name: str) -> list[tuple[int, float]]:
+        lines = (metrics_dir / f"{name}.tsv").read_text().splitlines()
+        assert lines[0].split("\t") == ["step", name.rsplit("/", 1)[1]]
+        return [(int(s), float(v)) for s, v in (line.split("\t") for line in lines[1:])]
+
+    for name in ("train/loss", "val/mrr@10", "val/p@1"):
+        assert [step for step, _ in rows(name)] == [1, 2, 3, 4], name
+    val = dict(rows("val/mrr@10"))
+    assert val[report["best_epoch"]] == pytest.approx(report["best_val"]["val/mrr@10"])
+    assert max(val.values()) == pytest.approx(report["best_val"]["val/mrr@10"])
+
+
+def test_stage_reduces_a_too_large_batch_and_trains(small: tuple[Path, Path]) -> None:
+    root, params_file = small
+    _edit(params_file, batch_size=64, max_epochs=1)
+    result = CliRunner().invoke(app, stage_args(root, params_file))
+    assert result.exit_code == 0, result.output
+    assert ("train.batch_size 64 is more than the 40 training examples: using 40 (one batch "
+            "per epoch)") in result.output
+    assert json.loads((root / "train.json").read_text())["epochs"] == 1
+
+
 # --- bad input: one line, before any training --------------------------------------------------
 
 
@@ -136,7 +230,6 @@ def _error(root: Path, params_file: Path) -> str:
     ({"precision": "16-mixed", "accelerator": "cpu"}, "'16-mixed' needs a GPU"),
     ({"head__type": "identity"}, "'identity' has nothing to train"),
     ({"m_per_label": 1}, "a batch can never hold a positive"),
-    ({"batch_size": 64}, "train.batch_size: 64 x 1 processes is more than the 40 training"),
 ])
 def test_bad_training_setups(small: tuple[Path, Path], edit: dict[str, Any],
                              message: str) -> None:
@@ -177,7 +270,8 @@ def test_full_mode_trains_the_encoder_and_evaluate_uses_it(small: tuple[Path, Pa
     result = CliRunner().invoke(app, [
         "evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
         "--cache", str(root / "cache"), "--head", str(root / "head"),
-        "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json")])
+        "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json"),
+        "--detail", str(root / "detail.json")])
     assert result.exit_code == 0, result.output
     metrics = json.loads((root / "metrics.json").read_text())
     assert metrics["trained"] != metrics["baseline"]

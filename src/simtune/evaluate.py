@@ -3,6 +3,10 @@
 Everything runs under `torch.inference_mode()`. Test vectors come from the cache through the
 trained head; the baseline is the same computation through the identity head (the frozen
 encoder). In full mode the trained vectors come from the fine-tuned encoder saved with the head.
+
+Two reports: the headline (`trained`, `baseline`, `lift`, counts; a DVC metrics file, one
+column each in `dvc exp show`) and the detail (groups: the same metrics per test label; not DVC
+metrics, so 50 labels do not add hundreds of columns).
 """
 
 from __future__ import annotations
@@ -58,20 +62,34 @@ def _task(data: TrainData, corpus: str) -> dict[str, Any]:
 
 
 def score(data: TrainData, task: dict[str, Any], vectors: Vectors, ks: tuple[int, ...]
-          ) -> tuple[dict[str, float], int]:
-    """Metrics of one model on the task; (metrics, queries without any relevant item)."""
-    if data.kind == "groups":
-        q = vectors(task["q_rows"], "text")
-        c = None if task["c_rows"] is None else vectors(task["c_rows"], "text")
-        return metrics.group_scores(q, task["q_labels"], c, task["c_labels"], ks)
-    return metrics.pair_scores(vectors(task["q_rows"], "query"), vectors(task["c_rows"], "doc"),
-                               task["pairs"], ks)
+          ) -> tuple[dict[str, float], int, dict[int, dict[str, float]]]:
+    """Metrics of one model on the task: (metrics, queries without any relevant item, class
+    index -> metrics of that label's test queries (groups; empty for pairs))."""
+    if data.kind == "pairs":
+        got, no_rel = metrics.pair_scores(vectors(task["q_rows"], "query"),
+                                          vectors(task["c_rows"], "doc"), task["pairs"], ks)
+        return got, no_rel, {}
+    # metrics.group_scores, keeping the ranking so each label's queries can be scored too
+    q_labels, leave_one_out = task["q_labels"], task["c_rows"] is None
+    q = vectors(task["q_rows"], "text")
+    c = q if leave_one_out else vectors(task["c_rows"], "text")
+    c_labels = q_labels if leave_one_out else task["c_labels"]
+    counts = torch.bincount(c_labels, minlength=int(max(q_labels.max(), c_labels.max())) + 1)
+    n_rel = counts[q_labels] - (1 if leave_one_out else 0)
+    ranked = metrics.rank(q, c, lambda qi, idx: c_labels[idx] == q_labels[qi][:, None], n_rel,
+                          max(*ks, 10, int(n_rel.max())),
+                          torch.arange(len(q)) if leave_one_out else None)
+    per_label = {lab: metrics.scores(metrics.Ranked(ranked.rel[q_labels == lab],
+                                                    n_rel[q_labels == lab]), ks)
+                 for lab in torch.unique(q_labels).tolist()}
+    return metrics.scores(ranked, ks), int((n_rel == 0).sum()), per_label
 
 
 @torch.inference_mode()
 def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Path,
-        plot: Path) -> dict[str, Any]:
-    """Evaluate trained vs baseline on the test split; write metrics and the Recall@k plot."""
+        plot: Path, detail: Path) -> dict[str, Any]:
+    """Evaluate trained vs baseline on the test split; write the headline metrics (`out`,
+    returned), the Recall@k plot and the detail report (per test label, groups)."""
     head = heads.load(head_dir)
     head_mode = p.train.model_copy(update={"mode": "head"})
     data = load_data(p.model_copy(update={"train": head_mode}), prepared_dir, cache_dir,
@@ -89,13 +107,18 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
         log.warning("Recall@k for k > %d (the corpus size) equals Recall@%d", corpus_size,
                     corpus_size)
     trained_vectors = _trained(data, head, head_dir, p, prepared_dir)
-    trained, no_rel = score(data, task, trained_vectors, ks)
-    baseline, _ = score(data, task, _cached(data, heads.build("identity", data.dim, 1, 0.0)), ks)
-    result = {"trained": trained, "baseline": baseline,
-              "lift": {k: trained[k] - baseline[k] for k in trained},
+    trained, no_rel, trained_labels = score(data, task, trained_vectors, ks)
+    baseline, _, baseline_labels = score(
+        data, task, _cached(data, heads.build("identity", data.dim, 1, 0.0)), ks)
+    result = {"trained": trained, "baseline": baseline, "lift": _lift(trained, baseline),
               "queries": len(task["q_rows"]), "corpus": corpus_size,
               "queries_without_relevant": no_rel}
+    per_label = {str(data.label_names[lab]): {
+        "queries": int((task["q_labels"] == lab).sum()), "trained": trained_labels[lab],
+        "baseline": baseline_labels[lab], "lift": _lift(trained_labels[lab], baseline_labels[lab])}
+        for lab in trained_labels}  # class indices follow the sorted label names
     write_json(out, result)
+    write_json(detail, {"kind": data.kind, "per_label": per_label})
     write_json(plot, [{"k": k, "trained": trained[f"recall@{k}"],
                        "baseline": baseline[f"recall@{k}"]} for k in ks])
     log.info("test: %d queries, corpus %d%s; trained p@1 %.4f mrr@10 %.4f; baseline p@1 %.4f "
@@ -103,6 +126,10 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
              f", {no_rel} queries without a relevant item" if no_rel else "",
              trained["p@1"], trained["mrr@10"], baseline["p@1"], baseline["mrr@10"])
     return result
+
+
+def _lift(trained: dict[str, float], baseline: dict[str, float]) -> dict[str, float]:
+    return {k: trained[k] - baseline[k] for k in trained}
 
 
 def _trained(data: TrainData, head: heads.Head, head_dir: Path, p: Params,

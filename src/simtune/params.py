@@ -348,13 +348,18 @@ def _message(source: str, err: dict[str, Any]) -> str:
 
 
 def validate(raw: Any, source: str = "params.yaml") -> Params:
-    """Validate an already-parsed params mapping; raise `UserError` with one line on failure."""
+    """Validate an already-parsed params mapping; raise `UserError` with one line on failure.
+
+    The line describes an unknown key when there is one (it usually explains the others),
+    else the first error; `(and N more)` counts the rest."""
     if not isinstance(raw, dict):
         raise UserError(f"{source}: expected a mapping of sections, got {type(raw).__name__}")
     try:
         return Params.model_validate(raw)
     except ValidationError as e:
-        errors = e.errors()
+        # an unknown key first: a typo (`lrr:`) also makes its intended key missing, and
+        # the typo, not the missing key, is what the user must fix
+        errors = sorted(e.errors(), key=lambda err: err["type"] != "extra_forbidden")
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise UserError(_message(source, dict(errors[0])) + more) from None
 

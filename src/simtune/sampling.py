@@ -1,33 +1,63 @@
 """Batches of example indices for training, identical for any number of processes.
 
-Each epoch draws *global* batches of `batch_size * world` examples from a generator seeded with
-(seed, epoch); process `rank` takes rows [rank * batch_size, (rank + 1) * batch_size) of each.
-So 2 processes x batch B see exactly the rows of 1 process x batch 2B, in the same order, which
-makes their gradients equal. Incomplete global batches are dropped (every process must gather
-equal-sized tensors). With `m_per_label`, each batch holds m examples of each of its labels.
+Each epoch is one order of example indices drawn from a generator seeded with (seed, epoch),
+cut into *global* batches of `batch_size * world`; process `rank` takes the rank-th equal part
+of each. So 2 processes x batch B see exactly the rows of 1 process x batch 2B, in the same
+order, which makes their gradients equal. Every example is used every epoch: the last global
+batch is smaller (the remainder). Processes must gather equal-sized tensors, so when that
+remainder does not divide by `world` it is topped up with the first examples of the epoch's order
+(fewer than `world` examples are then seen twice; with one process, never).
+
+With `m_per_label`, the order is made of runs of one label each, at least m examples long: a
+label with c >= m examples gives c // m runs of near-equal size (all of its examples, once), a
+label with fewer than m examples one run of m (its examples repeated).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import torch
 
+log = logging.getLogger("simtune.sampling")
+
+
+def fit_batch_size(epoch_size: int, batch_size: int, world: int, announce: bool = True) -> int:
+    """`batch_size`, or the per-process batch that covers the whole epoch in one global batch
+    when `batch_size * world` is larger than the epoch (a warning when `announce`)."""
+    whole = -(-epoch_size // world)
+    if batch_size <= whole or not announce:
+        return min(batch_size, whole)
+    procs = f" x {world} processes" if world > 1 else ""
+    log.warning("train.batch_size %d%s is more than the %d training examples: using %d%s "
+                "(one batch per epoch)", batch_size, procs, epoch_size, whole,
+                " per process" if world > 1 else "")
+    return whole
+
 
 class EpochBatches(torch.utils.data.Sampler[list[int]]):
-    """Yields lists of example indices; Lightning calls `set_epoch` before each epoch."""
+    """Yields lists of example indices; Lightning calls `set_epoch` before each epoch.
+
+    `batch_size` is per process; one larger than the epoch is reduced by `fit_batch_size`."""
 
     def __init__(self, n: int, batch_size: int, seed: int, world: int = 1, rank: int = 0,
                  labels: torch.Tensor | None = None, m_per_label: int = 0) -> None:
-        self.n, self.batch_size, self.seed = n, batch_size, seed
-        self.world, self.rank, self.epoch = world, rank, 0
+        self.n, self.seed, self.world, self.rank, self.epoch = n, seed, world, rank, 0
         self.labels, self.m = labels, m_per_label
+        if self.m:
+            assert labels is not None and len(labels) == n
+            counts = torch.bincount(labels)
+            self.epoch_size = int(counts[counts > 0].clamp_min(self.m).sum())
+        else:
+            self.epoch_size = n
+        self.batch_size = fit_batch_size(self.epoch_size, batch_size, world, rank == 0)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return self.n // (self.batch_size * self.world)
+        return -(-self.epoch_size // (self.batch_size * self.world))
 
     def __iter__(self) -> Iterator[list[int]]:
         g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
@@ -35,17 +65,20 @@ class EpochBatches(torch.utils.data.Sampler[list[int]]):
         size = self.batch_size * self.world
         for b in range(len(self)):
             batch = order[b * size : (b + 1) * size]
-            yield batch[self.rank * self.batch_size : (self.rank + 1) * self.batch_size].tolist()
+            if len(batch) % self.world:  # the last one: top up to equal parts
+                batch = torch.cat([batch, order[: self.world - len(batch) % self.world]])
+            part = len(batch) // self.world
+            yield batch[self.rank * part : (self.rank + 1) * part].tolist()
 
     def _m_per_label(self, g: torch.Generator) -> torch.Tensor:
-        """A permutation made of runs of m examples of one label, labels in random order."""
+        """A permutation made of runs of >= m examples of one label, runs in random order."""
         assert self.labels is not None
-        runs = []
+        runs: list[torch.Tensor] = []
         for lab in torch.unique(self.labels):
             idx = torch.nonzero(self.labels == lab).squeeze(1)
             idx = idx[torch.randperm(len(idx), generator=g)]
             if len(idx) < self.m:  # too few: repeat to fill one run
-                idx = idx.repeat(-(-self.m // len(idx)))
-            runs += list(idx[: len(idx) - len(idx) % self.m].split(self.m))
+                idx = idx.repeat(-(-self.m // len(idx)))[: self.m]
+            runs += list(torch.tensor_split(idx, len(idx) // self.m))
         perm = torch.randperm(len(runs), generator=g)
-        return torch.cat([runs[i] for i in perm])[: self.n]
+        return torch.cat([runs[i] for i in perm])

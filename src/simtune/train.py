@@ -219,20 +219,38 @@ class _Collate:
 
 
 class _Best(pl.Callback):
-    """Keeps a copy of the best head (and encoder) by the monitored validation metric, and
-    per-epoch timings."""
+    """Keeps a copy of the best head (and encoder) by the monitored validation metric, the
+    per-epoch timings, and (on rank 0, when `live_dir` is given) writes the training curves with
+    dvclive: one point per epoch at step = epoch number (1, 2, ...), so x only increases."""
 
-    def __init__(self, monitor: str) -> None:
+    def __init__(self, monitor: str, live_dir: Path | None) -> None:
         self.monitor, self.best, self.state, self.epoch = monitor, -float("inf"), None, -1
         self.epoch_seconds: list[float] = []
         self._start = 0.0
         self.history: list[dict[str, float]] = []
+        self.live_dir, self.live = live_dir, None  # a dvclive.Live on rank 0 while training
+
+    def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        if self.live_dir is not None and trainer.is_global_zero:
+            from dvclive import Live
+
+            self.live = Live(str(self.live_dir), save_dvc_exp=False, dvcyaml=False)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         self._start = time.perf_counter()
 
     def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         self.epoch_seconds.append(time.perf_counter() - self._start)
+        if self.live is not None:  # validation has run: the epoch's metrics are all there
+            self.live.step = trainer.current_epoch + 1
+            for name, value in sorted(trainer.callback_metrics.items()):
+                if name.startswith(("train/", "val/")):
+                    self.live.log_metric(name, float(value))
+            self.live.sync()
+
+    def on_train_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        if self.live is not None:
+            self.live.end()
 
     def on_validation_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         value = float(trainer.callback_metrics[f"val/{self.monitor}"])
@@ -279,17 +297,14 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     data = load_data(p, prepared_dir, cache_dir)
     check_trainable(data, t, t.devices * t.num_nodes)
     module = SimilarityModule(data, p)
-    best = _Best(t.monitor)
-    from dvclive.lightning import DVCLiveLogger
-
+    best = _Best(t.monitor, live_dir)
     trainer = pl.Trainer(
         accelerator=accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
         precision=t.precision, max_epochs=t.max_epochs, num_sanity_val_steps=0,
         callbacks=[pl.callbacks.EarlyStopping(f"val/{t.monitor}", mode="max",
                                               patience=t.patience), best],
-        logger=DVCLiveLogger(dir=str(live_dir), save_dvc_exp=False, dvcyaml=False),
-        enable_checkpointing=False, enable_model_summary=False, use_distributed_sampler=False,
-        log_every_n_steps=1, deterministic="warn" if accelerator == "gpu" else True)
+        logger=False, enable_checkpointing=False, enable_model_summary=False,
+        use_distributed_sampler=False, deterministic="warn" if accelerator == "gpu" else True)
     start = time.perf_counter()
     trainer.fit(module)
     if trainer.global_rank != 0:
@@ -318,8 +333,11 @@ def save(module: SimilarityModule, best: _Best, p: Params, out: Path) -> None:
             module.encoder.load_state_dict(best.state["encoder"])
             module.encoder.save_pretrained(tmp / "encoder")
             module.tokenizer.save_pretrained(tmp / "encoder")
-        enc = p.encoders
+        enc, loss = p.encoders, p.train.loss
+        # trained on angles (cosine, or arcface, which is cosine whatever the distance): the
+        # servable model normalises its output (unit vectors, the same cosine ranking)
+        angular = loss.distance == "cosine" or loss.name == "arcface"
         meta = {"mode": p.train.mode, "kind": module.data.kind, "query_encoder": enc.query,
                 "document_encoder": enc.document,
-                "encoder": enc.models[enc.query].model_dump()}
+                "encoder": enc.models[enc.query].model_dump(), "normalize_output": angular}
         write_json(tmp / "training.json", meta)

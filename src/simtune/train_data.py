@@ -46,6 +46,7 @@ class TrainData:
     splits: dict[str, Split]
     num_classes: int
     row_ids: dict[str, list[str]]  # "query"/"doc" -> text id of each cache row (head mode)
+    label_names: list[str]  # groups: the label of each class index (sorted); pairs: empty
 
 
 def check_compatible(kind: str, t: TrainParams) -> None:
@@ -82,7 +83,7 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool =
     texts = dict(zip(prepared.texts.column("text_id").to_pylist(),
                      prepared.texts.column("text").to_pylist(), strict=True)) if full else {}
     build = _group_splits if prepared.kind == "groups" else _pair_splits
-    splits, num_classes = build(prepared, q_table, d_table, texts)
+    splits, label_names = build(prepared, q_table, d_table, texts)
     for name in ("train", "val"):
         if len(splits[name]) == 0:
             raise UserError(f"{prepared_dir}: the {name} split is empty")
@@ -90,7 +91,8 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool =
     row_ids = {"query": q_table.ids.to_pylist(), "doc": d_table.ids.to_pylist()} if (
         q_table and d_table) else {}
     return TrainData(prepared.kind, dim, q_table.vectors if q_table else None,
-                     d_table.vectors if d_table else None, splits, num_classes, row_ids)
+                     d_table.vectors if d_table else None, splits, len(label_names), row_ids,
+                     label_names)
 
 
 def _encoder_dim(p: Params) -> int:
@@ -104,7 +106,7 @@ def _encoder_dim(p: Params) -> int:
 
 
 def _group_splits(prepared: Prepared, q_table: Any, _d: Any, texts: dict[str, str]
-                  ) -> tuple[dict[str, Split], int]:
+                  ) -> tuple[dict[str, Split], list[str]]:
     ex = prepared.examples
     labels = ex.column("label").to_pylist()
     classes = {lab: i for i, lab in enumerate(sorted(set(labels)))}
@@ -116,11 +118,11 @@ def _group_splits(prepared: Prepared, q_table: Any, _d: Any, texts: dict[str, st
         if q_table is not None:
             tensors["rows"] = q_table.index(ids)
         out[split] = Split(tensors, {"texts": [texts[t] for t in ids]} if texts else {})
-    return out, len(classes)
+    return out, list(classes)
 
 
 def _pair_splits(prepared: Prepared, q_table: Any, d_table: Any, texts: dict[str, str]
-                 ) -> tuple[dict[str, Split], int]:
+                 ) -> tuple[dict[str, Split], list[str]]:
     ex = prepared.examples.to_pydict()
     intern: dict[str, int] = {}
     out = {}
@@ -135,7 +137,7 @@ def _pair_splits(prepared: Prepared, q_table: Any, d_table: Any, texts: dict[str
             tensors["q_rows"], tensors["d_rows"] = q_table.index(qs), d_table.index(ds)
         out[split] = Split(tensors, {"q_texts": [texts[q] for q in qs],
                                      "d_texts": [texts[d] for d in ds]} if texts else {})
-    return out, 0
+    return out, []
 
 
 def build_loss(kind: str, t: TrainParams, num_classes: int, dim: int) -> torch.nn.Module:
@@ -149,9 +151,9 @@ def build_loss(kind: str, t: TrainParams, num_classes: int, dim: int) -> torch.n
 def check_trainable(data: TrainData, t: TrainParams, world: int) -> None:
     """Refuse, before any training, a set-up that cannot train or can never see a positive."""
     n = len(data.splits["train"])
-    if t.batch_size * world > n:
-        raise UserError(f"train.batch_size: {t.batch_size} x {world} processes is more than the "
-                        f"{n} training examples")
+    if n < world:  # a larger batch_size is reduced to the training set (sampling)
+        raise UserError(f"train: {n} training examples for {world} processes (each process "
+                        "needs at least one)")
     if t.head.type == "identity" and t.loss.name != "arcface":
         raise UserError("train.head.type: 'identity' has nothing to train (it is the frozen "
                         "baseline that evaluate compares against)")
