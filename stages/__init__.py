@@ -10,8 +10,9 @@ import typer
 
 from stages.cache import app as cache_app
 from stages.evaluate import evaluate
-from stages.export import export, search
+from stages.export import export
 from stages.prepare import prepare
+from stages.search import search
 from stages.train import train
 
 app = typer.Typer(

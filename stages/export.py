@@ -1,4 +1,4 @@
-"""`export` and `search`: a servable model directory, and nearest neighbours from the shell."""
+"""`export`: a servable model directory (encoder, head, config)."""
 
 from __future__ import annotations
 
@@ -22,20 +22,3 @@ def export(
 
     model.export(head, out)
     print(f"exported {out}")
-
-
-@user_errors
-def search(
-    query: str = typer.Argument(..., help="the text to search for"),
-    k: int = typer.Option(5, help="how many neighbours"),
-    params: Path = typer.Option(Path("params.yaml"), help="params file"),
-    head: Path = typer.Option(Path("models/head"), help="trained head (or export) directory"),
-    prepared: Path = typer.Option(Path("data/prepared"), help="prepared data directory"),
-    cache: Path = typer.Option(Path("cache"), help="embedding cache root"),
-) -> None:
-    """The nearest texts of the prepared corpus to QUERY, with cosine scores."""
-    from simtune import params as P
-    from simtune.search import search as lib
-
-    for score, text in lib(P.load(params), query, k, head, prepared, cache):
-        print(f"{score:.4f}  {text}")

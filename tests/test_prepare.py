@@ -359,3 +359,17 @@ def test_custom_key_naming_two_texts_is_an_error(tmp_path: Path,
     with pytest.raises(UserError, match=r"k.jsonl: line 2: key 'a' already names another text "
                                         r"\(line 1\)"):
         prepare.build(_params(raw))
+
+
+def test_per_label_counts_go_to_the_data_not_the_metrics(tmp_path: Path,
+                                                         params_raw: dict[str, Any]) -> None:
+    # per-label counts in the DVC metrics made `dvc exp show` 150 columns wider on TREC
+    path = _write(tmp_path / "a.csv", _groups_rows(n_labels=3, per_label=10))
+    params_raw["prepare"]["source"] = "file"
+    params_raw["prepare"]["file"]["path"] = str(path)
+    built = prepare.run(_params(params_raw), tmp_path / "prepared", tmp_path / "prepare.json")
+    report = json.loads((tmp_path / "prepare.json").read_text())
+    labels = json.loads((tmp_path / "prepared" / "labels.json").read_text())
+    assert "per_label" not in report and report["texts"] == 30
+    assert labels == built.report["per_label"] and sorted(labels) == ["L0", "L1", "L2"]
+    assert all(sum(c.values()) == 10 for c in labels.values())

@@ -6,6 +6,7 @@ Outputs (a directory, written atomically):
 - `examples.parquet` — groups: `split`, `text_id`, `label`;
                        pairs:  `split`, `query_id`, `doc_id`, `score` (float32).
 - `meta.json`        — `{"kind": "groups" | "pairs", "format_version": 1}`.
+- `labels.json`      — groups: examples of each label in each split (pairs: `{}`).
 
 `text_id` is the blake2b-128 hash of the normalised text, so equal texts share one id across splits
 and runs (the cache embeds each once) — or, with `prepare.file.columns.key`, the user's own id.
@@ -209,7 +210,11 @@ def write(prepared: Prepared, out: Path, report_path: Path) -> None:
         pq.write_table(prepared.examples, tmp / "examples.parquet")
         meta = {"kind": prepared.kind, "format_version": FORMAT_VERSION}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        write_json(report_path, prepared.report)
+        # per-label counts are data, not metrics: in the report they would make `dvc exp show`
+        # one column per label and split
+        report = dict(prepared.report)
+        write_json(tmp / "labels.json", report.pop("per_label", {}))
+        write_json(report_path, report)
 
 
 def run(p: PrepareParams, out: Path, report_path: Path) -> Prepared:

@@ -1,0 +1,26 @@
+"""`search`: nearest neighbours of a text in the prepared corpus, from the shell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from stages._common import user_errors
+
+
+@user_errors
+def search(
+    query: str = typer.Argument(..., help="the text to search for"),
+    k: int = typer.Option(5, help="how many neighbours"),
+    params: Path = typer.Option(Path("params.yaml"), help="params file"),
+    head: Path = typer.Option(Path("models/head"), help="trained head (or export) directory"),
+    prepared: Path = typer.Option(Path("data/prepared"), help="prepared data directory"),
+    cache: Path = typer.Option(Path("cache"), help="embedding cache root"),
+) -> None:
+    """The nearest texts of the prepared corpus to QUERY, with cosine scores."""
+    from simtune import params as P
+    from simtune.search import search as lib
+
+    for score, text in lib(P.load(params), query, k, head, prepared, cache):
+        print(f"{score:.4f}  {text}")
