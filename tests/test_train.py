@@ -235,3 +235,43 @@ def test_an_update_beyond_float32_is_divergence_not_a_traceback(small: tuple[Pat
     line = _diverged(root, params_file)
     assert line == ("error: train.lr: training diverged at epoch 1, step 1: the update "
                     "overflows float32; the learning rate 1e+40 is likely too high; nothing saved")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_evaluate_refuses_a_head_with_non_finite_weights(small: tuple[Path, Path], bad: float
+                                                         ) -> None:
+    """A diverged head (as saved before training checked for it) is refused, naming the file;
+    no metrics are written."""
+    root, params_file = small
+    head = heads.build("mlp", 32, 2, 0.0)
+    with torch.no_grad():
+        head.net[0].weight[3, 5] = bad
+    heads.save(head, root / "head")
+    result = CliRunner().invoke(app, [
+        "evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
+        "--cache", str(root / "cache"), "--head", str(root / "head"),
+        "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json")])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines() == [
+        f"error: {root / 'head' / 'model.safetensors'}: weight net.0.weight is not finite "
+        "(training diverged?); rerun train"]
+    assert not (root / "metrics.json").exists() and not (root / "recall.json").exists()
+
+
+def test_evaluate_refuses_a_head_whose_vectors_are_not_finite(small: tuple[Path, Path]) -> None:
+    """Finite but huge weights (1e30) overflow to inf/NaN vectors: refused, not ranked."""
+    root, params_file = small
+    head = heads.build("mlp", 32, 2, 0.0)
+    with torch.no_grad():
+        head.net[0].weight.fill_(1e30)
+        head.net[3].weight.fill_(1e30)
+    heads.save(head, root / "head")
+    result = CliRunner().invoke(app, [
+        "evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
+        "--cache", str(root / "cache"), "--head", str(root / "head"),
+        "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json")])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: {root / 'head'}: the trained model gives non-finite test vectors (training "
+        "diverged?); rerun train")
+    assert not (root / "metrics.json").exists()
