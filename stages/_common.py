@@ -1,4 +1,5 @@
-"""What every stage command shares: logging set-up and turning user mistakes into one line."""
+"""What every stage command shares: logging set-up, path options that refuse the wrong kind of
+path, and turning user mistakes into one line."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import functools
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
@@ -34,8 +36,23 @@ def setup_logging(verbose: bool = False) -> None:
                         handlers=[handler], force=True)
 
 
+def file_option(default: str, help: str) -> Any:
+    """A path option naming a file: a directory there is Typer's usage error, before any work."""
+    return typer.Option(Path(default), help=help, dir_okay=False)
+
+
+def dir_option(default: str, help: str) -> Any:
+    """A path option naming a directory: a file there is Typer's usage error."""
+    return typer.Option(Path(default), help=help, file_okay=False)
+
+
 def user_errors(fn: F) -> F:
-    """Run a stage; a `UserError` becomes `error: <one line>` on stderr and exit status 1."""
+    """Run a stage; a `UserError` becomes `error: <one line>` on stderr and exit status 1.
+
+    So does an `OSError` about a path the user gave (permission denied, disk full, a file where
+    a directory must be created): `error: <path>: <reason>`. Any other exception is a bug and
+    keeps its traceback.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -44,6 +61,11 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
+            raise typer.Exit(1) from None
+        except OSError as e:
+            if e.filename is None:
+                raise
+            print(f"error: {e.filename}: {e.strerror or e}", file=sys.stderr)
             raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]

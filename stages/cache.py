@@ -6,15 +6,16 @@ from pathlib import Path
 
 import typer
 
-from stages._common import user_errors
+from simtune.errors import UserError
+from stages._common import dir_option, file_option, user_errors
 
 app = typer.Typer(help="Fill the embedding cache (check it: `cache verify`; bound the shared "
                   "store: `cache gc`).",
                   no_args_is_help=False, add_completion=False)
 
-PARAMS = typer.Option(Path("params.yaml"), help="params file (`encoders` and `cache` sections)")
-PREPARED = typer.Option(Path("data/prepared"), help="prepared data directory")
-OUT = typer.Option(Path("cache"), help="cache root: one cache/<encoder>/ directory per encoder")
+PARAMS = file_option("params.yaml", "params file (`encoders` and `cache` sections)")
+PREPARED = dir_option("data/prepared", "prepared data directory")
+OUT = dir_option("cache", "cache root: one cache/<encoder>/ directory per encoder")
 
 
 @app.callback(invoke_without_command=True)
@@ -34,7 +35,8 @@ def cache(ctx: typer.Context, params: Path = PARAMS, prepared: Path = PREPARED,
 @app.command()
 @user_errors
 def verify(params: Path = PARAMS, prepared: Path = PREPARED, out: Path = OUT,
-           sample: int = typer.Option(64, help="cached texts to re-embed and compare"),
+           sample: int = typer.Option(64, min=0, help="cached texts to re-embed and compare "
+                                      "(0: checksums and rows only)"),
            seed: int = typer.Option(0, help="seed of the sample")) -> None:
     """Check checksums and row counts, re-embed a random sample; exit 1 on any mismatch."""
     from simtune import cache as lib
@@ -42,6 +44,8 @@ def verify(params: Path = PARAMS, prepared: Path = PREPARED, out: Path = OUT,
     from simtune.encoders import resolve_device
 
     p = P.load(params)
+    if not out.is_dir():
+        raise UserError(f"{out}: no cache here (run the cache stage)")
     results = lib.verify(prepared, out, p.encoders, sample, seed, resolve_device(p.cache.device))
     for r in results:
         status = "ok" if not r.problems else "FAILED"

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import typer
-
-from stages._common import user_errors
+from stages._common import dir_option, user_errors
 
 
 @user_errors
 def export(
-    head: Path = typer.Option(Path("models/head"), help="trained head directory"),
-    out: Path = typer.Option(Path("models/export"), help="servable model directory"),
+    head: Path = dir_option("models/head", "trained head directory"),
+    out: Path = dir_option("models/export", "servable model directory"),
 ) -> None:
     """Write a servable model directory (encoder, head, config) for simtune.load_model.
 

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import typer
-
-from stages._common import user_errors
+from stages._common import dir_option, file_option, user_errors
 
 
 @user_errors
 def prepare(
-    params: Path = typer.Option(Path("params.yaml"), help="params file (its `prepare` section)"),
-    out: Path = typer.Option(Path("data/prepared"), help="output directory of the tables"),
-    report: Path = typer.Option(Path("reports/prepare.json"), help="counts report (DVC metrics)"),
+    params: Path = file_option("params.yaml", "params file (its `prepare` section)"),
+    out: Path = dir_option("data/prepared", "output directory of the tables"),
+    report: Path = file_option("reports/prepare.json", "counts report (DVC metrics)"),
 ) -> None:
     """Load the data set (built-in or your file), split it, write data/prepared/."""
     from simtune import params as P

@@ -6,17 +6,17 @@ from pathlib import Path
 
 import typer
 
-from stages._common import user_errors
+from stages._common import dir_option, file_option, user_errors
 
 
 @user_errors
 def search(
     query: str = typer.Argument(..., help="the text to search for"),
-    k: int = typer.Option(5, help="how many neighbours"),
-    params: Path = typer.Option(Path("params.yaml"), help="params file"),
-    head: Path = typer.Option(Path("models/head"), help="trained head (or export) directory"),
-    prepared: Path = typer.Option(Path("data/prepared"), help="prepared data directory"),
-    cache: Path = typer.Option(Path("cache"), help="embedding cache root"),
+    k: int = typer.Option(5, min=1, help="how many neighbours"),
+    params: Path = file_option("params.yaml", "params file"),
+    head: Path = dir_option("models/head", "trained head (or export) directory"),
+    prepared: Path = dir_option("data/prepared", "prepared data directory"),
+    cache: Path = dir_option("cache", "embedding cache root"),
 ) -> None:
     """The nearest texts of the prepared corpus to QUERY, with cosine scores."""
     from simtune import params as P

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import typer
-
-from stages._common import user_errors
+from stages._common import dir_option, file_option, user_errors
 
 
 @user_errors
 def train(
-    params: Path = typer.Option(Path("params.yaml"), help="params file (`train`, `encoders`)"),
-    prepared: Path = typer.Option(Path("data/prepared"), help="prepared data directory"),
-    cache: Path = typer.Option(Path("cache"), help="embedding cache root"),
-    out: Path = typer.Option(Path("models/head"), help="output directory of the trained head"),
-    report: Path = typer.Option(Path("reports/train.json"), help="training report (metrics)"),
-    live: Path = typer.Option(Path("reports/train_live"), help="dvclive curves directory"),
+    params: Path = file_option("params.yaml", "params file (`train`, `encoders`)"),
+    prepared: Path = dir_option("data/prepared", "prepared data directory"),
+    cache: Path = dir_option("cache", "embedding cache root"),
+    out: Path = dir_option("models/head", "output directory of the trained head"),
+    report: Path = file_option("reports/train.json", "training report (metrics)"),
+    live: Path = dir_option("reports/train_live", "dvclive curves directory"),
 ) -> None:
     """Train a head on the cached embeddings (Lightning; AMP, DDP, GradCache, early stopping)."""
     from simtune import params as P

@@ -536,3 +536,24 @@ def test_custom_key_with_changed_text_is_re_embedded(tmp_path: Path, tiny_bert: 
     want = _manual(tiny_bert, texts, "mean", True)
     got = table.vectors[table.index([f"k{i}" for i in range(20)])]
     assert torch.allclose(got, want, atol=1e-5)
+
+
+# --- fill knobs: vectors equal up to float rounding --------------------------------------------
+
+
+def test_batch_size_and_workers_change_vectors_only_by_float_rounding(tmp_path: Path,
+                                                                      tiny_bert: Path) -> None:
+    """batch 13 + 1 worker vs 64 + 0: other padding changes the order of float sums, so a
+    vector may differ in its last bits, never by more than 1e-6 (the README's claim)."""
+    prepared = make_prepared(tmp_path, sentences(150))
+    tables = {}
+    for batch, workers in ((13, 1), (64, 0)):
+        p = params(tiny_bert, batch_size=batch, num_workers=workers, shard_rows=40)
+        with count_forward() as counts:
+            _fill(prepared, tmp_path / f"cache{batch}", p)
+        assert counts["calls"] == -(-150 // batch)  # the knob did change the batches
+        tables[batch] = _as_dict(store.load(tmp_path / f"cache{batch}" / "tiny"))
+    assert tables[13].keys() == tables[64].keys() and len(tables[13]) == 150
+    diff = max(float((tables[13][k] - tables[64][k]).abs().max()) for k in tables[13])
+    print(f"max abs diff between batch 13 + 1 worker and 64 + 0: {diff:.3g}")
+    assert diff <= 1e-6

@@ -122,3 +122,52 @@ def test_every_key_has_a_description() -> None:
     assert ("encoders.models.<name>.pooling", keys[[k for k, _ in keys].index(
         "encoders.models.<name>.pooling")][1]) in keys
     assert [k for k, d in keys if not d] == []
+
+
+def _float_keys(model: type = P.Params, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The path of every float field of the schema (mappings of named entries excluded: the
+    encoder settings hold no float)."""
+    out = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, P.BaseModel):
+            out += _float_keys(ann, (*prefix, name))
+        elif ann is float:
+            out.append((*prefix, name))
+    return out
+
+
+def test_float_keys_are_found() -> None:
+    keys = {".".join(k) for k in _float_keys()}
+    assert {"train.lr", "train.loss.temperature", "prepare.split.fractions.val",
+            "train.head.dropout"} <= keys
+    assert len(keys) == 10
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+@pytest.mark.parametrize("key", _float_keys(), ids=".".join)
+def test_every_float_key_rejects_non_finite(params_raw: dict[str, Any], key: tuple[str, ...],
+                                            value: float) -> None:
+    """`lr: .inf` (YAML's infinity) or `.nan` is refused, naming the key."""
+    section = params_raw
+    for part in key[:-1]:
+        section = section[part]
+    section[key[-1]] = value
+    assert _error(params_raw) == (f"params.yaml: {'.'.join(key)}: expected a finite number, "
+                                  f"got {value!r}")
+
+
+def test_overflowing_exponent_is_not_finite(params_raw: dict[str, Any]) -> None:
+    """YAML 1.1 reads `1e400` as a string; as a number it overflows to inf."""
+    params_raw["train"]["loss"]["temperature"] = "1e400"
+    assert _error(params_raw) == ("params.yaml: train.loss.temperature: expected a finite "
+                                  "number, got inf")
+
+
+def test_non_finite_from_yaml_text(tmp_path: Path) -> None:
+    text = (ROOT / "params.yaml").read_text().replace("lr: 0.005", "lr: .inf")
+    (tmp_path / "params.yaml").write_text(text)
+    with pytest.raises(UserError) as e:
+        P.load(tmp_path / "params.yaml")
+    assert str(e.value) == (f"{tmp_path / 'params.yaml'}: train.lr: expected a finite number, "
+                            "got inf")

@@ -373,3 +373,74 @@ def test_per_label_counts_go_to_the_data_not_the_metrics(tmp_path: Path,
     assert "per_label" not in report and report["texts"] == 30
     assert labels == built.report["per_label"] and sorted(labels) == ["L0", "L1", "L2"]
     assert all(sum(c.values()) == 10 for c in labels.values())
+
+
+# --- echoed values stay short; long fields load ------------------------------------------------
+
+
+def _one_line(tmp_path: Path, raw: dict[str, Any]) -> str:
+    code, output, out, _ = _run_stage(tmp_path, raw)
+    lines = output.strip().splitlines()
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: "), output[:500]
+    assert not out.parent.exists()
+    return lines[0]
+
+
+def test_a_huge_value_is_echoed_cut_to_80_characters(tmp_path: Path,
+                                                     params_raw: dict[str, Any]) -> None:
+    """A JSONL label that is a 200,000-element list: the line shows its first 80 characters."""
+    path = tmp_path / "big.jsonl"
+    path.write_text(json.dumps({"text": "a", "label": "x"}) + "\n"
+                    + json.dumps({"text": "b", "label": [7] * 200_000}) + "\n")
+    line = _one_line(tmp_path, _file_params(params_raw, path))
+    shown = repr([7] * 30)[:80] + "…"
+    assert line == f"error: {path}: line 2: column 'label': expected text, got {shown}"
+
+
+def test_a_huge_score_and_header_are_echoed_short(tmp_path: Path,
+                                                  params_raw: dict[str, Any]) -> None:
+    path = tmp_path / "pairs.csv"
+    path.write_text("q,d,s\nquery,doc," + "9x" * 100_000 + "\n")
+    raw = _file_params(params_raw, path, kind="pairs")
+    raw["prepare"]["file"]["columns"]["score"] = "s"
+    line = _one_line(tmp_path, raw)
+    assert line == (f"error: {path}: line 2: column 's': expected a number, got "
+                    f"{repr('9x' * 100)[:80]}…")
+    wide = tmp_path / "wide.csv"
+    wide.write_text(",".join(f"column{i}" for i in range(50_000)) + "\n"
+                    + ",".join("v" for _ in range(50_000)) + "\n")
+    raw = _file_params(params_raw, wide)
+    raw["prepare"]["file"]["columns"].update(text="text", label="label", query=None,
+                                             positive=None, score=None)
+    line = _one_line(tmp_path, raw)
+    columns = ", ".join(f"column{i}" for i in range(20))[:80]
+    assert line == f"error: {wide}: missing column 'text' (columns: {columns}…)"
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_a_field_over_the_csv_module_limit_loads(tmp_path: Path, params_raw: dict[str, Any],
+                                                 suffix: str) -> None:
+    """A 200,000-character field (Python's csv module stops at 131,072 by default) loads from
+    CSV and TSV exactly as the same rows from JSONL."""
+    rows = _groups_rows()
+    rows[5] = ("long " + "word " * 40_000, rows[5][1])
+    assert len(rows[5][0]) > 200_000
+    table = _write(tmp_path / f"long{suffix}", rows)
+    jsonl = _write(tmp_path / "long.jsonl", rows)
+    got = prepare.build(_params(_file_params(params_raw, table)))
+    want = prepare.build(_params(_file_params(params_raw, jsonl)))
+    assert got.texts.equals(want.texts) and got.examples.equals(want.examples)
+    assert max(len(t) for t in got.texts.column("text").to_pylist()) == 200_004
+
+
+def test_a_huge_custom_key_is_echoed_short(tmp_path: Path, params_raw: dict[str, Any]) -> None:
+    path = tmp_path / "k.jsonl"
+    key = "k" * 300_000
+    path.write_text(json.dumps({"id": key, "text": "one", "label": "x"}) + "\n"
+                    + json.dumps({"id": key, "text": "two", "label": "x"}) + "\n")
+    raw = _file_params(params_raw, path)
+    raw["prepare"]["file"]["columns"]["key"] = "id"
+    with pytest.raises(UserError) as e:
+        prepare.build(_params(raw))
+    assert str(e.value) == (f"{path}: line 2: key {repr(key)[:80]}… already names another text "
+                            "(line 1)")

@@ -4,6 +4,7 @@ file, a URL or a path that exists only on the machine that wrote it."""
 from __future__ import annotations
 
 import re
+
 import tomllib
 
 from tests.conftest import ROOT
@@ -38,8 +39,8 @@ def test_every_constraint_is_an_exact_release_pin() -> None:
 
 def test_the_checker_catches_what_broke_fresh_machines_before() -> None:
     for req in ("faiss-cpu @ file:///tmp/pk/faiss_cpu-1.15.1-cp310-abi3-manylinux.whl",
-                "pkg @ https://example.invalid/pkg-1.0.tar.gz", "/opt/wheels/x-1.0-py3-none-any.whl",
-                "~/wheels/y.whl"):
+                "pkg @ https://example.invalid/pkg-1.0.tar.gz",
+                "/opt/wheels/x-1.0-py3-none-any.whl", "~/wheels/y.whl"):
         assert LOCAL.search(req), req
     assert not LOCAL.search("pytrec_eval-terrier==0.5.11")
     assert not LOCAL.search("torch>=2.3")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from itertools import chain, groupby
@@ -275,3 +276,96 @@ def test_full_mode_trains_the_encoder_and_evaluate_uses_it(small: tuple[Path, Pa
     assert result.exit_code == 0, result.output
     metrics = json.loads((root / "metrics.json").read_text())
     assert metrics["trained"] != metrics["baseline"]
+
+
+# --- divergence: one line, nothing saved -------------------------------------------------------
+
+
+def _diverged(root: Path, params_file: Path) -> str:
+    """Run the stage expecting divergence; return the error line after checking that nothing
+    (head, report) was written and the previous head is untouched."""
+    (root / "head").mkdir()
+    (root / "head" / "previous").write_text("kept")
+    result = CliRunner().invoke(app, stage_args(root, params_file))
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and result.output.count("error: ") == 1, result.output
+    assert sorted(p.name for p in (root / "head").iterdir()) == ["previous"]
+    assert not (root / "train.json").exists()
+    assert not [p for p in root.iterdir() if p.name.startswith(".head")]  # no temp dir left
+    return last
+
+
+def test_non_finite_loss_stops_training(small: tuple[Path, Path]) -> None:
+    """lr 1e8 (AdamW's decay multiplies the weights by 1 - 1e8 * 0.01 each step) overflows to a
+    NaN loss within the first epoch: stop there, name the epoch, step and likely cause."""
+    root, params_file = small
+    _edit(params_file, lr=1e8, max_epochs=3)
+    line = _diverged(root, params_file)
+    assert re.fullmatch(r"error: train\.lr: training diverged at epoch 1, step [2-5]: the loss "
+                        r"is (nan|inf); the learning rate 1e\+08 is likely too high; nothing "
+                        r"saved", line), line
+
+
+def test_weights_that_turn_non_finite_on_the_last_step_are_caught(small: tuple[Path, Path]
+                                                                  ) -> None:
+    """One step per epoch and one epoch: the loss of that step is finite, the weights after it
+    give inf/NaN vectors (lr 1e36); they are checked before they are kept as the best."""
+    root, params_file = small
+    _edit(params_file, lr=1e36, max_epochs=1, batch_size=32)
+    line = _diverged(root, params_file)
+    assert line == ("error: train.lr: training diverged at epoch 1, step 1: the validation "
+                    "vectors are no longer finite; the learning rate 1e+36 is likely too high; "
+                    "nothing saved")
+
+
+def test_an_update_beyond_float32_is_divergence_not_a_traceback(small: tuple[Path, Path]
+                                                                ) -> None:
+    """lr 1e40 is a finite float, but AdamW's step (10 x lr at step 1) overflows float32."""
+    root, params_file = small
+    _edit(params_file, lr=1e40, max_epochs=1)
+    line = _diverged(root, params_file)
+    assert line == ("error: train.lr: training diverged at epoch 1, step 1: the update "
+                    "overflows float32; the learning rate 1e+40 is likely too high; nothing saved")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_evaluate_refuses_a_head_with_non_finite_weights(small: tuple[Path, Path], bad: float
+                                                         ) -> None:
+    """A diverged head (as saved before training checked for it) is refused, naming the file;
+    no metrics are written."""
+    root, params_file = small
+    head = heads.build("mlp", 32, 2, 0.0)
+    with torch.no_grad():
+        head.net[0].weight[3, 5] = bad
+    heads.save(head, root / "head")
+    result = CliRunner().invoke(app, [
+        "evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
+        "--cache", str(root / "cache"), "--head", str(root / "head"),
+        "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json")])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines() == [
+        f"error: {root / 'head' / 'model.safetensors'}: weight net.0.weight is not finite "
+        "(training diverged?); rerun train"]
+    assert not (root / "metrics.json").exists() and not (root / "recall.json").exists()
+
+
+def test_evaluate_refuses_a_head_whose_vectors_are_not_finite(small: tuple[Path, Path]) -> None:
+    """Finite but huge weights (1e30) overflow to inf/NaN vectors: refused, not ranked."""
+    root, params_file = small
+    head = heads.build("mlp", 32, 2, 0.0)
+    with torch.no_grad():
+        head.net[0].weight.fill_(1e30)
+        head.net[3].weight.fill_(1e30)
+    heads.save(head, root / "head")
+    result = CliRunner().invoke(app, [
+        "evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
+        "--cache", str(root / "cache"), "--head", str(root / "head"),
+        "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json")])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: {root / 'head'}: the trained model gives non-finite test vectors (training "
+        "diverged?); rerun train")
+    assert not (root / "metrics.json").exists()

@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from simtune.errors import UserError
+from simtune.errors import UserError, echo, shorten
 from simtune.params import FileSource
 
 EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl",
@@ -63,7 +63,7 @@ def trec_records(labels: str) -> tuple[Path, list[Record]]:
             continue
         label, _, question = line.partition(" ")
         if ":" not in label:
-            raise UserError(f"{path}: line {n}: expected 'COARSE:fine question', got {line[:40]!r}")
+            raise UserError(f"{path}: line {n}: expected 'COARSE:fine question', got {echo(line)}")
         if labels == "coarse":
             label = label.split(":", 1)[0]
         records.append(Record(f"line {n}", {"text": question, "label": label}))
@@ -116,7 +116,8 @@ def file_records(source: FileSource) -> tuple[Path, list[Record]]:
     if header is not None:
         for col in cols.values():
             if col not in header:
-                raise UserError(f"{path}: missing column '{col}' (columns: {', '.join(header)})")
+                raise UserError(f"{path}: missing column '{col}' "
+                                f"(columns: {shorten(', '.join(header))})")
     return path, [_pick(path, where, row, cols) for where, row in rows]
 
 
@@ -132,6 +133,16 @@ def _decode(path: Path, data: bytes) -> str:
 
 
 def _csv_rows(path: Path, text: str, delimiter: str) -> tuple[list[str], Rows]:
+    # the csv module refuses fields over 131,072 characters by default, and the limit is
+    # process-wide: lift it to the text's length (no field is longer) while reading, then restore
+    previous = csv.field_size_limit(max(csv.field_size_limit(), len(text)))
+    try:
+        return _read_csv(path, text, delimiter)
+    finally:
+        csv.field_size_limit(previous)
+
+
+def _read_csv(path: Path, text: str, delimiter: str) -> tuple[list[str], Rows]:
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
     try:
         header = next(reader)
@@ -176,7 +187,7 @@ def _parquet_rows(path: Path, columns: list[str]) -> tuple[list[str], Rows]:
         names = pq.read_schema(path).names
         table = pq.read_table(path, columns=[c for c in columns if c in names])
     except (pa.ArrowException, OSError) as e:
-        raise UserError(f"{path}: cannot read Parquet: {e}") from None
+        raise UserError(f"{path}: cannot read Parquet: {shorten(str(e), 200)}") from None
     return names, [(f"row {i}", row) for i, row in enumerate(table.to_pylist(), start=1)]
 
 
@@ -198,12 +209,13 @@ def _scalar(path: Path, where: str, col: str, value: Any, numeric: bool) -> Any:
             score = float(value)
         except (TypeError, ValueError):
             raise UserError(f"{path}: {where}: column '{col}': expected a number, "
-                            f"got {value!r}") from None
+                            f"got {echo(value)}") from None
         if not math.isfinite(score):
-            raise UserError(f"{path}: {where}: column '{col}': score must be finite, got {value!r}")
+            raise UserError(f"{path}: {where}: column '{col}': score must be finite, "
+                            f"got {echo(value)}")
         return score
     if value is None:
         return ""
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise UserError(f"{path}: {where}: column '{col}': expected text, got {value!r}")
+        raise UserError(f"{path}: {where}: column '{col}': expected text, got {echo(value)}")
     return str(value)

@@ -12,12 +12,14 @@ import hashlib
 import importlib.util
 import json
 import logging
+import pickle
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
-from simtune.errors import UserError
+from simtune.errors import UserError, shorten
 from simtune.params import EncoderParams
 
 log = logging.getLogger("simtune.encoders")
@@ -122,6 +124,17 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
+def _load_failure(e: Exception) -> str:
+    """One short line for why transformers could not load a model directory."""
+    if isinstance(e, pickle.UnpicklingError):  # torch's weights_only loader refused a pickle
+        return ("its pickled weights (*.bin) hold more than tensors, so torch will not load them "
+                "safely; re-save the model with save_pretrained() (safetensors)")
+    if isinstance(e, SafetensorError):
+        return f"corrupt or truncated safetensors weights ({shorten(str(e))})"
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return shorten(first, 200)
+
+
 class FrozenEncoder:
     """A frozen transformers encoder: texts -> pooled (and optionally normalised) vectors."""
 
@@ -136,9 +149,9 @@ class FrozenEncoder:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
             self.model = transformers.AutoModel.from_pretrained(
                 path, local_files_only=True, dtype=torch.float32)
-        except (OSError, ValueError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f"encoders.models.{name}.model: {path}: cannot load: {first}") from None
+        except (OSError, ValueError, pickle.UnpicklingError, SafetensorError) as e:
+            raise UserError(f"encoders.models.{name}.model: {path}: cannot load: "
+                            f"{_load_failure(e)}") from None
         self.model.eval().requires_grad_(False).to(device)
         self.dim = int(self.model.config.hidden_size)
         log.info("loaded encoder '%s' from %s (dim %d) on %s", name, path, self.dim, device)

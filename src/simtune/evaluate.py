@@ -106,7 +106,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
     if max(ks) > corpus_size:
         log.warning("Recall@k for k > %d (the corpus size) equals Recall@%d", corpus_size,
                     corpus_size)
-    trained_vectors = _trained(data, head, head_dir, p, prepared_dir)
+    trained_vectors = _finite(_trained(data, head, head_dir, p, prepared_dir), head_dir)
     trained, no_rel, trained_labels = score(data, task, trained_vectors, ks)
     baseline, _, baseline_labels = score(
         data, task, _cached(data, heads.build("identity", data.dim, 1, 0.0)), ks)
@@ -130,6 +130,17 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
 
 def _lift(trained: dict[str, float], baseline: dict[str, float]) -> dict[str, float]:
     return {k: trained[k] - baseline[k] for k in trained}
+
+
+def _finite(vectors: Vectors, head_dir: Path) -> Vectors:
+    """`vectors`, refusing inf/NaN ones: they would be ranked into meaningless metrics."""
+    def checked(rows: torch.Tensor, role: str) -> torch.Tensor:
+        out = vectors(rows, role)
+        if not bool(torch.isfinite(out).all()):
+            raise UserError(f"{head_dir}: the trained model gives non-finite test vectors "
+                            "(training diverged?); rerun train")
+        return out
+    return checked
 
 
 def _trained(data: TrainData, head: heads.Head, head_dir: Path, p: Params,

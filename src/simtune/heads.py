@@ -109,7 +109,8 @@ def save(head: Head, directory: Path) -> None:
 
 
 def load(directory: Path) -> Head:
-    """Rebuild a saved head (no Lightning needed); `UserError` if the directory is not one."""
+    """Rebuild a saved head (no Lightning needed); `UserError` if the directory is not one or a
+    weight is not finite."""
     from safetensors.torch import load_file
 
     directory = Path(directory)
@@ -118,5 +119,11 @@ def load(directory: Path) -> Head:
         raise UserError(f"{directory}: no trained head here (run the train stage)")
     config = json.loads(config_path.read_text())
     head = build(config["type"], config["dim"], config["expansion"], config["dropout"])
-    head.load_state_dict(load_file(str(directory / "model.safetensors")))
+    weights_path = directory / "model.safetensors"
+    weights = load_file(str(weights_path))
+    for name, tensor in weights.items():  # a diverged head would give NaN vectors, not metrics
+        if not bool(torch.isfinite(tensor).all()):
+            raise UserError(f"{weights_path}: weight {name} is not finite (training diverged?); "
+                            "rerun train")
+    head.load_state_dict(weights)
     return head.eval()

@@ -29,9 +29,10 @@ Number = Annotated[float, BeforeValidator(_yaml_float)]
 
 
 class Section(BaseModel):
-    """Base of every params model: strict types, no unknown keys, immutable."""
+    """Base of every params model: strict types, no unknown keys, immutable, and every float
+    finite (`lr: .inf` or `1e400` is refused by name instead of training into NaN)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class Fractions(Section):
@@ -300,6 +301,7 @@ _EXPECTED = {
     "int_from_float": "an integer",
     "float_type": "a number",
     "float_parsing": "a number",
+    "finite_number": "a finite number",
     "string_type": "a string",
     "bool_type": "true or false",
     "bool_parsing": "true or false",

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from simtune import data
 from simtune.atomic import atomic_dir, write_json
-from simtune.errors import UserError
+from simtune.errors import UserError, echo
 from simtune.params import SPLITS, PrepareParams
 from simtune.split import assign
 
@@ -91,7 +91,7 @@ def _groups(path: Path, recs: list[data.Record], p: PrepareParams) -> Prepared:
         if tid not in seen:
             seen[tid], first_at[tid] = (text, label), r.where
         elif seen[tid][0] != text:
-            raise UserError(f"{path}: {r.where}: key '{tid}' already names another text "
+            raise UserError(f"{path}: {r.where}: key {echo(tid)} already names another text "
                             f"({first_at[tid]})")
         elif seen[tid][1] == label:
             duplicates += 1

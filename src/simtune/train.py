@@ -3,6 +3,8 @@
 Head mode: a batch is a tensor of example indices; the step gathers their rows from the resident
 cache table and runs the head. Full mode: the DataLoader tokenises the batch's texts in workers
 and the encoder runs (and learns) in the loop. GradCache switches to manual optimisation.
+A non-finite loss, weights or validation vectors stop the run with one line (`UserError`,
+raised through Lightning, which re-raises it) before anything is saved.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class SimilarityModule(pl.LightningModule):
             self.encoder = transformers.AutoModel.from_pretrained(path, local_files_only=True)
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.automatic_optimization = t.gradcache.chunk_size == 0
+        self._step = 0  # 1-based step within the current epoch, for the divergence message
 
     # --- representations -------------------------------------------------------------------
 
@@ -103,12 +106,16 @@ class SimilarityModule(pl.LightningModule):
 
     # --- training ------------------------------------------------------------------------------
 
-    def training_step(self, batch: dict[str, Any], _: int) -> torch.Tensor | None:
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor | None:
         idx = batch["idx"]
+        self._step = batch_idx + 1
         if self.automatic_optimization:
             loss = self.loss_of(self.encode(batch), idx)
         else:
             loss = self._gradcache_step(batch, idx)
+        finite = bool(torch.isfinite(loss.detach()))  # before backward: no step on a NaN loss
+        self._stop_if(not finite, f"the loss is {float(loss.detach())}" if not finite else
+                      "the loss is not finite in another process")
         self.log("train/loss", loss, on_step=False, on_epoch=True, prog_bar=True,
                  batch_size=len(idx), sync_dist=True)
         return loss if self.automatic_optimization else None
@@ -133,6 +140,14 @@ class SimilarityModule(pl.LightningModule):
         self._all_reduce_grads()
         opt.step()  # type: ignore[union-attr]
         return loss
+
+    # --- divergence ----------------------------------------------------------------------------
+
+    def _stop_if(self, bad: bool, what: str) -> None:
+        """Stop the run with one line when any process saw a non-finite value (all processes
+        decide together, so none waits forever in a collective)."""
+        if self.trainer.strategy.reduce_boolean_decision(bad, all=False):
+            raise UserError(diverged(self.t, self.current_epoch + 1, self._step, what))
 
     def on_train_start(self) -> None:
         if not self.automatic_optimization and self.trainer.world_size > 1:
@@ -176,9 +191,20 @@ class SimilarityModule(pl.LightningModule):
         return torch.utils.data.DataLoader([0])  # one step: the whole split is scored at once
 
     def validation_step(self, batch: Any, _: int) -> None:
+        # weights (and the vectors they give) are checked before they can be kept as the best
+        self._stop_if(not all(bool(torch.isfinite(w).all()) for w in self.parameters()),
+                      "the weights are no longer finite")
+        finite: list[bool] = []
+
+        def embed(sp: Split, role: str) -> torch.Tensor:
+            vectors = self.embed_split(sp, role)
+            finite.append(bool(torch.isfinite(vectors).all()))
+            return vectors
+
         # the same task as the test evaluation: against the train texts, or leave-one-out
         corpus = "train" if self.p.evaluate.corpus == "train" else None
-        scores, _ = split_metrics(self.data, "val", self.embed_split, corpus=corpus)
+        scores, _ = split_metrics(self.data, "val", embed, corpus=corpus)
+        self._stop_if(not all(finite), "the validation vectors are no longer finite")
         self.log_dict({f"val/{k}": v for k, v in scores.items()}, batch_size=1)
 
     def embed_split(self, sp: Split, role: str) -> torch.Tensor:
@@ -262,6 +288,15 @@ class _Best(pl.Callback):
             self.state = {k: copy.deepcopy(m.state_dict()) for k, m in keep.items() if m}
 
 
+def diverged(t: TrainParams, epoch: int, step: int, what: str) -> str:
+    """The one line for a run that diverged: where, what, and the likely cause."""
+    rate = f"the learning rate {t.lr:g}"
+    if t.mode == "full":
+        rate += f" (encoder {t.encoder_lr:g})"
+    return (f"train.lr: training diverged at epoch {epoch}, step {step}: {what}; {rate} is "
+            "likely too high; nothing saved")
+
+
 def _accelerator(t: TrainParams) -> str:
     gpu = t.accelerator == "gpu" or (t.accelerator == "auto" and torch.cuda.is_available())
     if gpu and not torch.cuda.is_available():
@@ -306,7 +341,13 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
         logger=False, enable_checkpointing=False, enable_model_summary=False,
         use_distributed_sampler=False, deterministic="warn" if accelerator == "gpu" else True)
     start = time.perf_counter()
-    trainer.fit(module)
+    try:
+        trainer.fit(module)
+    except RuntimeError as e:  # torch refuses an optimizer scalar beyond float32 (lr: 1e40)
+        if "without overflow" not in str(e):
+            raise
+        raise UserError(diverged(t, trainer.current_epoch + 1, module._step,
+                                 "the update overflows float32")) from None
     if trainer.global_rank != 0:
         return {}
     seconds = time.perf_counter() - start
