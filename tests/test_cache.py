@@ -541,14 +541,15 @@ def test_custom_key_with_changed_text_is_re_embedded(tmp_path: Path, tiny_bert: 
 # --- fill knobs: vectors equal up to float rounding --------------------------------------------
 
 
-def test_batch_size_and_workers_change_vectors_only_by_float_rounding(tmp_path: Path,
-                                                                      tiny_bert: Path) -> None:
+def test_batch_size_and_workers_change_vectors_only_by_float_rounding(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """batch 13 + 1 worker vs 64 + 0: other padding changes the order of float sums, so a
     vector may differ in its last bits, never by more than 1e-6 (the README's claim)."""
     prepared = make_prepared(tmp_path, sentences(150))
     tables = {}
     for batch, workers in ((13, 1), (64, 0)):
         p = params(tiny_bert, batch_size=batch, num_workers=workers, shard_rows=40)
+        monkeypatch.setenv("SIMTUNE_STORE", str(tmp_path / f"store{batch}"))  # embed both times
         with count_forward() as counts:
             _fill(prepared, tmp_path / f"cache{batch}", p)
         assert counts["calls"] == -(-150 // batch)  # the knob did change the batches

@@ -204,3 +204,18 @@ def test_settings_round_trip_checkout_and_a_teammates_clone(tmp_path: Path,
     mine.write_text(mine.read_text() + "".join(f'"{s}",L1\n' for s in sentences(3, 700)))
     grown = mate.dvc("repro")
     assert _embedded(grown.stderr) == ["60 cached, 3 to embed"], grown.stderr[-3000:]
+
+
+def test_a_failing_stage_loses_nothing_dvc_checkout_restores(tmp_path: Path) -> None:
+    project, _, _, data = _small_project(tmp_path)
+    project.dvc("repro")
+    outputs = ("data/prepared/texts.parquet", "reports/prepare.json", "reports/metrics.json",
+               "reports/train.json", "models/head/config.json", "cache/tiny/manifest.json")
+    good = {o: (project.path / o).read_bytes() for o in outputs}
+    data.write_text(data.read_text() + '"unclosed quote,L1\n')
+    failed = project.dvc("repro", check=False)
+    assert failed.returncode != 0 and "error:" in failed.stderr
+    assert not (project.path / "data" / "prepared").exists()  # DVC removed it before the run
+    assert (project.path / "cache" / "tiny" / "manifest.json").read_bytes() == good[outputs[-1]]
+    project.dvc("checkout", "--force")
+    assert {o: (project.path / o).read_bytes() for o in outputs} == good
