@@ -29,7 +29,7 @@ def cache(ctx: typer.Context, params: Path = PARAMS, prepared: Path = PREPARED,
     from simtune import params as P
 
     p = P.load(params)
-    lib.fill(prepared, out, p.encoders, p.cache)
+    lib.fill(prepared, out, p.encoders, p.cache, layer=lib.layer_for(p.encoders, p.train))
 
 
 @app.command()

@@ -19,7 +19,7 @@ def train_raw(model: Path, data: Path, **train: Any) -> dict[str, Any]:
     raw["prepare"]["split"]["fractions"] = {"train": 0.5, "val": 0.25, "test": 0.25}
     raw["encoders"] = encoder_params(model)
     raw["cache"] = cache_params()
-    raw["train"].update(batch_size=8, max_epochs=3, patience=2, lr=0.01, **train)
+    raw["train"].update({"batch_size": 8, "max_epochs": 3, "patience": 2, "lr": 0.01, **train})
     raw["train"]["head"]["dropout"] = 0.0
     return raw
 

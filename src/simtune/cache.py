@@ -20,21 +20,24 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from simtune import shared, store
+from simtune import formats, shared, states, store
 from simtune.atomic import atomic_dir
 from simtune.encoders import FrozenEncoder, changes, describe, fingerprint, resolve_device
 from simtune.errors import UserError
-from simtune.params import CacheParams, EncoderParams, EncodersParams
+from simtune.formats import Format
+from simtune.params import CacheParams, EncoderParams, EncodersParams, TrainParams
 from simtune.prepare import Prepared, text_id
 from simtune.prepare import load as load_prepared
 from simtune.progress import Progress
+from simtune.states import StatesTable
 
 log = logging.getLogger("simtune.cache")
+VECTORS = Format()
+SHARD_BYTES = 256 << 20
 
 
 @dataclass
@@ -92,9 +95,10 @@ def texts_per_encoder(prepared: Prepared, encoders: EncodersParams) -> dict[str,
 
 
 def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParams,
-         dist: Dist | None = None) -> list[FillResult]:
+         dist: Dist | None = None, layer: int | None = None) -> list[FillResult]:
     """Fill the view `out/<name>/` for every encoder the prepared data needs, embedding only
-    what the shared store (`cache.store`) lacks."""
+    what the shared store (`cache.store`) lacks; with `layer` k, also the token states after
+    layer k (`out/<name>@layer<k>/`) of the query encoder (top-layers training)."""
     prepared = load_prepared(prepared_dir)
     if prepared.texts.num_rows == 0:
         raise UserError(f"{prepared_dir}: prepared data has no texts")
@@ -102,8 +106,13 @@ def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParam
     results = []
     for name, ids in texts_per_encoder(prepared, encoders).items():
         texts = _texts_of(prepared, ids)
-        results.append(fill_encoder(name, encoders.models[name], texts, Path(out) / name, cp,
-                                    dist))
+        spec = encoders.models[name]
+        results.append(fill_encoder(name, spec, texts, Path(out) / name, cp, dist))
+        if layer is not None and name == encoders.query:
+            fmt = Format(layer)
+            _check_layer_size(name, spec, texts, fmt, cp)
+            results.append(fill_encoder(name, spec, texts, Path(out) / f"{name}{fmt.suffix()}",
+                                        cp, dist, fmt=fmt))
     return results
 
 
@@ -114,21 +123,23 @@ def _texts_of(prepared: Prepared, ids: pa.Array) -> dict[str, str]:
 
 def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Path,
                  cp: CacheParams, dist: Dist,
-                 encoder_factory: Callable[..., FrozenEncoder] = FrozenEncoder) -> FillResult:
+                 encoder_factory: Callable[..., FrozenEncoder] = FrozenEncoder,
+                 fmt: Format = VECTORS) -> FillResult:
     """Make `view` hold the vectors of `texts` (workspace id -> text) under the current
     fingerprint. Texts the store lacks are embedded into it first (rank `r` of `w` embeds every
     w-th of the length-sorted missing texts); nothing stored is touched before the encoder has
     loaded, and the view is replaced only when complete."""
-    description = describe(name, spec)
+    description = describe(name, spec, fmt.layer)
     fp = fingerprint(description)
     root = shared.root(cp.store)
     directory = shared.fingerprint_dir(root, fp)
     by_hash = {text_id(t): t for t in texts.values()}
-    with _rank0_locks(dist, root, view, directory, name):
+    label = f"{name}{fmt.suffix()}"
+    with _rank0_locks(dist, root, view, directory, label):
         if dist.rank == 0:
-            _say_what_changed(view, root, name, description, fp)
-            manifest = shared.begin_fill(directory, name, fp, description, spec.dtype)
-            _import_view(view, directory, manifest, by_hash)
+            _say_what_changed(view, root, label, description, fp)
+            manifest = shared.begin_fill(directory, label, fp, description, spec.dtype)
+            _import_view(view, directory, manifest, by_hash, fmt)
         dist.barrier()
         manifest = store.read_manifest(directory)
         assert manifest is not None
@@ -136,18 +147,18 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Pa
         missing = sorted(h for h in by_hash if h not in have)
         result = FillResult(name, len(texts), len(texts) - _count_missing(texts, missing), 0,
                             model_loaded=False)
-        log.info("cache %s: %d cached, %d to embed", name, result.cached, len(missing))
+        log.info("cache %s: %d cached, %d to embed", label, result.cached, len(missing))
         if missing:
             encoder = encoder_factory(name, spec, _device(cp, dist))
             result.model_loaded = True
             result.embedded = _embed_missing(encoder, missing, by_hash, directory, manifest,
-                                             cp, dist)
+                                             cp, dist, fmt)
         dist.barrier()
         if dist.rank == 0:
             final = shared.finish_fill(directory)
             write_view(view, directory, final, {i: text_id(t) for i, t in texts.items()},
-                       cp.shard_rows)
-            log.info("cache %s: %d rows in %s (store entry %s: %d rows)", name, len(texts),
+                       cp.shard_rows, fmt)
+            log.info("cache %s: %d rows in %s (store entry %s: %d rows)", label, len(texts),
                      view, fp, final.rows)
             shared.evict(root, int(cp.store_max_gb * 1e9), keep={fp})
         dist.barrier()
@@ -193,7 +204,7 @@ def _say_what_changed(view: Path, root: Path, name: str, description: dict, fp: 
 
 
 def _import_view(view: Path, directory: Path, manifest: store.Manifest,
-                 by_hash: dict[str, str]) -> None:
+                 by_hash: dict[str, str], fmt: Format) -> None:
     """Rows of an existing view with the same fingerprint that the store lacks (a teammate's
     `dvc pull`, a cache from before the store existed) go into the store: no re-embedding.
     Only intact shards are taken."""
@@ -208,17 +219,15 @@ def _import_view(view: Path, directory: Path, manifest: store.Manifest,
         try:
             if store.sha256_of(view / s.file) != s.sha256:
                 continue
-            t = store.open_shard(view, s, old)
+            hashes = store.open_shard(view, s, old).column("text_hash").to_pylist()
+            take = [i for i, h in enumerate(hashes) if h not in have and h in by_hash]
+            if not take:
+                continue
+            rows = formats.take(fmt.shard_rows(view, s, old), take)
         except (UserError, OSError):
             continue
-        hashes = t.column("text_hash").to_pylist()
-        take = [i for i, h in enumerate(hashes) if h not in have and h in by_hash]
-        if not take:
-            continue
-        vecs = store.table_vectors(t, old.dim or 0).numpy()[take]
         picked = [hashes[i] for i in take]
-        shard = store.write_shard(directory, 0, picked, picked, vecs, manifest)
-        manifest.shards.append(shard)
+        manifest.shards.append(fmt.write(directory, 0, picked, picked, rows, manifest))
         store.write_manifest(directory, manifest)
         have.update(dict.fromkeys(picked, ""))
         log.info("cache %s: took %d vectors from %s into the store", manifest.encoder,
@@ -226,22 +235,67 @@ def _import_view(view: Path, directory: Path, manifest: store.Manifest,
 
 
 def write_view(view: Path, directory: Path, manifest: store.Manifest, ids: dict[str, str],
-               shard_rows: int) -> None:
+               shard_rows: int, fmt: Format = VECTORS) -> None:
     """Write `view` (atomically replaced): the rows `ids` (workspace id -> content hash) taken
     from the store entry `directory`, sorted by id, in `part-NNNNN.arrow` shards of
     `shard_rows`. Same inputs give the same bytes on any machine (stable DVC hashes)."""
-    table = store.load(directory)
+    table = fmt.load(directory)
     keys = sorted(ids)
     hashes = [ids[k] for k in keys]
-    vectors = table.vectors[table.index(hashes)].numpy() if keys else None
+    rows = fmt.gather(table, table.index(hashes)) if keys else []
     out = store.Manifest(manifest.encoder, manifest.fingerprint, manifest.description,
                          manifest.dtype, manifest.dim)
     with atomic_dir(view) as tmp:
         for n, i in enumerate(range(0, len(keys), shard_rows)):
             j = i + shard_rows
-            out.shards.append(store.write_shard(tmp, 0, keys[i:j], hashes[i:j], vectors[i:j],
-                                                out, name=f"part-{n:05d}.arrow"))
+            out.shards.append(fmt.write(tmp, 0, keys[i:j], hashes[i:j], rows[i:j], out,
+                                        name=f"part-{n:05d}.arrow"))
         store.write_manifest(tmp, out)
+
+
+def layer_for(encoders: EncodersParams, train: TrainParams) -> int | None:
+    """The layer whose token states top-layers training reads: k = L - train.top_layers of the
+    query encoder's L layers (None in the other modes)."""
+    if train.mode != "top_layers":
+        return None
+    import transformers
+
+    from simtune.encoders import model_dir
+
+    name = encoders.query
+    if encoders.document != name:
+        raise UserError("train.mode top_layers: needs one shared encoder (encoders.query == "
+                        "encoders.document)")
+    config = transformers.AutoConfig.from_pretrained(model_dir(name, encoders.models[name]),
+                                                     local_files_only=True)
+    total = int(config.num_hidden_layers)
+    if train.top_layers > total:
+        raise UserError(f"train.top_layers: {train.top_layers}, but encoder '{name}' has "
+                        f"{total} layers")
+    return total - train.top_layers
+
+
+def _check_layer_size(name: str, spec: EncoderParams, texts: dict[str, str], fmt: Format,
+                      cp: CacheParams) -> None:
+    """Estimate the layer cache (texts x mean tokens x hidden x bytes, tokens counted on a
+    sample), log it, and refuse it above `cache.max_layer_gb` before embedding anything."""
+    import transformers
+
+    from simtune.encoders import model_dir
+
+    path = model_dir(name, spec)
+    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    sample = random.Random(0).sample(sorted(texts.values()), min(2000, len(texts)))
+    lengths = tokenizer(sample, truncation=True, max_length=spec.max_length)["input_ids"]
+    mean = sum(map(len, lengths)) / max(len(lengths), 1)
+    size = len(texts) * mean * int(config.hidden_size) * (2 if spec.dtype == "float16" else 4)
+    log.info("cache %s%s: ~%.2f GB (%d texts x %.1f tokens x %d x %s)", name, fmt.suffix(),
+             size / 1e9, len(texts), mean, config.hidden_size, spec.dtype)
+    if size > cp.max_layer_gb * 1e9:
+        raise UserError(f"cache.max_layer_gb: the layer cache of '{name}' would take "
+                        f"~{size / 1e9:.1f} GB, over the limit of {cp.max_layer_gb:g} GB (raise "
+                        "it, use dtype float16, a lower max_length, or train.mode head)")
 
 
 def _device(cp: CacheParams, dist: Dist) -> torch.device:
@@ -267,7 +321,7 @@ class _Batches(torch.utils.data.Dataset):
 
 def _embed_missing(encoder: FrozenEncoder, missing: list[str], texts: dict[str, str],
                    directory: Path, manifest: store.Manifest, cp: CacheParams,
-                   dist: Dist) -> int:
+                   dist: Dist, fmt: Format) -> int:
     # sort by token length so batches hold similar lengths (little padding); rank r takes every
     # w-th text, so all ranks get the same mix of lengths
     lengths: list[int] = []
@@ -284,35 +338,49 @@ def _embed_missing(encoder: FrozenEncoder, missing: list[str], texts: dict[str, 
         num_workers=cp.num_workers, pin_memory=encoder.device.type == "cuda")
     journal = shared.Journal(directory, dist.rank, manifest.fingerprint)
     buf_ids: list[str] = []
-    buf_vecs: list[np.ndarray] = []
+    buf: list[formats.Rows] = []
+    held = [0]  # bytes buffered
 
     def flush(rows: int) -> None:
         """Write the first `rows` buffered rows as one shard, keep the rest buffered."""
-        vecs = np.concatenate(buf_vecs)
+        head, rest = formats.split(formats.cat(buf), rows)
         ids = buf_ids[:rows]  # store rows are keyed by their content hash
-        journal.add(store.write_shard(directory, dist.rank, ids, ids, vecs[:rows], manifest))
+        journal.add(fmt.write(directory, dist.rank, ids, ids, head, manifest))
         del buf_ids[:rows]
-        buf_vecs[:] = [vecs[rows:]]
+        buf[:] = [rest]
+        held[0] = fmt.nbytes(rest)
 
     with Progress(len(mine), f"embedding with {encoder.name}") as progress, torch.inference_mode():
         for idx, batch in loader:
-            buf_vecs.append(encoder.embed(batch).cpu().numpy())
+            out = fmt.compute(encoder, batch)
+            buf.append(out)
+            held[0] += fmt.nbytes(out)
             buf_ids.extend(mine[j] for j in idx)
             progress.update(len(idx))
             while len(buf_ids) >= cp.shard_rows:
                 flush(cp.shard_rows)
+            if held[0] >= SHARD_BYTES:  # layer states are large: memory stays bounded
+                flush(len(buf_ids))
         if buf_ids:
             flush(len(buf_ids))
     return len(mine)
 
 
-def open_cache(out: Path, name: str, spec: EncoderParams, cp: CacheParams) -> store.CacheTable:
+def open_cache(out: Path, name: str, spec: EncoderParams, cp: CacheParams,
+               placed: bool = True) -> store.CacheTable:
     """Load `out/<name>/` for training or evaluation: fingerprint must match the current encoder
-    settings, every shard's checksum must match, then the table is placed per `cache_type`
-    (or its `mapping` entry). Hashing the model files here loads no weights."""
+    settings, every shard's checksum must match, then (with `placed`) the table is placed per
+    `cache_type` (or its `mapping` entry). Hashing the model files here loads no weights."""
     fp = fingerprint(describe(name, spec))
     table = store.load(Path(out) / name, fingerprint=fp, checksums=True)
-    return store.place(table, cp.mapping.get(name, cp.cache_type))
+    return store.place(table, cp.mapping.get(name, cp.cache_type)) if placed else table
+
+
+def open_states(out: Path, name: str, spec: EncoderParams, layer: int) -> StatesTable:
+    """Load the layer cache `out/<name>@layer<k>/` (fingerprint and checksums checked)."""
+    fp = fingerprint(describe(name, spec, layer))
+    return states.load(Path(out) / f"{name}{Format(layer).suffix()}", fingerprint=fp,
+                       checksums=True)
 
 
 @dataclass

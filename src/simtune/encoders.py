@@ -16,6 +16,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 
@@ -52,9 +53,11 @@ def _model_files(path: Path) -> list[Path]:
                   if p.is_file() and not p.name.startswith(".") and p.suffix != ".md")
 
 
-def describe(name: str, spec: EncoderParams) -> dict[str, Any]:
+def describe(name: str, spec: EncoderParams, layer: int | None = None) -> dict[str, Any]:
     """Everything the fingerprint covers, as a readable dict (kept in the manifest so a rebuild
-    can say what changed)."""
+    can say what changed). `layer` k: the token states after layer k instead of the pooled
+    vector (pooling and normalisation then change nothing stored, but stay in the description:
+    one setting, one fingerprint)."""
     path = model_dir(name, spec)
     files = {}
     for f in _model_files(path):
@@ -63,9 +66,12 @@ def describe(name: str, spec: EncoderParams) -> dict[str, Any]:
             while chunk := fh.read(1 << 22):
                 h.update(chunk)
         files[f.name] = h.hexdigest()
-    return {"format_version": CACHE_FORMAT_VERSION, "pooling": spec.pooling,
-            "normalize": spec.normalize, "max_length": spec.max_length, "dtype": spec.dtype,
-            "model_files": files}
+    out = {"format_version": CACHE_FORMAT_VERSION, "pooling": spec.pooling,
+           "normalize": spec.normalize, "max_length": spec.max_length, "dtype": spec.dtype,
+           "model_files": files}
+    if layer is not None:
+        out["layer"] = layer
+    return out
 
 
 def fingerprint(description: dict[str, Any]) -> str:
@@ -175,6 +181,19 @@ class FrozenEncoder:
         if self.spec.normalize:
             vec = torch.nn.functional.normalize(vec, dim=-1)
         return vec
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    def states(self, batch: dict[str, torch.Tensor], layer: int) -> list[np.ndarray]:
+        """Tokenised batch -> each text's (T_i, H) float32 token states after layer `layer`
+        (0 = the embeddings), padding removed. Caller chooses grad/inference mode."""
+        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        hidden = self.model(**batch, output_hidden_states=True).hidden_states[layer]
+        mask = batch["attention_mask"].bool().cpu().numpy()
+        out = hidden.float().cpu().numpy()
+        return [out[i][mask[i]] for i in range(len(out))]  # any padding side
 
     @torch.inference_mode()
     def encode(self, texts: list[str], batch_size: int) -> torch.Tensor:

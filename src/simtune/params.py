@@ -179,6 +179,10 @@ class CacheParams(Section):
         min_length=1, description="the machine-wide shared store of every vector ever computed "
         "(`~` expanded; `$SIMTUNE_STORE` overrides it), shared by all workspaces on the machine"
     )
+    max_layer_gb: Number = Field(
+        gt=0, description="top_layers mode: refuse a layer cache estimated above this many GB "
+        "(texts x tokens x hidden x bytes, logged before filling)"
+    )
     store_max_gb: Number = Field(
         gt=0, description="size policy of the shared store: after a fill, least recently used "
         "encoder settings are dropped until it holds at most this many GB (never those in use)"
@@ -222,17 +226,21 @@ class GradCacheParams(Section):
 class TrainParams(Section):
     """`train`: the head, the loss and the Lightning loop."""
 
-    mode: Literal["head", "full"] = Field(
-        description="`head`: train the head on cached embeddings (fast); `full`: the encoder "
-        "in the loop and trainable, no cache (the slow path)"
+    mode: Literal["head", "top_layers", "full"] = Field(
+        description="`head`: train the head on cached embeddings (fast); `top_layers`: train "
+        "the encoder's top `top_layers` layers (+ head) on cached lower-layer token states; "
+        "`full`: the whole encoder in the loop and trainable, no cache (the slow path)"
     )
+    top_layers: int = Field(gt=0, description="top_layers mode: how many of the encoder's top "
+                            "layers train (the states after the others are cached once)")
     head: HeadParams
     loss: LossParams
     batch_size: int = Field(gt=1, description="examples per batch per process")
     m_per_label: int = Field(ge=0, description="groups: m examples of each label per batch "
                              "(0: plain shuffling)")
     lr: Number = Field(gt=0, description="AdamW learning rate of the head (and loss parameters)")
-    encoder_lr: Number = Field(gt=0, description="full mode: learning rate of the encoder")
+    encoder_lr: Number = Field(gt=0, description="learning rate of the encoder's trainable "
+                               "layers (top_layers and full modes)")
     weight_decay: Number = Field(ge=0, description="AdamW weight decay")
     max_epochs: int = Field(gt=0, description="upper bound on epochs")
     patience: int = Field(ge=0, description="epochs without a better validation metric before "

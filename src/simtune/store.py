@@ -147,9 +147,12 @@ def cached_hashes(directory: Path, manifest: Manifest) -> dict[str, str]:
 
 
 def shard_dim(path: Path) -> int:
-    """The embedding width of a shard, from its schema alone."""
+    """The embedding width (or a layer-state shard's hidden size) from the schema alone."""
     with pa.memory_map(str(path), "r") as f:
-        return int(pa.ipc.open_file(f).schema.field("embedding").type.list_size)
+        schema = pa.ipc.open_file(f).schema
+    if "embedding" in schema.names:
+        return int(schema.field("embedding").type.list_size)
+    return int((schema.metadata or {}).get(b"simtune.hidden", b"0"))  # a layer-state shard
 
 
 def open_shard(directory: Path, shard: Shard, manifest: Manifest) -> pa.Table:

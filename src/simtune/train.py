@@ -1,8 +1,9 @@
 """The `train` stage, wired with PyTorch Lightning (imported here only, lazily by the stage).
 
-Head mode: a batch is a tensor of example indices; the step gathers their rows from the resident
-cache table and runs the head. Full mode: the DataLoader tokenises the batch's texts in workers
-and the encoder runs (and learns) in the loop. GradCache switches to manual optimisation.
+A batch is a tensor of example indices; a `simtune.represent.Representation` turns them into
+vectors (head mode: rows of the resident cache table; top_layers: cached layer states through the
+trainable top layers; full: the DataLoader tokenises in workers and the whole encoder learns),
+then the head. GradCache switches to manual optimisation.
 A non-finite loss, weights or validation vectors stop the run with one line (`UserError`,
 raised through Lightning, which re-raises it) before anything is saved.
 """
@@ -19,9 +20,9 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from simtune import heads
+from simtune import heads, represent
 from simtune.atomic import atomic_dir, write_json
-from simtune.encoders import model_dir, pool, trim_padding
+from simtune.encoders import trim_padding
 from simtune.errors import UserError
 from simtune.gradcache import cuda_devices
 from simtune.gradcache import step as gradcache_step
@@ -48,48 +49,29 @@ def _slice(batch: Any, s: int, e: int) -> Any:
 
 
 class SimilarityModule(pl.LightningModule):
-    """A head (+ the encoder in full mode) and a similarity loss over `TrainData`."""
+    """A representation (`simtune.represent`: cached vectors, cached layer states + top
+    layers, or the live encoder), a head and a similarity loss over `TrainData`."""
 
     def __init__(self, data: TrainData, p: Params) -> None:
         super().__init__()
         self.data, self.t, self.p = data, p.train, p
         t = self.t
+        self.rep = represent.build(t.mode, p, data.tables)
         self.head = heads.build(t.head.type, data.dim, t.head.expansion, t.head.dropout)
         self.loss_fn = build_loss(data.kind, t, data.num_classes, data.dim)
-        self.encoder = self.tokenizer = None
-        if t.mode == "full":
-            import transformers
-
-            name = p.encoders.query
-            self.spec = p.encoders.models[name]
-            path = model_dir(name, self.spec)
-            self.encoder = transformers.AutoModel.from_pretrained(path, local_files_only=True)
-            self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.automatic_optimization = t.gradcache.chunk_size == 0
         self._step = 0  # 1-based step within the current epoch, for the divergence message
 
+    def setup(self, stage: str) -> None:
+        # each process (DDP rank) puts the cached tables on its own device, once
+        cp = self.p.cache
+        self.rep.place(self.device, lambda name: cp.mapping.get(name, cp.cache_type))
+
     # --- representations -------------------------------------------------------------------
-
-    def _pooled(self, tokens: dict[str, torch.Tensor]) -> torch.Tensor:
-        assert self.encoder is not None
-        tokens = {k: v.to(self.device, non_blocking=True) for k, v in tokens.items()}
-        vec = pool(self.encoder(**tokens).last_hidden_state, tokens["attention_mask"],
-                   self.spec.pooling).float()
-        return torch.nn.functional.normalize(vec, dim=-1) if self.spec.normalize else vec
-
-    def _cached(self, table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        rows = rows.to(table.device)
-        return table[rows].to(self.device, non_blocking=True).float()
 
     def encode_role(self, part: dict[str, Any], role: str) -> torch.Tensor:
         """Training batch part -> (c, D) head outputs for `role`: text | query | doc."""
-        tr = self.data.splits["train"].tensors
-        if self.encoder is not None:
-            key = {"text": "tokens", "query": "q_tokens", "doc": "d_tokens"}[role]
-            return self.head(self._pooled(part[key]))
-        rows = tr[{"text": "rows", "query": "q_rows", "doc": "d_rows"}[role]][part["idx"]]
-        table = self.data.d_vectors if role == "doc" else self.data.q_vectors
-        return self.head(self._cached(table, rows))
+        return self.head(self.rep(self.data.splits["train"], part, role))
 
     def encode(self, part: dict[str, Any]) -> torch.Tensor:
         """Training batch part -> representations: groups (c, D); pairs (c, 2, D)."""
@@ -170,8 +152,9 @@ class SimilarityModule(pl.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         groups = [{"params": [*self.head.parameters(), *self.loss_fn.parameters()],
                    "lr": self.t.lr}]
-        if self.encoder is not None:
-            groups.append({"params": list(self.encoder.parameters()), "lr": self.t.encoder_lr})
+        trainable = list(self.rep.parameters())  # top layers or the encoder; none in head mode
+        if trainable:
+            groups.append({"params": trainable, "lr": self.t.encoder_lr})
         return torch.optim.AdamW(groups, weight_decay=self.t.weight_decay)
 
     # --- data ----------------------------------------------------------------------------------
@@ -181,11 +164,10 @@ class SimilarityModule(pl.LightningModule):
         sampler = EpochBatches(len(tr), self.t.batch_size, self.t.seed,
                                self.trainer.world_size, self.global_rank,
                                tr.tensors.get("labels"), self.t.m_per_label)
-        collate = _Collate(tr, self.tokenizer, self.spec.max_length if self.encoder else 0)
         return torch.utils.data.DataLoader(
-            range(len(tr)), batch_sampler=sampler, collate_fn=collate,
-            num_workers=self.t.num_workers if self.encoder else 0,
-            pin_memory=self.encoder is not None and torch.cuda.is_available())
+            range(len(tr)), batch_sampler=sampler, collate_fn=_Collate(self.rep, tr),
+            num_workers=self.t.num_workers if self.rep.tokenizes else 0,
+            pin_memory=self.rep.tokenizes and torch.cuda.is_available())
 
     def val_dataloader(self) -> torch.utils.data.DataLoader:
         return torch.utils.data.DataLoader([0])  # one step: the whole split is scored at once
@@ -208,40 +190,19 @@ class SimilarityModule(pl.LightningModule):
         self.log_dict({f"val/{k}": v for k, v in scores.items()}, batch_size=1)
 
     def embed_split(self, sp: Split, role: str) -> torch.Tensor:
-        """(n, D) vectors of a split's examples for `role` (text | query | doc), chunked."""
-        if self.encoder is not None:
-            texts = sp.texts["texts" if role == "text" else f"{role[0]}_texts"]
-            out = []
-            for i in range(0, len(texts), self.t.batch_size):
-                tokens = self.tokenizer(texts[i : i + self.t.batch_size], padding=True,
-                                        truncation=True, max_length=self.spec.max_length,
-                                        return_tensors="pt")
-                out.append(self.head(self._pooled(dict(tokens))))
-            return torch.cat(out)
-        key = {"text": "rows", "query": "q_rows", "doc": "d_rows"}[role]
-        table = self.data.d_vectors if role == "doc" else self.data.q_vectors
-        rows = sp.tensors[key]
-        return torch.cat([self.head(self._cached(table, rows[i : i + 8192]))
-                          for i in range(0, len(rows), 8192)])
+        """(n, D) head outputs of a split's examples for `role` (text | query | doc)."""
+        return self.head(self.rep.embed_split(sp, role))
 
 
 class _Collate:
-    """Example indices -> batch: {idx} in head mode, plus tokenised texts in full mode (this
-    runs in DataLoader workers, off the training thread)."""
+    """Example indices -> batch ({idx}, plus tokenised texts in full mode): runs in DataLoader
+    workers, off the training thread. A class, so workers can pickle it."""
 
-    def __init__(self, split: Split, tokenizer: Any, max_length: int) -> None:
-        self.split, self.tokenizer, self.max_length = split, tokenizer, max_length
+    def __init__(self, rep: represent.Representation, split: Split) -> None:
+        self.rep, self.split = rep, split
 
     def __call__(self, idx: list[int]) -> dict[str, Any]:
-        out: dict[str, Any] = {"idx": torch.tensor(idx, dtype=torch.long)}
-        if self.tokenizer is None:
-            return out
-        for key, name in (("tokens", "texts"), ("q_tokens", "q_texts"), ("d_tokens", "d_texts")):
-            if name in self.split.texts:
-                texts = [self.split.texts[name][i] for i in idx]
-                out[key] = dict(self.tokenizer(texts, padding=True, truncation=True,
-                                               max_length=self.max_length, return_tensors="pt"))
-        return out
+        return self.rep.collate(self.split, idx)
 
 
 class _Best(pl.Callback):
@@ -284,14 +245,14 @@ class _Best(pl.Callback):
                              if k.startswith("val/")})
         if value > self.best:
             self.best, self.epoch = value, trainer.current_epoch
-            keep = {"head": module.head, "encoder": module.encoder}
-            self.state = {k: copy.deepcopy(m.state_dict()) for k, m in keep.items() if m}
+            keep = {"head": module.head, "rep": module.rep}
+            self.state = {k: copy.deepcopy(m.state_dict()) for k, m in keep.items()}
 
 
 def diverged(t: TrainParams, epoch: int, step: int, what: str) -> str:
     """The one line for a run that diverged: where, what, and the likely cause."""
     rate = f"the learning rate {t.lr:g}"
-    if t.mode == "full":
+    if t.mode != "head":
         rate += f" (encoder {t.encoder_lr:g})"
     return (f"train.lr: training diverged at epoch {epoch}, step {step}: {what}; {rate} is "
             "likely too high; nothing saved")
@@ -370,10 +331,9 @@ def save(module: SimilarityModule, best: _Best, p: Params, out: Path) -> None:
     module.head.load_state_dict(best.state["head"])
     with atomic_dir(out) as tmp:
         heads.save(module.head, tmp)
-        if module.encoder is not None:
-            module.encoder.load_state_dict(best.state["encoder"])
-            module.encoder.save_pretrained(tmp / "encoder")
-            module.tokenizer.save_pretrained(tmp / "encoder")
+        if p.train.mode != "head":  # the fine-tuned encoder, an ordinary transformers model
+            module.rep.load_state_dict(best.state["rep"])
+            module.rep.save(tmp / "encoder")
         enc, loss = p.encoders, p.train.loss
         # trained on angles (cosine, or arcface, which is cosine whatever the distance): the
         # servable model normalises its output (unit vectors, the same cosine ranking)

@@ -47,6 +47,7 @@ class TrainData:
     num_classes: int
     row_ids: dict[str, list[str]]  # "query"/"doc" -> text id of each cache row (head mode)
     label_names: list[str]  # groups: the label of each class index (sorted); pairs: empty
+    tables: dict[str, Any]  # loaded caches for `represent.build`: query, doc (+ states, layer)
 
 
 def check_compatible(kind: str, t: TrainParams) -> None:
@@ -73,13 +74,18 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool =
         raise UserError("train.mode full: needs one shared encoder (encoders.query == "
                         "encoders.document)")
     q_table = d_table = None
+    tables: dict[str, Any] = {}
     if not full:
-        q_table = open_cache(cache_dir, enc.query, enc.models[enc.query], p.cache)
+        # placed later, by each process on its own device (represent.Representation.place)
+        q_table = open_cache(cache_dir, enc.query, enc.models[enc.query], p.cache, placed=False)
         d_table = q_table if enc.document == enc.query else open_cache(
-            cache_dir, enc.document, enc.models[enc.document], p.cache)
+            cache_dir, enc.document, enc.models[enc.document], p.cache, placed=False)
         if q_table.dim != d_table.dim:
             raise UserError(f"encoders: '{enc.query}' gives {q_table.dim}-d and "
                             f"'{enc.document}' {d_table.dim}-d vectors; one head needs one dim")
+        tables = {"query": q_table, "doc": d_table}
+    if p.train.mode == "top_layers":
+        tables.update(_states_tables(p, cache_dir, q_table))
     texts = dict(zip(prepared.texts.column("text_id").to_pylist(),
                      prepared.texts.column("text").to_pylist(), strict=True)) if full else {}
     build = _group_splits if prepared.kind == "groups" else _pair_splits
@@ -92,7 +98,22 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool =
         q_table and d_table) else {}
     return TrainData(prepared.kind, dim, q_table.vectors if q_table else None,
                      d_table.vectors if d_table else None, splits, len(label_names), row_ids,
-                     label_names)
+                     label_names, tables)
+
+
+def _states_tables(p: Params, cache_dir: Path, q_table: Any) -> dict[str, Any]:
+    """Top-layers mode: the layer cache of the query encoder, row for row the vector cache's
+    (both views hold the same ids, sorted), so the splits' cache rows index both."""
+    from simtune.cache import layer_for, open_states
+
+    layer = layer_for(p.encoders, p.train)
+    assert layer is not None
+    name = p.encoders.query
+    table = open_states(cache_dir, name, p.encoders.models[name], layer)
+    if not table.ids.equals(q_table.ids):
+        raise UserError(f"{table.directory}: the layer cache holds other texts than "
+                        f"{q_table.directory}; run the cache stage")
+    return {"states": table, "layer": layer}
 
 
 def _encoder_dim(p: Params) -> int:

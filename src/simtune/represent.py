@@ -1,0 +1,193 @@
+"""What turns a batch of example indices into vectors: one small interface, three ways.
+
+| class            | mode         | what it reads                        | what trains            |
+|------------------|--------------|--------------------------------------|------------------------|
+| `CachedVectors`  | `head`       | pooled vectors of the frozen encoder | nothing (the head)     |
+| `CachedStates`   | `top_layers` | token states after layer k = L - K   | the top K layers       |
+| `LiveEncoder`    | `full`       | tokenised texts                      | the whole encoder      |
+
+All give (n, D) pooled (and, per the encoder's settings, normalised) vectors *before* the head,
+for a training batch part (`forward`) or a whole split (`embed_split`); `collate` prepares a batch
+in DataLoader workers (tokenising in full mode); `place` puts cached tables on the device once
+(Lightning's `setup()`, so each DDP rank uses its own device); `save` writes the fine-tuned
+encoder (top layers merged into an ordinary transformers model). Lightning-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from simtune import store
+from simtune.encoders import model_dir, pool, trim_padding
+from simtune.params import EncoderParams, Params
+
+ROWS = {"text": "rows", "query": "q_rows", "doc": "d_rows"}
+TEXTS = {"text": "texts", "query": "q_texts", "doc": "d_texts"}
+TOKENS = {"text": "tokens", "query": "q_tokens", "doc": "d_tokens"}
+CHUNK = 1024
+
+
+class Representation(torch.nn.Module):
+    """Base: example indices of a split -> (n, D) vectors before the head."""
+
+    tokenizes = False  # whether `collate` does real work (worth DataLoader workers)
+
+    def collate(self, split: Any, idx: list[int]) -> dict[str, Any]:
+        return {"idx": torch.tensor(idx, dtype=torch.long)}
+
+    def forward(self, split: Any, part: dict[str, Any], role: str) -> torch.Tensor:
+        raise NotImplementedError
+
+    def embed_split(self, split: Any, role: str) -> torch.Tensor:
+        """(n, D) vectors of every example of `split` for `role`, in chunks."""
+        n = len(split)
+        parts = [self.forward(split, self.collate(split, list(range(i, min(i + CHUNK, n)))),
+                              role) for i in range(0, n, CHUNK)]
+        return torch.cat(parts) if parts else torch.empty(0, self.dim)
+
+    def place(self, device: torch.device, cache_type: Callable[[str], str]) -> None:
+        """Put cached tables where training reads them (called once per process);
+        `cache_type(encoder)` is `cache.cache_type` or the encoder's `cache.mapping` entry."""
+
+    def save(self, directory: Path) -> None:
+        """Write the fine-tuned encoder (nothing in head mode)."""
+
+    @property
+    def device(self) -> torch.device:
+        for p in self.parameters():
+            return p.device
+        return self._device
+
+    _device = torch.device("cpu")
+
+
+class CachedVectors(Representation):
+    """Head mode: rows of the resident vector cache tables (query/text and document)."""
+
+    def __init__(self, q_table: store.CacheTable, d_table: store.CacheTable) -> None:
+        super().__init__()
+        self.q_table, self.d_table, self.dim = q_table, d_table, q_table.dim
+
+    def forward(self, split: Any, part: dict[str, Any], role: str) -> torch.Tensor:
+        table = self.d_table if role == "doc" else self.q_table
+        rows = split.tensors[ROWS[role]][part["idx"]].to(table.vectors.device)
+        return table.vectors[rows].to(self._device, non_blocking=True).float()
+
+    def place(self, device: torch.device, cache_type: Callable[[str], str]) -> None:
+        self._device = device
+        same = self.d_table is self.q_table
+        self.q_table = store.place(self.q_table, cache_type(self.q_table.manifest.encoder))
+        self.d_table = self.q_table if same else store.place(
+            self.d_table, cache_type(self.d_table.manifest.encoder))
+
+
+class _PassThrough(torch.nn.Module):
+    """Stands in for the embedding layer: the cached states are the input."""
+
+    def forward(self, inputs_embeds: torch.Tensor, **_: Any) -> torch.Tensor:
+        return inputs_embeds
+
+
+def top_model(path: Path, layer: int) -> Any:
+    """The encoder at `path` minus its embeddings and first `layer` layers: it maps the token
+    states after layer `layer` (as `inputs_embeds`) to the last hidden states. BERT-family
+    encoders (an `embeddings` module and `encoder.layer` list)."""
+    import transformers
+
+    from simtune.errors import UserError
+
+    model = transformers.AutoModel.from_pretrained(path, local_files_only=True)
+    layers = getattr(getattr(model, "encoder", None), "layer", None)
+    if not hasattr(model, "embeddings") or not isinstance(layers, torch.nn.ModuleList):
+        raise UserError(f"train.mode top_layers: {path}: a {type(model).__name__} has no "
+                        "`encoder.layer` list (BERT-family encoders only); use head or full")
+    model.encoder.layer = torch.nn.ModuleList(list(layers)[layer:])
+    model.embeddings = _PassThrough()
+    if hasattr(model, "pooler"):
+        model.pooler = None  # unused (we pool ourselves): no parameter without a gradient
+    return model
+
+
+class CachedStates(Representation):
+    """Top-layers mode: cached token states after layer k through the trainable top layers."""
+
+    def __init__(self, table: Any, path: Path, layer: int, spec: EncoderParams) -> None:
+        super().__init__()
+        self.table, self.path, self.layer, self.spec = table, path, layer, spec
+        self.top = top_model(path, layer).train()  # from_pretrained leaves eval mode: dropout on
+        self.dim = int(self.top.config.hidden_size)
+
+    def forward(self, split: Any, part: dict[str, Any], role: str) -> torch.Tensor:
+        rows = split.tensors[ROWS[role]][part["idx"]]
+        states, mask = self.table.batch(rows, self.device)
+        hidden = self.top(inputs_embeds=states, attention_mask=mask).last_hidden_state
+        vec = pool(hidden, mask, self.spec.pooling).float()
+        return torch.nn.functional.normalize(vec, dim=-1) if self.spec.normalize else vec
+
+    def place(self, device: torch.device, cache_type: Callable[[str], str]) -> None:
+        kind = cache_type(self.table.manifest.encoder.split("@")[0])
+        if kind == "gpu" or (kind == "auto" and device.type == "cuda"):
+            self.table = self.table.to(device)
+
+    def save(self, directory: Path) -> None:
+        """The frozen bottom + the trained top layers as one ordinary transformers model."""
+        import transformers
+
+        full = transformers.AutoModel.from_pretrained(self.path, local_files_only=True)
+        for i, trained in enumerate(self.top.encoder.layer):
+            full.encoder.layer[self.layer + i].load_state_dict(trained.state_dict())
+        full.save_pretrained(directory)
+        transformers.AutoTokenizer.from_pretrained(self.path, local_files_only=True
+                                                   ).save_pretrained(directory)
+
+
+class LiveEncoder(Representation):
+    """Full mode: the whole encoder in the loop; batches are tokenised in DataLoader workers."""
+
+    tokenizes = True
+
+    def __init__(self, path: Path, spec: EncoderParams) -> None:
+        super().__init__()
+        import transformers
+
+        self.spec = spec
+        self.encoder = transformers.AutoModel.from_pretrained(path, local_files_only=True).train()
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.dim = int(self.encoder.config.hidden_size)
+
+    def collate(self, split: Any, idx: list[int]) -> dict[str, Any]:
+        out = super().collate(split, idx)
+        for role, name in TEXTS.items():
+            if name in split.texts:
+                texts = [split.texts[name][i] for i in idx]
+                out[TOKENS[role]] = dict(self.tokenizer(
+                    texts, padding=True, truncation=True, max_length=self.spec.max_length,
+                    return_tensors="pt"))
+        return out
+
+    def forward(self, split: Any, part: dict[str, Any], role: str) -> torch.Tensor:
+        tokens = trim_padding(part[TOKENS[role]])
+        tokens = {k: v.to(self.device, non_blocking=True) for k, v in tokens.items()}
+        hidden = self.encoder(**tokens).last_hidden_state
+        vec = pool(hidden, tokens["attention_mask"], self.spec.pooling).float()
+        return torch.nn.functional.normalize(vec, dim=-1) if self.spec.normalize else vec
+
+    def save(self, directory: Path) -> None:
+        self.encoder.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+
+
+def build(mode: str, p: Params, tables: dict[str, Any]) -> Representation:
+    """The representation of `mode` over the loaded cache `tables` (`query`, `doc`, `states`)."""
+    name = p.encoders.query
+    spec = p.encoders.models[name]
+    if mode == "head":
+        return CachedVectors(tables["query"], tables["doc"])
+    path = model_dir(name, spec)
+    if mode == "top_layers":
+        return CachedStates(tables["states"], path, tables["layer"], spec)
+    return LiveEncoder(path, spec)

@@ -1,0 +1,163 @@
+"""Top-layers mode: cached states after layer k through the trainable top layers equal the whole
+encoder; GradCache gives the full-batch gradient with dropout on; DDP on 2 processes equals 1;
+the trained top layers + frozen bottom are one ordinary transformers model, served as exported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from simtune import cache, gradcache, represent
+from simtune import params as P
+from simtune.encoders import FrozenEncoder
+from simtune.losses import GroupLoss
+from simtune.prepare import text_id
+from simtune.train_data import load_data
+from stages import app
+from tests.cache_helpers import sentences
+from tests.conftest import ROOT
+from tests.train_helpers import project, stage_args
+
+
+def _top_project(root: Path, model: Path, **train) -> tuple[Path, P.Params]:
+    raw, params_file = project(root, model, mode="top_layers", top_layers=1, encoder_lr=0.001,
+                               **train)
+    p = P.validate(raw)
+    cache.fill(root / "prepared", root / "cache", p.encoders, p.cache,
+               layer=cache.layer_for(p.encoders, p.train))
+    return params_file, p
+
+
+def test_cached_states_through_the_top_layers_equal_the_whole_encoder(tmp_path: Path,
+                                                                      tiny_bert: Path) -> None:
+    _, p = _top_project(tmp_path, tiny_bert)
+    data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
+    rep = represent.build("top_layers", p, data.tables).eval()
+    split = data.splits["train"]
+    with torch.no_grad():
+        got = rep.embed_split(split, "text")
+    frozen = FrozenEncoder("tiny", p.encoders.models["tiny"], torch.device("cpu"))
+    ids = data.tables["query"].ids.take(split.tensors["rows"].numpy()).to_pylist()
+    texts = {text_id(t): t for t in sentences(80)}
+    want = frozen.encode([texts[i] for i in ids], 7)
+    assert got.shape == want.shape == (len(split), 32)
+    assert torch.allclose(got, want, atol=2e-5), float((got - want).abs().max())
+    # and the frozen top layers give exactly the cached vectors too
+    cached = data.tables["query"].vectors[split.tensors["rows"]]
+    assert torch.allclose(got, cached, atol=2e-5)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 12])
+def test_gradcache_equals_the_full_batch_for_the_top_layers(tmp_path: Path, tiny_bert: Path,
+                                                             chunk: int) -> None:
+    _, p = _top_project(tmp_path, tiny_bert)
+    data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
+    rep = represent.build("top_layers", p, data.tables).train()  # dropout on
+    split = data.splits["train"]
+    labels = split.tensors["labels"][:12]
+    loss_fn = GroupLoss("supcon", "cosine", 0.1, 0.2, "batch_hard", 1.0)
+    chunks = [{"idx": torch.arange(s, min(s + chunk, 12))} for s in range(0, 12, chunk)]
+
+    def encode(part):
+        return rep(split, part, "text")
+
+    torch.manual_seed(5)
+    rep.zero_grad()
+    full = loss_fn(torch.cat([encode(c) for c in chunks]), labels)
+    full.backward()
+    want = {n: q.grad.clone() for n, q in rep.named_parameters() if q.grad is not None}
+    torch.manual_seed(5)
+    rep.zero_grad()
+    got_loss = gradcache.step(encode, chunks, lambda reps: loss_fn(reps, labels))
+    assert got_loss.item() == pytest.approx(full.item(), rel=1e-6)
+    got = {n: q.grad for n, q in rep.named_parameters() if q.grad is not None}
+    assert got.keys() == want.keys() and len(want) > 10
+    for name in want:
+        err = (got[name] - want[name]).norm() / want[name].norm().clamp_min(1e-12)
+        assert err <= 1e-5, (name, float(err))
+
+
+def _evaluate(root: Path, params_file: Path) -> dict:
+    result = CliRunner().invoke(app, [
+        "evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
+        "--cache", str(root / "cache"), "--head", str(root / "head"),
+        "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json"),
+        "--detail", str(root / "detail.json")])
+    assert result.exit_code == 0, result.output
+    return json.loads((root / "metrics.json").read_text())
+
+
+def test_trains_saves_an_ordinary_model_and_export_gives_the_pipeline_vectors(
+        tmp_path: Path, tiny_bert: Path) -> None:
+    params_file, p = _top_project(tmp_path, tiny_bert, max_epochs=2)
+    result = CliRunner().invoke(app, stage_args(tmp_path, params_file))
+    assert result.exit_code == 0, result.output
+    saved = load_file(str(tmp_path / "head" / "encoder" / "model.safetensors"))
+    original = load_file(str(tiny_bert / "model.safetensors"))
+    changed = {k for k in original if not torch.equal(saved[k], original[k])}
+    # the bottom (embeddings, layer 0) is frozen, the top layer trained
+    assert changed and all(".layer.1." in k for k in changed), sorted(changed)[:5]
+    metrics = _evaluate(tmp_path, params_file)
+    assert metrics["trained"] != metrics["baseline"]
+    # the pipeline's vectors (cached states -> trained top layer -> head) == the export's
+    from simtune import heads
+    from simtune.model import export, load_model
+
+    data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
+    rep = represent.build("top_layers", p, data.tables)
+    state = load_file(str(tmp_path / "head" / "encoder" / "model.safetensors"))
+    for i, layer in enumerate(rep.top.encoder.layer):
+        prefix = f"encoder.layer.{1 + i}."
+        layer.load_state_dict({k[len(prefix):]: v for k, v in state.items()
+                               if k.startswith(prefix)})
+    head = heads.load(tmp_path / "head").eval()
+    split = data.splits["test"]
+    with torch.no_grad():
+        pipeline = torch.nn.functional.normalize(head(rep.eval().embed_split(split, "text")),
+                                                 dim=-1)
+    export(tmp_path / "head", tmp_path / "export")
+    texts = {text_id(t): t for t in sentences(80)}
+    ids = data.tables["query"].ids.take(split.tensors["rows"].numpy()).to_pylist()
+    served = load_model(tmp_path / "export", "cpu").encode([texts[i] for i in ids])
+    assert torch.allclose(served, pipeline, atol=1e-5), float((served - pipeline).abs().max())
+
+
+@pytest.mark.integration
+def test_ddp_two_cpu_processes_equal_one_for_the_top_layers(tmp_path: Path) -> None:
+    # dropout off in the encoder: each process draws its own masks, so with dropout on the two
+    # runs differ by design (GradCache's equality with dropout on is tested above)
+    from tests.conftest import save_tiny_bert
+
+    model = save_tiny_bert(tmp_path / "bert-no-dropout")
+    config = json.loads((model / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (model / "config.json").write_text(json.dumps(config))
+    params_file, _ = _top_project(tmp_path, model, max_epochs=2, patience=5, batch_size=16)
+    raw = yaml.safe_load(params_file.read_text())
+    result = CliRunner().invoke(app, stage_args(tmp_path, params_file, "one"))
+    assert result.exit_code == 0, result.output
+    raw["train"].update(batch_size=8, devices=2, strategy="ddp", accelerator="cpu")
+    raw["train"]["gradcache"]["chunk_size"] = 3
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
+    proc = subprocess.run([sys.executable, "-m", "stages",
+                           *stage_args(tmp_path, params_file, "two")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # each process pads its half-batch to its own longest text: float sums in another order,
+    # which Adam's normalised steps carry into the weights at ~1e-5 after 2 epochs
+    for name in ("model.safetensors", "encoder/model.safetensors"):
+        one = load_file(str(tmp_path / "headone" / name))
+        two = load_file(str(tmp_path / "headtwo" / name))
+        for k in one:
+            diff = float((one[k] - two[k]).abs().max())
+            assert diff <= 1e-4, (name, k, diff)
