@@ -28,9 +28,11 @@ from tests.conftest import ROOT
 from tests.train_helpers import project, stage_args
 
 
-def _top_project(root: Path, model: Path, **train) -> tuple[Path, P.Params]:
-    raw, params_file = project(root, model, mode="top_layers", top_layers=1, encoder_lr=0.001,
-                               **train)
+def _top_project(root: Path, model: Path, **encoder) -> tuple[Path, P.Params]:
+    raw, params_file = project(root, model, mode="top_layers")
+    raw["train"]["encoder"].update({"top_layers": 1, "lr": 0.001, "head_lr": 0.01,
+                                    "batch_size": 8, "max_epochs": 3, "patience": 2, **encoder})
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     p = P.validate(raw)
     cache.fill(root / "prepared", root / "cache", p.encoders, p.cache,
                layer=cache.layer_for(p.encoders, p.train))
@@ -145,7 +147,8 @@ def test_ddp_two_cpu_processes_equal_one_for_the_top_layers(tmp_path: Path) -> N
     raw = yaml.safe_load(params_file.read_text())
     result = CliRunner().invoke(app, stage_args(tmp_path, params_file, "one"))
     assert result.exit_code == 0, result.output
-    raw["train"].update(batch_size=8, devices=2, strategy="ddp", accelerator="cpu")
+    raw["train"]["encoder"]["batch_size"] = 8
+    raw["train"].update(devices=2, strategy="ddp", accelerator="cpu")
     raw["train"]["gradcache"]["chunk_size"] = 3
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}

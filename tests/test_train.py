@@ -226,7 +226,7 @@ def _error(root: Path, params_file: Path) -> str:
 @pytest.mark.parametrize(("edit", "message"), [
     ({"loss__name": "mnrl"}, "train.loss.name: 'mnrl' needs pairs data, the prepared data is "
                              "groups"),
-    ({"gradcache__chunk_size": 9}, "gradcache.chunk_size (9) is larger than batch_size (8)"),
+    ({"gradcache__chunk_size": 9}, "gradcache.chunk_size (9) is larger than the batch size (8)"),
     ({"devices": 512, "accelerator": "cpu"}, "train.devices: 512 requested"),
     ({"precision": "16-mixed", "accelerator": "cpu"}, "'16-mixed' needs a GPU"),
     ({"head__type": "identity"}, "'identity' has nothing to train"),
@@ -255,7 +255,8 @@ def test_full_mode_trains_the_encoder_and_evaluate_uses_it(small: tuple[Path, Pa
     """full mode: texts tokenised by the DataLoader, encoder trainable and saved with the head;
     evaluate embeds the test texts with that fine-tuned encoder (not the frozen cache)."""
     root, params_file = small
-    _edit(params_file, mode="full", max_epochs=1, encoder_lr=0.001, gradcache__chunk_size=4)
+    _edit(params_file, mode="full", encoder__max_epochs=1, encoder__lr=0.001,
+          encoder__batch_size=8, gradcache__chunk_size=4)
     _train(root, params_file)
     encoder_dir = root / "head" / "encoder"
     assert (encoder_dir / "config.json").is_file()

@@ -254,7 +254,7 @@ def write_view(view: Path, directory: Path, manifest: store.Manifest, ids: dict[
 
 
 def layer_for(encoders: EncodersParams, train: TrainParams) -> int | None:
-    """The layer whose token states top-layers training reads: k = L - train.top_layers of the
+    """The layer whose token states top-layers training reads: k = L - top_layers of the
     query encoder's L layers (None in the other modes)."""
     if train.mode != "top_layers":
         return None
@@ -269,10 +269,11 @@ def layer_for(encoders: EncodersParams, train: TrainParams) -> int | None:
     config = transformers.AutoConfig.from_pretrained(model_dir(name, encoders.models[name]),
                                                      local_files_only=True)
     total = int(config.num_hidden_layers)
-    if train.top_layers > total:
-        raise UserError(f"train.top_layers: {train.top_layers}, but encoder '{name}' has "
-                        f"{total} layers")
-    return total - train.top_layers
+    top = train.encoder.top_layers
+    if top > total:
+        raise UserError(f"train.encoder.top_layers: {top}, but encoder '{name}' has {total} "
+                        "layers")
+    return total - top
 
 
 def _check_layer_size(name: str, spec: EncoderParams, texts: dict[str, str], fmt: Format,

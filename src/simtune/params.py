@@ -223,6 +223,32 @@ class GradCacheParams(Section):
     chunk_size: int = Field(ge=0, description="rows per GradCache chunk; 0 turns GradCache off")
 
 
+class EncoderTrainParams(Section):
+    """`train.encoder`: how the encoder trains in `top_layers` and `full` modes. A few epochs of
+    small batches at a low learning rate suit an encoder, not a head alone, so these replace
+    `train.batch_size`, `max_epochs`, `patience` and `lr` in those modes."""
+
+    top_layers: int = Field(gt=0, description="top_layers mode: how many of the encoder's top "
+                            "layers train (the states after the others are cached once)")
+    lr: Number = Field(gt=0, description="AdamW learning rate of the encoder's trainable layers")
+    head_lr: Number = Field(gt=0, description="learning rate of the head (and loss parameters) "
+                            "in these modes")
+    batch_size: int = Field(gt=1, description="examples per batch per process in these modes")
+    max_epochs: int = Field(gt=0, description="upper bound on epochs in these modes")
+    patience: int = Field(ge=0, description="epochs without a better validation metric before "
+                          "stopping early, in these modes")
+
+
+def effective(t: TrainParams) -> TrainParams:
+    """The training params in force: in `top_layers` and `full` modes the `train.encoder`
+    schedule replaces batch_size, max_epochs, patience and lr."""
+    if t.mode == "head":
+        return t
+    e = t.encoder
+    return t.model_copy(update={"batch_size": e.batch_size, "max_epochs": e.max_epochs,
+                                "patience": e.patience, "lr": e.head_lr})
+
+
 class TrainParams(Section):
     """`train`: the head, the loss and the Lightning loop."""
 
@@ -231,16 +257,12 @@ class TrainParams(Section):
         "the encoder's top `top_layers` layers (+ head) on cached lower-layer token states; "
         "`full`: the whole encoder in the loop and trainable, no cache (the slow path)"
     )
-    top_layers: int = Field(gt=0, description="top_layers mode: how many of the encoder's top "
-                            "layers train (the states after the others are cached once)")
     head: HeadParams
     loss: LossParams
     batch_size: int = Field(gt=1, description="examples per batch per process")
     m_per_label: int = Field(ge=0, description="groups: m examples of each label per batch "
                              "(0: plain shuffling)")
     lr: Number = Field(gt=0, description="AdamW learning rate of the head (and loss parameters)")
-    encoder_lr: Number = Field(gt=0, description="learning rate of the encoder's trainable "
-                               "layers (top_layers and full modes)")
     weight_decay: Number = Field(ge=0, description="AdamW weight decay")
     max_epochs: int = Field(gt=0, description="upper bound on epochs")
     patience: int = Field(ge=0, description="epochs without a better validation metric before "
@@ -260,12 +282,14 @@ class TrainParams(Section):
     num_nodes: int = Field(gt=0, description="nodes for multi-node DDP")
     num_workers: int = Field(ge=0, description="full mode: DataLoader workers that tokenise")
     gradcache: GradCacheParams
+    encoder: EncoderTrainParams
 
     @model_validator(mode="after")
     def _gradcache_fits(self) -> TrainParams:
-        if self.gradcache.chunk_size > self.batch_size:
+        batch = self.batch_size if self.mode == "head" else self.encoder.batch_size
+        if self.gradcache.chunk_size > batch:
             raise ValueError(f"gradcache.chunk_size ({self.gradcache.chunk_size}) is larger "
-                             f"than batch_size ({self.batch_size})")
+                             f"than the batch size ({batch})")
         if self.m_per_label == 1:
             raise ValueError("m_per_label: 1 puts one example per label in a batch, so a batch "
                              "can never hold a positive; use 0 or >= 2")

@@ -21,6 +21,7 @@ import pytorch_lightning as pl
 import torch
 
 from simtune import heads, represent
+from simtune import params as P
 from simtune.atomic import atomic_dir, write_json
 from simtune.encoders import trim_padding
 from simtune.errors import UserError
@@ -154,7 +155,7 @@ class SimilarityModule(pl.LightningModule):
                    "lr": self.t.lr}]
         trainable = list(self.rep.parameters())  # top layers or the encoder; none in head mode
         if trainable:
-            groups.append({"params": trainable, "lr": self.t.encoder_lr})
+            groups.append({"params": trainable, "lr": self.t.encoder.lr})
         return torch.optim.AdamW(groups, weight_decay=self.t.weight_decay)
 
     # --- data ----------------------------------------------------------------------------------
@@ -250,11 +251,14 @@ class _Best(pl.Callback):
 
 
 def diverged(t: TrainParams, epoch: int, step: int, what: str) -> str:
-    """The one line for a run that diverged: where, what, and the likely cause."""
-    rate = f"the learning rate {t.lr:g}"
-    if t.mode != "head":
-        rate += f" (encoder {t.encoder_lr:g})"
-    return (f"train.lr: training diverged at epoch {epoch}, step {step}: {what}; {rate} is "
+    """The one line for a run that diverged: where, what, and the likely cause (`t`: the
+    effective params, see `params.effective`)."""
+    if t.mode == "head":
+        key, rate = "train.lr", f"the learning rate {t.lr:g}"
+    else:
+        key = "train.encoder.lr"
+        rate = f"the learning rate {t.encoder.lr:g} (head {t.lr:g})"
+    return (f"{key}: training diverged at epoch {epoch}, step {step}: {what}; {rate} is "
             "likely too high; nothing saved")
 
 
@@ -287,7 +291,8 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
         live_dir: Path) -> dict[str, Any]:
     """Train, early-stop on the validation metric, save the best head (and report) atomically."""
     _quiet_lightning()
-    t = p.train
+    t = P.effective(p.train)
+    p = p.model_copy(update={"train": t})
     accelerator = _accelerator(t)
     pl.seed_everything(t.seed, workers=True, verbose=False)
     data = load_data(p, prepared_dir, cache_dir)
