@@ -18,9 +18,15 @@ def evaluate(
     plot: Path = file_option("reports/recall_at_k.json", "Recall@k plot data"),
     detail: Path = file_option("reports/metrics_detail.json",
                                "detail report: metrics per test label (groups)"),
+    run_trained: Path = file_option("reports/run_trained.trec",
+                                    "TREC run file of the trained model's rankings"),
+    run_baseline: Path = file_option("reports/run_baseline.trec",
+                                     "TREC run file of the frozen encoder's rankings"),
 ) -> None:
-    """P@1, Recall@k, MRR@10, nDCG@10, MAP@R of the trained head vs the frozen encoder."""
+    """P@1, Recall@k, MRR@10, nDCG@10, MAP@R of the trained head vs the frozen encoder, the
+    lift's paired significance, and both rankings as TREC run files."""
     from simtune import evaluate as lib
     from simtune import params as P
 
-    lib.run(P.load(params), prepared, cache, head, out, plot, detail)
+    lib.run(P.load(params), prepared, cache, head, out, plot, detail,
+            (run_trained, run_baseline))

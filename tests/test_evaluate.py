@@ -7,19 +7,21 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
 from typer.testing import CliRunner
 
-from simtune import evaluate, heads, metrics
+from simtune import cache, evaluate, heads, metrics, prepare, runs
 from simtune import params as P
+from simtune.errors import UserError
 from simtune.model import export, load_model
 from simtune.train_data import load_data
 from stages import app
 from tests.cache_helpers import sentences
 from tests.conftest import write_params
-from tests.train_helpers import project, stage_args
+from tests.train_helpers import project, stage_args, train_raw
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,8 @@ def _evaluate_args(root: Path, params_file: Path, head: Path | None = None) -> l
     return ["evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
             "--cache", str(root / "cache"), "--head", str(head or root / "head"),
             "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json"),
-            "--detail", str(root / "detail.json")]
+            "--detail", str(root / "detail.json"), "--run-trained", str(root / "trained.trec"),
+            "--run-baseline", str(root / "baseline.trec")]
 
 
 def test_evaluate_writes_trained_baseline_lift(trained: tuple[Path, Path]) -> None:
@@ -44,7 +47,7 @@ def test_evaluate_writes_trained_baseline_lift(trained: tuple[Path, Path]) -> No
     assert result.exit_code == 0, result.output
     m = json.loads((root / "metrics.json").read_text())
     # the headline only: what `dvc exp show` makes a column of
-    assert set(m) == {"trained", "baseline", "lift", "queries", "corpus",
+    assert set(m) == {"trained", "baseline", "lift", "significance", "queries", "corpus",
                       "queries_without_relevant"}
     assert m["queries"] == 20 and m["corpus"] == 40
     for k, v in m["trained"].items():
@@ -296,3 +299,138 @@ def test_metrics_match_trec_eval(seed: int) -> None:
     assert got["recall@5"] == pytest.approx(mean(full, "recall_5"), abs=1e-6)
     assert got["ndcg@10"] == pytest.approx(mean(full, "ndcg_cut_10"), abs=1e-6)
     assert got["mrr@10"] == pytest.approx(mean(mrr, "recip_rank"), abs=1e-6)
+
+
+# --- TREC run files, the lift's significance, a BEIR folder end to end --------------------------
+
+
+def _read_run(path: Path) -> dict[str, list[tuple[str, int, float]]]:
+    """qid -> [(docid, rank, score)] in file order; checks every line's six fields."""
+    out: dict[str, list[tuple[str, int, float]]] = {}
+    for line in path.read_text().splitlines():
+        qid, q0, docid, rank, score, tag = line.split(" ")
+        assert q0 == "Q0" and tag in ("simtune-trained", "simtune-baseline")
+        out.setdefault(qid, []).append((docid, int(rank), float(score)))
+    return out
+
+
+def _trec_eval(qrels: dict[str, dict[str, int]], run: dict[str, list[tuple[str, int, float]]]
+               ) -> dict[str, dict[str, float]]:
+    """Per-query P@1, Recall@5, nDCG@10 and MRR@10 of a run file's lists, by trec_eval."""
+    pytrec_eval = pytest.importorskip("pytrec_eval")
+    full = {q: {d: s for d, _, s in docs} for q, docs in run.items()}
+    top10 = {q: {d: s for d, _, s in docs[:10]} for q, docs in run.items()}
+    res = pytrec_eval.RelevanceEvaluator(qrels, {"P_1", "recall_5", "ndcg_cut_10"}).evaluate(full)
+    mrr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(top10)
+    return {q: {"p@1": v["P_1"], "recall@5": v["recall_5"], "ndcg@10": v["ndcg_cut_10"],
+                "mrr@10": mrr[q]["recip_rank"]} for q, v in res.items()}
+
+
+def _means(per_query: dict[str, dict[str, float]]) -> dict[str, float]:
+    keys = next(iter(per_query.values()))
+    return {k: sum(v[k] for v in per_query.values()) / len(per_query) for k in keys}
+
+
+def test_run_files_rescore_to_the_same_metrics(trained: tuple[Path, Path]) -> None:
+    """Groups: trec_eval on the run files, with qrels 'same label', gives evaluate's metrics;
+    the lift's p-value of P@1 recomputed from trec_eval's per-query P@1 is the one reported."""
+    from simtune import significance
+
+    root, params_file = trained
+    assert CliRunner().invoke(app, _evaluate_args(root, params_file)).exit_code == 0
+    m = json.loads((root / "metrics.json").read_text())
+    p = P.load(params_file)
+    data = load_data(p, root / "prepared", root / "cache")
+    ids = data.row_ids["query"]
+    test, train = data.splits["test"].tensors, data.splits["train"].tensors
+    train_ids = [ids[r] for r in train["rows"].tolist()]
+    qrels = {ids[r]: {d: int(lab == dl) for d, dl in zip(train_ids, train["labels"].tolist(),
+                                                          strict=True)}
+             for r, lab in zip(test["rows"].tolist(), test["labels"].tolist(), strict=True)}
+    per_query = {}
+    for model in ("trained", "baseline"):
+        run = _read_run(root / f"{model}.trec")
+        assert list(run) == [ids[r] for r in test["rows"].tolist()]  # the test split's order
+        assert all([r for _, r, _ in docs] == list(range(1, 41)) for docs in run.values())
+        assert all(len({d for d, _, _ in docs}) == 40 for docs in run.values())  # all 40
+        per_query[model] = _trec_eval(qrels, run)
+        assert _means(per_query[model]) == pytest.approx(
+            {k: m[model][k] for k in ("p@1", "recall@5", "ndcg@10", "mrr@10")}, abs=1e-6)
+    assert set(m["significance"]) == {"p@1", "mrr@10", "ndcg@10", "map@r"}
+    order = list(per_query["trained"])
+    want = significance.paired(np.array([per_query["trained"][q]["p@1"] for q in order]),
+                               np.array([per_query["baseline"][q]["p@1"] for q in order]),
+                               p.evaluate.significance.resamples, p.evaluate.significance.seed)
+    assert m["significance"]["p@1"] == want
+    for sig in m["significance"].values():
+        assert 0 < sig["p_value"] <= 1 and sig["ci95"][0] <= sig["ci95"][1]
+
+
+def test_run_file_format_by_hand() -> None:
+    top = (torch.tensor([[0.5, 0.25], [0.123456789, -1.0]]), torch.tensor([[1, 0], [0, 1]]))
+    got = runs.render(["q1", "q2"], ["a", "b"], top, "tag").decode()
+    assert got == ("q1 Q0 b 1 0.5 tag\nq1 Q0 a 2 0.25 tag\n"
+                   "q2 Q0 a 1 0.123456791 tag\nq2 Q0 b 2 -1 tag\n")  # float32: 9 digits
+    with pytest.raises(UserError, match="document id 'a b' is empty or holds whitespace"):
+        runs.check_ids(["a", "a b"], "document")
+
+
+@pytest.fixture(scope="module")
+def beir_trained(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path
+                 ) -> tuple[Path, Path, dict[str, dict[str, int]]]:
+    """A BEIR folder (train/dev/test qrels, graded test qrels, 20 unjudged documents),
+    prepared, cached, trained with MNRL; returns (root, params file, the test qrels)."""
+    root = tmp_path_factory.mktemp("beir")
+    folder = root / "scifact-like"
+    (folder / "qrels").mkdir(parents=True)
+    docs, queries = sentences(60), sentences(35, start=200)
+    (folder / "corpus.jsonl").write_text("".join(
+        json.dumps({"_id": f"doc-{i}", "title": "" if i % 3 else "the title", "text": t}) + "\n"
+        for i, t in enumerate(docs)))
+    (folder / "queries.jsonl").write_text("".join(
+        json.dumps({"_id": f"Q{i}", "text": t}) + "\n" for i, t in enumerate(queries)))
+    qrels: dict[str, list[tuple[str, str, int]]] = {
+        "train": [(f"Q{i}", f"doc-{i}", 1) for i in range(20)],
+        "dev": [(f"Q{i}", f"doc-{i}", 1) for i in range(20, 25)],
+        "test": [(f"Q{i}", f"doc-{d}", g) for i in range(25, 35)
+                 for d, g in ((i, 2), (i - 25, 1), (i + 5, 0), ((i * 7) % 40, 1))]}
+    for name, lines in qrels.items():
+        (folder / "qrels" / f"{name}.tsv").write_text(
+            "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{s}\n" for q, d, s in lines))
+    raw = train_raw(tiny_bert, folder)
+    raw["prepare"]["file"].update(format="beir", kind="pairs")
+    raw["train"]["loss"]["name"] = "mnrl"
+    p = P.validate(raw)
+    prepare.write(prepare.build(p.prepare), root / "prepared", root / "prepare.json")
+    cache.fill(root / "prepared", root / "cache", p.encoders, p.cache)
+    params_file = write_params(root / "params.yaml", raw)
+    result = CliRunner().invoke(app, stage_args(root, params_file))
+    assert result.exit_code == 0, result.output
+    test_qrels: dict[str, dict[str, int]] = {}
+    for q, d, s in qrels["test"]:
+        test_qrels.setdefault(q, {})[d] = max(s, test_qrels.get(q, {}).get(d, 0))
+    return root, params_file, test_qrels
+
+
+def test_beir_end_to_end_ranks_the_whole_corpus_with_graded_gains(
+        beir_trained: tuple[Path, Path, dict[str, dict[str, int]]]) -> None:
+    """Every corpus document (20 never judged) is ranked; the run files carry the BEIR ids;
+    trec_eval on them with the folder's own graded test qrels gives evaluate's metrics."""
+    root, params_file, test_qrels = beir_trained
+    result = CliRunner().invoke(app, _evaluate_args(root, params_file))
+    assert result.exit_code == 0, result.output
+    m = json.loads((root / "metrics.json").read_text())
+    assert (m["queries"], m["corpus"], m["queries_without_relevant"]) == (10, 60, 0)
+    ranked_docs = set()
+    for model in ("trained", "baseline"):
+        run = _read_run(root / f"{model}.trec")
+        assert sorted(run) == sorted(test_qrels)  # the original query ids
+        assert all(len(docs) == 60 for docs in run.values())  # run_depth 100 > the corpus
+        ranked_docs |= {d for docs in run.values() for d, _, _ in docs}
+        got = _means(_trec_eval(test_qrels, run))
+        assert got == pytest.approx({k: m[model][k] for k in got}, abs=1e-6)
+    assert ranked_docs == {f"doc-{i}" for i in range(60)}
+    # graded: the grades change nDCG@10 (with binary gains trec_eval gives another value)
+    binary = {q: {d: int(g > 0) for d, g in docs.items()} for q, docs in test_qrels.items()}
+    assert _means(_trec_eval(binary, _read_run(root / "trained.trec")))["ndcg@10"] != (
+        pytest.approx(m["trained"]["ndcg@10"], abs=1e-4))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
@@ -73,3 +74,84 @@ def test_pair_scores_by_hand() -> None:
     assert got["mrr@10"] == pytest.approx((0.5 + 1) / 2)
     assert got["recall@2"] == pytest.approx((1 + 0.5) / 2)
     assert got["map@r"] == pytest.approx((0 + 0.5) / 2)  # q0: R=1, top1 miss; q1: R=2, P@1=1
+
+
+# --- graded gains (BEIR qrels), per-query values, deeper top lists ------------------------------
+
+
+def test_graded_ndcg_by_hand() -> None:
+    # ranked gains 0, 2, 1, 0; the query's gains are 3, 2, 1 (the 3 is not retrieved)
+    r = metrics.Ranked(torch.tensor([[0, 1, 1, 0]], dtype=torch.bool), torch.tensor([3]),
+                       gain=torch.tensor([[0.0, 2.0, 1.0, 0.0]]),
+                       ideal=torch.tensor([[3.0, 2.0, 1.0] + [0.0] * 7]))
+    l2 = math.log2
+    want = (2 / l2(3) + 1 / l2(4)) / (3 / l2(2) + 2 / l2(3) + 1 / l2(4))
+    got = metrics.scores(r, ks=(4,))
+    assert got["ndcg@10"] == pytest.approx(want, abs=1e-6)
+    # the other metrics stay binary (relevant = gain > 0), as trec_eval's relevance_level 1
+    assert got["mrr@10"] == pytest.approx(1 / 2) and got["recall@4"] == pytest.approx(2 / 3)
+
+
+def _graded_case(seed: int) -> tuple[torch.Tensor, torch.Tensor, list[dict[int, int]]]:
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    q, c = torch.randn(25, 6), torch.randn(60, 6)
+    judged = [{d: rng.randint(0, 3) for d in rng.sample(range(60), rng.randint(1, 14))}
+              for _ in range(25)]
+    return q, c, judged
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_graded_metrics_match_trec_eval(seed: int) -> None:
+    """Graded qrels (0-3, 0 = judged non-relevant): nDCG@10 with the grade as gain, and the
+    binary metrics with relevant = grade >= 1, against trec_eval (pytrec_eval)."""
+    pytrec_eval = pytest.importorskip("pytrec_eval")
+    q, c, judged = _graded_case(seed)
+    pos = [(qi, d, g) for qi, j in enumerate(judged) for d, g in sorted(j.items()) if g > 0]
+    got, no_rel = metrics.pair_scores(q, c, torch.tensor([(a, b) for a, b, _ in pos]), ks=(5,),
+                                      gains=torch.tensor([float(g) for *_, g in pos]))
+    scores = torch.nn.functional.normalize(q) @ torch.nn.functional.normalize(c).T
+    qrels = {f"q{i}": {f"d{d}": g for d, g in j.items()} for i, j in enumerate(judged)}
+    run = {f"q{i}": {f"d{d}": float(scores[i, d]) for d in range(60)} for i in range(25)}
+    top10 = {qid: dict(sorted(docs.items(), key=lambda kv: -kv[1])[:10])
+             for qid, docs in run.items()}
+    full = pytrec_eval.RelevanceEvaluator(qrels, {"P_1", "recall_5", "ndcg_cut_10"}).evaluate(run)
+    mrr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(top10)
+    mean = lambda res, key: sum(v[key] for v in res.values()) / len(res)  # noqa: E731
+    assert no_rel == sum(1 for j in judged if not any(j.values()))
+    assert len({g for j in judged for g in j.values()}) == 4  # really graded, zeros included
+    assert got["ndcg@10"] == pytest.approx(mean(full, "ndcg_cut_10"), abs=1e-6)
+    assert got["p@1"] == pytest.approx(mean(full, "P_1"), abs=1e-6)
+    assert got["recall@5"] == pytest.approx(mean(full, "recall_5"), abs=1e-6)
+    assert got["mrr@10"] == pytest.approx(mean(mrr, "recip_rank"), abs=1e-6)
+    binary, _ = metrics.pair_scores(q, c, torch.tensor([(a, b) for a, b, _ in pos]), ks=(5,))
+    assert binary["ndcg@10"] != pytest.approx(got["ndcg@10"], abs=1e-4)  # the grades matter
+
+
+def test_gains_of_one_are_binary_bit_for_bit() -> None:
+    q, c, judged = _graded_case(3)
+    pairs = torch.tensor([(qi, d) for qi, j in enumerate(judged) for d in sorted(j)])
+    binary = metrics.pair_scores(q, c, pairs, ks=(1, 5))
+    assert metrics.pair_scores(q, c, pairs, ks=(1, 5), gains=torch.ones(len(pairs))) == binary
+    # a gain of 0 is judged non-relevant: the same as leaving the pair out
+    zero = torch.ones(len(pairs))
+    zero[::3] = 0
+    assert metrics.pair_scores(q, c, pairs, ks=(1, 5), gains=zero) == metrics.pair_scores(
+        q, c, pairs[zero > 0], ks=(1, 5))
+
+
+def test_per_query_values_average_to_the_scores_and_depth_changes_nothing() -> None:
+    q, c, judged = _graded_case(4)
+    pos = [(qi, d) for qi, j in enumerate(judged) for d in sorted(j)]
+    shallow = metrics.pair_ranked(q, c, torch.tensor(pos), ks=(1, 5))
+    deep = metrics.pair_ranked(q, c, torch.tensor(pos), ks=(1, 5), depth=40)
+    assert shallow.top is None and deep.top is not None
+    assert torch.equal(deep.rel, shallow.rel)
+    assert metrics.scores(deep, (1, 5)) == metrics.scores(shallow, (1, 5))
+    per = metrics.per_query(deep, (1, 5))
+    assert {k: v.mean().item() for k, v in per.items()} == metrics.scores(deep, (1, 5))
+    assert per["p@1"].shape == (25,)
+    scores, idx = deep.top
+    assert scores.shape == idx.shape == (25, 40)
+    want_s, want_i = metrics.topk(q, c, 40)
+    assert torch.equal(idx, want_i) and torch.equal(scores, want_s)

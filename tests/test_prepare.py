@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from simtune import params as P
-from simtune import prepare
+from simtune import prepare, split
 from simtune.errors import UserError
 from stages import app
 from tests.conftest import ROOT, write_params
@@ -444,3 +444,169 @@ def test_a_huge_custom_key_is_echoed_short(tmp_path: Path, params_raw: dict[str,
         prepare.build(_params(raw))
     assert str(e.value) == (f"{path}: line 2: key {repr(key)[:80]}… already names another text "
                             "(line 1)")
+
+
+# --- a BEIR / MTEB folder ----------------------------------------------------------------------
+
+
+def _beir_folder(root: Path, qrels: dict[str, list[tuple[str, str, Any]]],
+                 corpus: list[dict[str, Any]] | None = None,
+                 queries: list[dict[str, Any]] | None = None) -> Path:
+    """corpus.jsonl, queries.jsonl and qrels/<name>.tsv (`query-id corpus-id score`)."""
+    (root / "qrels").mkdir(parents=True, exist_ok=True)
+    corpus = corpus if corpus is not None else [
+        {"_id": f"d{i}", "title": "Title" if i % 2 else "", "text": f"doc  {i}"}
+        for i in range(12)]
+    queries = queries if queries is not None else [{"_id": f"q{i}", "text": f"query {i}"}
+                                                    for i in range(30)]
+    for name, rows in (("corpus", corpus), ("queries", queries)):
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for name, lines in qrels.items():
+        (root / "qrels" / f"{name}.tsv").write_text(
+            "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{s}\n" for q, d, s in lines))
+    return root
+
+
+def _beir_params(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
+    raw["prepare"]["source"] = "file"
+    raw["prepare"]["file"].update(path=str(folder), format="beir", kind="pairs")
+    return raw
+
+
+def test_beir_folder_becomes_pairs(tmp_path: Path, params_raw: dict[str, Any]) -> None:
+    folder = _beir_folder(tmp_path / "beir", {
+        "train": [("q1", "d1", 1), ("q1", "d2", 0), ("q2", "d3", 1), ("q3", "d1", 1)],
+        "dev": [("q4", "d4", 1)],
+        "test": [("q5", "d5", 2), ("q5", "d6", 1), ("q5", "d7", 0), ("q6", "d6", 1),
+                 ("q6", "d6", 1)]})
+    prepared = prepare.build(_params(_beir_params(params_raw, folder)))
+    assert prepared.kind == "pairs"
+    ex = prepared.examples.to_pydict()
+    rows = list(zip(ex["split"], ex["query_id"], ex["doc_id"], ex["score"], strict=True))
+    assert rows == [
+        ("train", "q:q1", "d:d1", 1.0), ("train", "q:q2", "d:d3", 1.0),
+        ("train", "q:q3", "d:d1", 1.0),  # q1's score-0 qrel is never a training positive
+        ("val", "q:q4", "d:d4", 1.0),    # dev.tsv is the validation split
+        ("test", "q:q5", "d:d5", 2.0), ("test", "q:q5", "d:d6", 1.0),  # graded: kept
+        ("test", "q:q5", "d:d7", 0.0), ("test", "q:q6", "d:d6", 1.0),
+        # every document without an example stays in the corpus (d2 only had a score-0 qrel)
+        *(("corpus", None, f"d:d{i}", None) for i in (0, 10, 11, 2, 8, 9))]
+    texts = prepared.texts.to_pydict()
+    by_id = dict(zip(texts["text_id"], zip(texts["text"], texts["source_id"], strict=True),
+                     strict=True))
+    assert by_id["d:d1"] == ("Title doc 1", "d1")  # title + " " + text, normalised
+    assert by_id["d:d2"] == ("doc 2", "d2") and by_id["q:q5"] == ("query 5", "q5")
+    assert sorted(by_id) == sorted([f"d:d{i}" for i in range(12)]
+                                   + [f"q:q{i}" for i in range(1, 7)])  # q0, q7...: no qrels
+    r = prepared.report
+    assert r["examples"] == {"train": 3, "val": 1, "test": 4}
+    assert r["queries"] == {"train": 3, "val": 1, "test": 2}
+    assert (r["rows"], r["duplicates"], r["documents"], r["unjudged_documents"],
+            r["nonrelevant_train_qrels"], r["qrels_skipped"], r["texts"]) == (
+        10, 1, 12, 6, 1, 0, 18)
+
+
+def test_beir_missing_qrels_files_are_cut_from_the_first_present(
+        tmp_path: Path, params_raw: dict[str, Any]) -> None:
+    """Only test.tsv (most BEIR sets): its queries are split by the fractions, seeded. With
+    train.tsv and test.tsv: test stays as published, val is cut from train (0.1 / 0.9)."""
+    only_test = _beir_folder(tmp_path / "a", {"test": [(f"q{i}", f"d{i % 12}", 1)
+                                                       for i in range(20)]})
+    got = prepare.build(_params(_beir_params(params_raw, only_test)))
+    assert got.report["queries"] == {"train": 16, "val": 2, "test": 2}
+    want = split.assign([f"q:q{i}" for i in range(20)], {"train": 0.8, "val": 0.1, "test": 0.1},
+                        13, nonempty=True)
+    assert _split_map(got, "query_id") | {None: "corpus"} == want | {None: "corpus"}
+    two = _beir_folder(tmp_path / "b", {"train": [(f"q{i}", "d1", 1) for i in range(18)],
+                                        "test": [(f"q{i}", "d2", 1) for i in range(18, 25)]})
+    got = prepare.build(_params(_beir_params(params_raw, two)))
+    assert got.report["queries"] == {"train": 16, "val": 2, "test": 7}
+    split_of = _split_map(got, "query_id")
+    assert {q for q, s in split_of.items() if s == "test"} == {f"q:q{i}" for i in range(18, 25)}
+
+
+def test_beir_unknown_ids_are_skipped_counted_and_logged(
+        tmp_path: Path, params_raw: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    corpus = [{"_id": f"d{i}", "text": f"doc {i}"} for i in range(10)] + [
+        {"_id": "empty", "title": " ", "text": "  "}]
+    folder = _beir_folder(tmp_path / "beir", {"test": [
+        *((f"q{i}", f"d{i % 10}", 1) for i in range(20)), ("q1", "nope", 1), ("q99", "d1", 1),
+        ("q2", "empty", 1)]}, corpus=corpus)
+    with caplog.at_level("WARNING"):
+        got = prepare.build(_params(_beir_params(params_raw, folder)))
+    assert (got.report["qrels_skipped"], got.report["dropped_empty"]) == (3, 1)
+    path = folder / "qrels" / "test.tsv"
+    assert (f"3 qrels skipped (unknown or empty query or document); the first: {path}: line 22: "
+            "corpus-id 'nope' not in corpus.jsonl") in caplog.text
+
+
+def _beir_bad_cases(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """name -> (folder, expected one-line message)."""
+    good = {"test": [(f"q{i}", f"d{i % 12}", 1) for i in range(20)]}
+    cases = {}
+
+    def case(name: str, message: str, **kw: Any) -> Path:
+        folder = _beir_folder(tmp_path / name.replace(" ", "_"), kw.pop("qrels", good), **kw)
+        cases[name] = (folder, message.format(folder=folder))
+        return folder
+
+    f = case("no corpus", "{folder}/corpus.jsonl: file not found")
+    (f / "corpus.jsonl").unlink()
+    f = case("bad json", "{folder}/queries.jsonl: line 2: invalid JSON")
+    (f / "queries.jsonl").write_text('{"_id": "q0", "text": "a"}\n{"_id": "q1", \n')
+    case("no _id", "{folder}/corpus.jsonl: line 2: missing key '_id'",
+         corpus=[{"_id": "d0", "text": "a"}, {"text": "b"}])
+    case("repeated _id", "{folder}/corpus.jsonl: line 3: '_id' 'd0' repeats line 1",
+         corpus=[{"_id": "d0", "text": "a"}, {"_id": "d1", "text": "b"},
+                 {"_id": "d0", "text": "c"}])
+    case("text not a string", "{folder}/queries.jsonl: line 1: column 'text': expected text, "
+         "got [1, 2]", queries=[{"_id": "q0", "text": [1, 2]}])
+    case("bad score", "{folder}/qrels/test.tsv: line 3: column 'score': expected a number, "
+         "got 'high'", qrels={"test": [("q0", "d0", 1), ("q1", "d1", "high")]})
+    case("ragged qrels", "{folder}/qrels/test.tsv: line 2: expected 3 fields, got 4",
+         qrels={"test": [("q0", "d0", "1\tx")]})
+    f = case("no header", "{folder}/qrels/test.tsv: missing column 'query-id'")
+    (f / "qrels" / "test.tsv").write_text("q0\td0\t1\n")
+    case("query in two splits", "{folder}/qrels/test.tsv: line 2: query-id 'q1' is also in "
+         "qrels/train.tsv line 2 (a query belongs to one split)",
+         qrels={"train": [("q1", "d1", 1)], "test": [("q1", "d2", 1)]})
+    case("two scores", "{folder}/qrels/test.tsv: line 3: score 2 for a pair judged 1 at "
+         "qrels/test.tsv line 2", qrels={"test": [("q1", "d1", 1), ("q1", "d1", 2)]})
+    case("unknown split file", "{folder}/qrels/validation.tsv: unknown qrels split "
+         "'validation' (expected train, dev or test)", qrels={"validation": good["test"]})
+    f = case("no qrels", "{folder}/qrels: no qrels files")
+    (f / "qrels" / "test.tsv").unlink()
+    case("empty split", "{folder}: split 'val' would be empty (no usable qrels in "
+         "qrels/dev.tsv)", qrels={"train": [("q1", "d1", 1)], "dev": [],
+                                  "test": [("q3", "d3", 1)]})
+    return cases
+
+
+BEIR_BAD_CASES = ["no corpus", "bad json", "no _id", "repeated _id", "text not a string",
+                  "bad score", "ragged qrels", "no header", "query in two splits", "two scores",
+                  "unknown split file", "no qrels", "empty split"]
+
+
+def test_beir_bad_case_list_is_complete(tmp_path: Path) -> None:
+    assert sorted(_beir_bad_cases(tmp_path)) == sorted(BEIR_BAD_CASES)
+
+
+@pytest.mark.parametrize("case", BEIR_BAD_CASES)
+def test_beir_bad_input_one_line_nonzero_no_output(tmp_path: Path, params_raw: dict[str, Any],
+                                                   case: str) -> None:
+    folder, expected = _beir_bad_cases(tmp_path)[case]
+    line = _one_line(tmp_path, _beir_params(params_raw, folder))
+    assert line.startswith(f"error: {expected}"), line
+
+
+def test_beir_params_and_a_folder_without_format(tmp_path: Path,
+                                                 params_raw: dict[str, Any]) -> None:
+    folder = _beir_folder(tmp_path / "beir", {"test": [("q1", "d1", 1)]})
+    raw = _beir_params(params_raw, folder)
+    raw["prepare"]["file"]["kind"] = "groups"
+    assert _one_line(tmp_path, raw) == (f"error: {tmp_path / 'params.yaml'}: prepare: file.format "
+                                        "beir is pairs data: set file.kind: pairs")
+    raw["prepare"]["file"].update(kind="pairs", format="auto")
+    raw["prepare"]["file"]["columns"].update(query="q", positive="d")
+    assert _one_line(tmp_path, raw) == (f"error: {folder}: a directory; for a BEIR folder set "
+                                        "prepare.file.format: beir")

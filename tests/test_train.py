@@ -273,7 +273,8 @@ def test_full_mode_trains_the_encoder_and_evaluate_uses_it(small: tuple[Path, Pa
         "evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
         "--cache", str(root / "cache"), "--head", str(root / "head"),
         "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json"),
-        "--detail", str(root / "detail.json")])
+        "--detail", str(root / "detail.json"), "--run-trained", str(root / "trained.trec"),
+        "--run-baseline", str(root / "baseline.trec")])
     assert result.exit_code == 0, result.output
     metrics = json.loads((root / "metrics.json").read_text())
     assert metrics["trained"] != metrics["baseline"]

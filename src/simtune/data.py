@@ -90,6 +90,8 @@ def file_format(source: FileSource) -> str:
     if source.format != "auto":
         return source.format
     path = Path(str(source.path))
+    if path.is_dir():
+        raise UserError(f"{path}: a directory; for a BEIR folder set prepare.file.format: beir")
     fmt = EXTENSIONS.get(path.suffix.lower())
     if fmt is None:
         known = ", ".join(sorted(EXTENSIONS))
@@ -122,6 +124,75 @@ def file_records(source: FileSource) -> tuple[Path, list[Record]]:
 
 
 Rows = list[tuple[str, dict[str, Any]]]
+
+# ---------------------------------------------------------------------------------------------
+# a BEIR / MTEB folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv
+
+QRELS_SPLITS = {"train": "train", "dev": "val", "test": "test"}  # file stem -> our split
+
+
+@dataclass(frozen=True)
+class Beir:
+    """A BEIR folder's raw content. Corpus and query records hold `id` and `text` (a document's
+    `title` + " " + `text` when it has a title); each qrels file (our split -> (path, records))
+    holds `query`, `doc` (ids) and `score` (a number) per line. Ids are unique per file."""
+
+    corpus: tuple[Path, list[Record]]
+    queries: tuple[Path, list[Record]]
+    qrels: dict[str, tuple[Path, list[Record]]]
+
+
+def beir_records(folder: Path) -> Beir:
+    """Read a BEIR folder (the format BEIR and MTEB use); bad input names its file and line."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"{folder}: BEIR folder not found")
+    qrels_dir = folder / "qrels"
+    files = sorted(qrels_dir.glob("*.tsv")) if qrels_dir.is_dir() else []
+    if not files:
+        raise UserError(f"{qrels_dir}: no qrels files (expected qrels/train.tsv, dev.tsv "
+                        "and/or test.tsv)")
+    qrels = {}
+    for path in files:
+        if path.stem not in QRELS_SPLITS:
+            raise UserError(f"{path}: unknown qrels split '{path.stem}' (expected train, dev "
+                            "or test)")
+        header, rows = _csv_rows(path, _decode(path, path.read_bytes()), "\t")
+        for col in ("query-id", "corpus-id", "score"):
+            if col not in header:
+                raise UserError(f"{path}: missing column '{col}' "
+                                f"(columns: {shorten(', '.join(header))})")
+        qrels[QRELS_SPLITS[path.stem]] = (path, [_qrel(path, where, row) for where, row in rows])
+    return Beir(_beir_texts(folder / "corpus.jsonl", title=True),
+                _beir_texts(folder / "queries.jsonl", title=False),
+                {s: qrels[s] for s in ("train", "val", "test") if s in qrels})
+
+
+def _beir_texts(path: Path, title: bool) -> tuple[Path, list[Record]]:
+    if not path.is_file():
+        raise UserError(f"{path}: file not found (a BEIR folder needs corpus.jsonl and "
+                        "queries.jsonl)")
+    out, first_at = [], {}
+    for where, row in _jsonl_rows(path, _decode(path, path.read_bytes())):
+        rec = _pick(path, where, row, {"id": "_id", "text": "text"})
+        rid = rec.values["id"].strip()
+        if not rid:
+            raise UserError(f"{path}: {where}: empty '_id'")
+        if rid in first_at:
+            raise UserError(f"{path}: {where}: '_id' {echo(rid)} repeats {first_at[rid]}")
+        first_at[rid] = where
+        text = rec.values["text"]
+        if title and (head := _scalar(path, where, "title", row.get("title"), False)).strip():
+            text = f"{head} {text}"
+        out.append(Record(where, {"id": rid, "text": text}))
+    return path, out
+
+
+def _qrel(path: Path, where: str, row: dict[str, Any]) -> Record:
+    if not row["score"].strip():
+        raise UserError(f"{path}: {where}: column 'score': expected a number, got ''")
+    return Record(where, {"query": row["query-id"].strip(), "doc": row["corpus-id"].strip(),
+                          "score": _scalar(path, where, "score", row["score"], True)})
 
 
 def _decode(path: Path, data: bytes) -> str:

@@ -4,21 +4,24 @@ Everything runs under `torch.inference_mode()`. Test vectors come from the cache
 trained head; the baseline is the same computation through the identity head (the frozen
 encoder). In full mode the trained vectors come from the fine-tuned encoder saved with the head.
 
-Two reports: the headline (`trained`, `baseline`, `lift`, counts; a DVC metrics file, one
-column each in `dvc exp show`) and the detail (groups: the same metrics per test label; not DVC
-metrics, so 50 labels do not add hundreds of columns).
+Two reports: the headline (`trained`, `baseline`, `lift`, the lift's paired `significance`,
+counts; a DVC metrics file, one column each in `dvc exp show`) and the detail (groups: the same
+metrics per test label; not DVC metrics, so 50 labels do not add hundreds of columns). The
+rankings of both models also go to TREC run files (`runs`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import torch
 
-from simtune import heads, metrics
+from simtune import heads, metrics, runs, significance
 from simtune.atomic import write_json
 from simtune.errors import UserError
 from simtune.params import Params
@@ -26,6 +29,18 @@ from simtune.train_data import TrainData, first_positions, load_data
 
 log = logging.getLogger("simtune.evaluate")
 Vectors = Callable[[torch.Tensor, str], torch.Tensor]  # (cache rows, role) -> (n, D)
+HEADLINE = ("p@1", "mrr@10", "ndcg@10", "map@r")  # the metrics whose lift gets a significance
+
+
+@dataclass
+class Scored:
+    """One model on the task: mean metrics, queries without a relevant item, class index ->
+    metrics of that label's queries (groups), and the ranking (per-query metrics, top lists)."""
+
+    metrics: dict[str, float]
+    no_relevant: int
+    per_label: dict[int, dict[str, float]]
+    ranked: metrics.Ranked
 
 
 def _cached(data: TrainData, head: torch.nn.Module) -> Vectors:
@@ -38,8 +53,9 @@ def _cached(data: TrainData, head: torch.nn.Module) -> Vectors:
     return vectors
 
 
-def _task(data: TrainData, corpus: str) -> dict[str, Any]:
-    """What to rank: query rows, corpus rows, and how relevance is decided."""
+def _task(data: TrainData, corpus: str, prepared_dir: Path) -> dict[str, Any]:
+    """What to rank: query rows, corpus rows, and how relevance is decided (pairs: the positive
+    pairs and, when any score is not 1, their scores as graded gains)."""
     test = data.splits["test"].tensors
     if data.kind == "groups":
         source = data.splits[corpus].tensors
@@ -57,18 +73,32 @@ def _task(data: TrainData, corpus: str) -> dict[str, Any]:
     positive = test["scores"] > 0
     pairs = torch.stack([q_inv[positive], torch.tensor(
         [doc_index[d] for d in test["d_ids"][positive].tolist()], dtype=torch.long)], 1)
-    return {"q_rows": test["q_rows"][first], "c_rows": torch.tensor(list(docs.values())),
-            "pairs": pairs}
+    gains = test["scores"][positive]
+    c_rows = list(docs.values()) + _corpus_only_rows(data, prepared_dir)
+    return {"q_rows": test["q_rows"][first], "c_rows": torch.tensor(c_rows, dtype=torch.long),
+            "pairs": pairs, "gains": gains if bool((gains != 1).any()) else None}
 
 
-def score(data: TrainData, task: dict[str, Any], vectors: Vectors, ks: tuple[int, ...]
-          ) -> tuple[dict[str, float], int, dict[int, dict[str, float]]]:
-    """Metrics of one model on the task: (metrics, queries without any relevant item, class
-    index -> metrics of that label's test queries (groups; empty for pairs))."""
+def _corpus_only_rows(data: TrainData, prepared_dir: Path) -> list[int]:
+    """Cache rows of the documents that are in no example (BEIR's unjudged documents: the
+    prepared `corpus` rows): they are ranked like every other document."""
+    ex = pq.read_table(Path(prepared_dir) / "examples.parquet", columns=["split", "doc_id"],
+                       filters=[("split", "=", "corpus")])
+    if ex.num_rows == 0:
+        return []
+    row_of = {tid: r for r, tid in enumerate(data.row_ids["doc"])}
+    return [row_of[d] for d in ex.column("doc_id").to_pylist()]
+
+
+def score(data: TrainData, task: dict[str, Any], vectors: Vectors, ks: tuple[int, ...],
+          depth: int = 0) -> Scored:
+    """Metrics of one model on the task (`depth` > 0: also keep each query's top `depth`)."""
     if data.kind == "pairs":
-        got, no_rel = metrics.pair_scores(vectors(task["q_rows"], "query"),
-                                          vectors(task["c_rows"], "doc"), task["pairs"], ks)
-        return got, no_rel, {}
+        ranked = metrics.pair_ranked(vectors(task["q_rows"], "query"),
+                                     vectors(task["c_rows"], "doc"), task["pairs"], ks,
+                                     gains=task["gains"], depth=depth)
+        return Scored(metrics.scores(ranked, ks), int((ranked.n_relevant == 0).sum()), {},
+                      ranked)
     # metrics.group_scores, keeping the ranking so each label's queries can be scored too
     q_labels, leave_one_out = task["q_labels"], task["c_rows"] is None
     q = vectors(task["q_rows"], "text")
@@ -78,18 +108,19 @@ def score(data: TrainData, task: dict[str, Any], vectors: Vectors, ks: tuple[int
     n_rel = counts[q_labels] - (1 if leave_one_out else 0)
     ranked = metrics.rank(q, c, lambda qi, idx: c_labels[idx] == q_labels[qi][:, None], n_rel,
                           max(*ks, 10, int(n_rel.max())),
-                          torch.arange(len(q)) if leave_one_out else None)
+                          torch.arange(len(q)) if leave_one_out else None, depth=depth)
     per_label = {lab: metrics.scores(metrics.Ranked(ranked.rel[q_labels == lab],
                                                     n_rel[q_labels == lab]), ks)
                  for lab in torch.unique(q_labels).tolist()}
-    return metrics.scores(ranked, ks), int((n_rel == 0).sum()), per_label
+    return Scored(metrics.scores(ranked, ks), int((n_rel == 0).sum()), per_label, ranked)
 
 
 @torch.inference_mode()
 def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Path,
-        plot: Path, detail: Path) -> dict[str, Any]:
+        plot: Path, detail: Path, run_files: tuple[Path, Path] | None = None) -> dict[str, Any]:
     """Evaluate trained vs baseline on the test split; write the headline metrics (`out`,
-    returned), the Recall@k plot and the detail report (per test label, groups)."""
+    returned), the Recall@k plot, the detail report (per test label, groups) and, given
+    `run_files` (trained, baseline), both rankings as TREC run files."""
     head = heads.load(head_dir)
     head_mode = p.train.model_copy(update={"mode": "head"})
     data = load_data(p.model_copy(update={"train": head_mode}), prepared_dir, cache_dir,
@@ -100,32 +131,58 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
         raise UserError(f"{head_dir}: head expects {head.config['dim']}-d vectors, the cache "
                         f"holds {data.dim}-d (encoder changed since training? rerun train)")
     ks = tuple(sorted(set(p.evaluate.ks)))
-    task = _task(data, p.evaluate.corpus)
+    task = _task(data, p.evaluate.corpus, prepared_dir)
     corpus_size = len(task["c_rows"]) if task.get("c_rows") is not None else len(
         task["q_rows"]) - 1
     if max(ks) > corpus_size:
         log.warning("Recall@k for k > %d (the corpus size) equals Recall@%d", corpus_size,
                     corpus_size)
+    ids = _run_ids(data, task, prepared_dir) if run_files else None
+    depth = p.evaluate.run_depth if run_files else 0
     trained_vectors = _finite(_trained(data, head, head_dir, p, prepared_dir), head_dir)
-    trained, no_rel, trained_labels = score(data, task, trained_vectors, ks)
-    baseline, _, baseline_labels = score(
-        data, task, _cached(data, heads.build("identity", data.dim, 1, 0.0)), ks)
-    result = {"trained": trained, "baseline": baseline, "lift": _lift(trained, baseline),
+    t = score(data, task, trained_vectors, ks, depth)
+    b = score(data, task, _cached(data, heads.build("identity", data.dim, 1, 0.0)), ks, depth)
+    sig = p.evaluate.significance
+    t_q, b_q = metrics.per_query(t.ranked, ks), metrics.per_query(b.ranked, ks)
+    result = {"trained": t.metrics, "baseline": b.metrics, "lift": _lift(t.metrics, b.metrics),
+              "significance": {m: significance.paired(t_q[m].numpy(), b_q[m].numpy(),
+                                                      sig.resamples, sig.seed)
+                               for m in HEADLINE},
               "queries": len(task["q_rows"]), "corpus": corpus_size,
-              "queries_without_relevant": no_rel}
+              "queries_without_relevant": t.no_relevant}
     per_label = {str(data.label_names[lab]): {
-        "queries": int((task["q_labels"] == lab).sum()), "trained": trained_labels[lab],
-        "baseline": baseline_labels[lab], "lift": _lift(trained_labels[lab], baseline_labels[lab])}
-        for lab in trained_labels}  # class indices follow the sorted label names
+        "queries": int((task["q_labels"] == lab).sum()), "trained": t.per_label[lab],
+        "baseline": b.per_label[lab], "lift": _lift(t.per_label[lab], b.per_label[lab])}
+        for lab in t.per_label}  # class indices follow the sorted label names
     write_json(out, result)
     write_json(detail, {"kind": data.kind, "per_label": per_label})
-    write_json(plot, [{"k": k, "trained": trained[f"recall@{k}"],
-                       "baseline": baseline[f"recall@{k}"]} for k in ks])
+    write_json(plot, [{"k": k, "trained": t.metrics[f"recall@{k}"],
+                       "baseline": b.metrics[f"recall@{k}"]} for k in ks])
+    if run_files is not None and ids is not None:
+        for path, scored, tag in zip(run_files, (t, b), ("trained", "baseline"), strict=True):
+            assert scored.ranked.top is not None
+            runs.write_run(path, *ids, scored.ranked.top, f"simtune-{tag}")
+    no_rel = t.no_relevant
     log.info("test: %d queries, corpus %d%s; trained p@1 %.4f mrr@10 %.4f; baseline p@1 %.4f "
-             "mrr@10 %.4f", result["queries"], corpus_size,
+             "mrr@10 %.4f; lift of mrr@10 %+.4f, p = %.4f", result["queries"], corpus_size,
              f", {no_rel} queries without a relevant item" if no_rel else "",
-             trained["p@1"], trained["mrr@10"], baseline["p@1"], baseline["mrr@10"])
+             t.metrics["p@1"], t.metrics["mrr@10"], b.metrics["p@1"], b.metrics["mrr@10"],
+             result["lift"]["mrr@10"], result["significance"]["mrr@10"]["p_value"])
     return result
+
+
+def _run_ids(data: TrainData, task: dict[str, Any], prepared_dir: Path
+             ) -> tuple[list[str], list[str]]:
+    """(query ids, corpus ids) for the run files: original ids where the data has them."""
+    original = runs.source_ids(prepared_dir)
+    doc_role = "doc" if data.kind == "pairs" else "query"  # groups: one table for all texts
+    c_rows = task["q_rows"] if task["c_rows"] is None else task["c_rows"]
+    q_ids = [data.row_ids["query"][r] for r in task["q_rows"].tolist()]
+    d_ids = [data.row_ids[doc_role][r] for r in c_rows.tolist()]
+    q_ids, d_ids = [original.get(i, i) for i in q_ids], [original.get(i, i) for i in d_ids]
+    runs.check_ids(q_ids, "query")
+    runs.check_ids(d_ids, "document")
+    return q_ids, d_ids
 
 
 def _lift(trained: dict[str, float], baseline: dict[str, float]) -> dict[str, float]:

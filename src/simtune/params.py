@@ -81,9 +81,12 @@ class FileColumns(Section):
 class FileSource(Section):
     """The user's own data file, used when `prepare.source` is `file`."""
 
-    path: str | None = Field(description="path of a CSV, TSV, JSONL or Parquet file")
-    format: Literal["auto", "csv", "tsv", "jsonl", "parquet"] = Field(
-        description="file format; `auto` picks it from the extension"
+    path: str | None = Field(
+        description="path of a CSV, TSV, JSONL or Parquet file, or of a BEIR folder"
+    )
+    format: Literal["auto", "csv", "tsv", "jsonl", "parquet", "beir"] = Field(
+        description="file format; `auto` picks it from the extension; `beir`: a folder of "
+        "corpus.jsonl, queries.jsonl and qrels/<split>.tsv (pairs)"
     )
     kind: Literal["groups", "pairs"] = Field(
         description="`groups`: (text, label) rows; `pairs`: (query, positive[, score]) rows"
@@ -109,6 +112,10 @@ class PrepareParams(Section):
             return self
         if self.file.path is None:
             raise ValueError("file.path is required when source is 'file'")
+        if self.file.format == "beir":  # fixed field names: the columns are not used
+            if self.file.kind != "pairs":
+                raise ValueError("file.format beir is pairs data: set file.kind: pairs")
+            return self
         needed = ("text", "label") if self.file.kind == "groups" else ("query", "positive")
         if self.file.kind == "pairs" and self.file.columns.key is not None:
             raise ValueError("file.columns.key is supported for kind 'groups' only")
@@ -296,6 +303,16 @@ class TrainParams(Section):
         return self
 
 
+class SignificanceParams(Section):
+    """The paired significance of the lift (trained - baseline) over the test queries."""
+
+    resamples: int = Field(
+        gt=0, description="sign flips of the paired randomization test and resamples of the "
+        "paired bootstrap (exact test over all 2^n flips when 2^n <= resamples)"
+    )
+    seed: int = Field(description="seed of the random sign flips and bootstrap resamples")
+
+
 class EvaluateParams(Section):
     """`evaluate`: the retrieval task on the test split."""
 
@@ -306,6 +323,8 @@ class EvaluateParams(Section):
     ks: list[Annotated[int, Field(gt=0)]] = Field(
         min_length=1, description="cut-offs k of Recall@k (also the points of the Recall@k plot)"
     )
+    run_depth: int = Field(gt=0, description="results per query in the TREC run files")
+    significance: SignificanceParams
 
 
 class Params(Section):

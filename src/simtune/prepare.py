@@ -4,12 +4,14 @@ Outputs (a directory, written atomically):
 
 - `texts.parquet`    — `text_id` (string), `text` (string): every distinct text once.
 - `examples.parquet` — groups: `split`, `text_id`, `label`;
-                       pairs:  `split`, `query_id`, `doc_id`, `score` (float32).
+                       pairs:  `split`, `query_id`, `doc_id`, `score` (float32). A BEIR folder
+                       adds one `corpus` row (null query and score) per unjudged document.
 - `meta.json`        — `{"kind": "groups" | "pairs", "format_version": 1}`.
 - `labels.json`      — groups: examples of each label in each split (pairs: `{}`).
 
 `text_id` is the blake2b-128 hash of the normalised text, so equal texts share one id across splits
-and runs (the cache embeds each once) — or, with `prepare.file.columns.key`, the user's own id.
+and runs (the cache embeds each once) — or, with `prepare.file.columns.key`, the user's own id; for
+a BEIR folder `q:<_id>` / `d:<_id>`, with the original `_id` in the texts' `source_id` column.
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ def records(p: PrepareParams) -> tuple[Path, str, list[data.Record]]:
 
 def build(p: PrepareParams) -> Prepared:
     """Load, validate, normalise, deduplicate and split; raises `UserError` on bad input."""
+    if p.source == "file" and data.file_format(p.file) == "beir":
+        from simtune.beir import prepare_beir
+
+        return prepare_beir(Path(str(p.file.path)), p)
     path, kind, recs = records(p)
     if kind == "groups":
         return _groups(path, recs, p)
