@@ -96,3 +96,26 @@ def test_the_closure_sees_imports_inside_functions(tmp_path: Path) -> None:
     assert "src/simtune/train.py" in closure and "stages/train.py" in closure
     assert "stages/export.py" in closure  # imported (top level only) by stages/__init__.py
     assert "src/simtune/model.py" not in stage_closure("prepare")
+
+
+def rewrite_dvc_yaml() -> None:
+    """Replace each stage's code deps in dvc.yaml by its closure, keeping everything else:
+    `python -m tests.test_dvc_deps`."""
+    import re
+
+    lines, out, stage, done = (ROOT / "dvc.yaml").read_text().split("\n"), [], None, False
+    for line in lines:
+        m = re.match(r"^  (\w+):$", line)
+        if m:
+            stage, done = m.group(1), False
+        if stage and re.match(r"^      - \S+\.py\s*$", line):
+            if not done:
+                out += [f"      - {f}" for f in sorted(stage_closure(stage))]
+                done = True
+            continue
+        out.append(line)
+    (ROOT / "dvc.yaml").write_text("\n".join(out))
+
+
+if __name__ == "__main__":
+    rewrite_dvc_yaml()
