@@ -27,9 +27,10 @@ def cache(ctx: typer.Context, params: Path = PARAMS, prepared: Path = PREPARED,
         return
     from simtune import cache as lib
     from simtune import params as P
+    from simtune.views import layer_for
 
     p = P.load(params)
-    lib.fill(prepared, out, p.encoders, p.cache, layer=lib.layer_for(p.encoders, p.train))
+    lib.fill(prepared, out, p.encoders, p.cache, layer=layer_for(p.encoders, p.train))
 
 
 @app.command()
@@ -39,7 +40,7 @@ def verify(params: Path = PARAMS, prepared: Path = PREPARED, out: Path = OUT,
                                       "(0: checksums and rows only)"),
            seed: int = typer.Option(0, help="seed of the sample")) -> None:
     """Check checksums and row counts, re-embed a random sample; exit 1 on any mismatch."""
-    from simtune import cache as lib
+    from simtune import cache_admin as lib
     from simtune import params as P
     from simtune.encoders import resolve_device
 
@@ -65,7 +66,7 @@ def gc(params: Path = PARAMS,
        dry_run: bool = typer.Option(False, "--dry-run", help="say what would go, drop nothing")
        ) -> None:
     """Bound the shared store: drop least recently used encoder settings, never the current."""
-    from simtune import cache as lib
+    from simtune import cache_admin as lib
     from simtune import params as P
     from simtune import shared
 

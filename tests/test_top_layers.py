@@ -22,6 +22,7 @@ from simtune.encoders import FrozenEncoder
 from simtune.losses import GroupLoss
 from simtune.prepare import text_id
 from simtune.train_data import load_data
+from simtune.views import layer_for
 from stages import app
 from tests.cache_helpers import sentences
 from tests.conftest import ROOT
@@ -35,7 +36,7 @@ def _top_project(root: Path, model: Path, **encoder) -> tuple[Path, P.Params]:
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     p = P.validate(raw)
     cache.fill(root / "prepared", root / "cache", p.encoders, p.cache,
-               layer=cache.layer_for(p.encoders, p.train))
+               layer=layer_for(p.encoders, p.train))
     return params_file, p
 
 

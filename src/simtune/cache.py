@@ -15,7 +15,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +23,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from simtune import formats, shared, states, store
-from simtune.atomic import atomic_dir
-from simtune.encoders import FrozenEncoder, changes, describe, fingerprint, resolve_device
+from simtune import formats, shared, states, store, views
+from simtune.encoders import FrozenEncoder, describe, fingerprint, resolve_device
 from simtune.errors import UserError
 from simtune.formats import Format
-from simtune.params import CacheParams, EncoderParams, EncodersParams, TrainParams
+from simtune.params import CacheParams, EncoderParams, EncodersParams
 from simtune.prepare import Prepared, text_id
 from simtune.prepare import load as load_prepared
 from simtune.progress import Progress
@@ -110,7 +108,7 @@ def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParam
         results.append(fill_encoder(name, spec, texts, Path(out) / name, cp, dist))
         if layer is not None and name == encoders.query:
             fmt = Format(layer)
-            _check_layer_size(name, spec, texts, fmt, cp)
+            views.check_layer_size(name, spec, texts, fmt, cp)
             results.append(fill_encoder(name, spec, texts, Path(out) / f"{name}{fmt.suffix()}",
                                         cp, dist, fmt=fmt))
     return results
@@ -137,9 +135,9 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Pa
     label = f"{name}{fmt.suffix()}"
     with _rank0_locks(dist, root, view, directory, label):
         if dist.rank == 0:
-            _say_what_changed(view, root, label, description, fp)
+            views.say_what_changed(view, root, label, description, fp)
             manifest = shared.begin_fill(directory, label, fp, description, spec.dtype)
-            _import_view(view, directory, manifest, by_hash, fmt)
+            views.import_view(view, directory, manifest, by_hash, fmt)
         dist.barrier()
         manifest = store.read_manifest(directory)
         assert manifest is not None
@@ -156,7 +154,7 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Pa
         dist.barrier()
         if dist.rank == 0:
             final = shared.finish_fill(directory)
-            write_view(view, directory, final, {i: text_id(t) for i, t in texts.items()},
+            views.write_view(view, directory, final, {i: text_id(t) for i, t in texts.items()},
                        cp.shard_rows, fmt)
             log.info("cache %s: %d rows in %s (store entry %s: %d rows)", label, len(texts),
                      view, fp, final.rows)
@@ -185,118 +183,6 @@ def _rank0_locks(dist: Dist, root: Path, view: Path, directory: Path, name: str
     with shared.locked(root / "views" / key, f"cache {name}"), \
             shared.locked(directory, f"cache {name}"):
         yield
-
-
-def _say_what_changed(view: Path, root: Path, name: str, description: dict, fp: str) -> None:
-    """Log why the vectors are about to change encoder settings, against the view's settings,
-    or (the view is gone: DVC removes outputs before rerunning a stage) the store entry of this
-    encoder used last. Nothing is dropped: earlier settings' vectors stay in the store."""
-    try:
-        old = store.read_manifest(view)
-    except UserError:
-        old = None
-    if old is None:
-        last = [e for e in shared.entries(root) if e.encoder == name and e.fingerprint != fp]
-        old = store.read_manifest(last[-1].path) if last else None
-    if old is not None and old.fingerprint != fp:
-        log.warning("cache %s: encoder changed (%s); vectors under the previous settings stay "
-                    "in the store", name, changes(old.description, description))
-
-
-def _import_view(view: Path, directory: Path, manifest: store.Manifest,
-                 by_hash: dict[str, str], fmt: Format) -> None:
-    """Rows of an existing view with the same fingerprint that the store lacks (a teammate's
-    `dvc pull`, a cache from before the store existed) go into the store: no re-embedding.
-    Only intact shards are taken."""
-    try:
-        old = store.read_manifest(view)
-    except UserError:
-        return
-    if old is None or old.fingerprint != manifest.fingerprint:
-        return
-    have = store.cached_hashes(directory, manifest)
-    for s in old.shards:
-        try:
-            if store.sha256_of(view / s.file) != s.sha256:
-                continue
-            hashes = store.open_shard(view, s, old).column("text_hash").to_pylist()
-            take = [i for i, h in enumerate(hashes) if h not in have and h in by_hash]
-            if not take:
-                continue
-            rows = formats.take(fmt.shard_rows(view, s, old), take)
-        except (UserError, OSError):
-            continue
-        picked = [hashes[i] for i in take]
-        manifest.shards.append(fmt.write(directory, 0, picked, picked, rows, manifest))
-        store.write_manifest(directory, manifest)
-        have.update(dict.fromkeys(picked, ""))
-        log.info("cache %s: took %d vectors from %s into the store", manifest.encoder,
-                 len(take), view / s.file)
-
-
-def write_view(view: Path, directory: Path, manifest: store.Manifest, ids: dict[str, str],
-               shard_rows: int, fmt: Format = VECTORS) -> None:
-    """Write `view` (atomically replaced): the rows `ids` (workspace id -> content hash) taken
-    from the store entry `directory`, sorted by id, in `part-NNNNN.arrow` shards of
-    `shard_rows`. Same inputs give the same bytes on any machine (stable DVC hashes)."""
-    table = fmt.load(directory)
-    keys = sorted(ids)
-    hashes = [ids[k] for k in keys]
-    rows = fmt.gather(table, table.index(hashes)) if keys else []
-    out = store.Manifest(manifest.encoder, manifest.fingerprint, manifest.description,
-                         manifest.dtype, manifest.dim)
-    with atomic_dir(view) as tmp:
-        for n, i in enumerate(range(0, len(keys), shard_rows)):
-            j = i + shard_rows
-            out.shards.append(fmt.write(tmp, 0, keys[i:j], hashes[i:j], rows[i:j], out,
-                                        name=f"part-{n:05d}.arrow"))
-        store.write_manifest(tmp, out)
-
-
-def layer_for(encoders: EncodersParams, train: TrainParams) -> int | None:
-    """The layer whose token states top-layers training reads: k = L - top_layers of the
-    query encoder's L layers (None in the other modes)."""
-    if train.mode != "top_layers":
-        return None
-    import transformers
-
-    from simtune.encoders import model_dir
-
-    name = encoders.query
-    if encoders.document != name:
-        raise UserError("train.mode top_layers: needs one shared encoder (encoders.query == "
-                        "encoders.document)")
-    config = transformers.AutoConfig.from_pretrained(model_dir(name, encoders.models[name]),
-                                                     local_files_only=True)
-    total = int(config.num_hidden_layers)
-    top = train.encoder.top_layers
-    if top > total:
-        raise UserError(f"train.encoder.top_layers: {top}, but encoder '{name}' has {total} "
-                        "layers")
-    return total - top
-
-
-def _check_layer_size(name: str, spec: EncoderParams, texts: dict[str, str], fmt: Format,
-                      cp: CacheParams) -> None:
-    """Estimate the layer cache (texts x mean tokens x hidden x bytes, tokens counted on a
-    sample), log it, and refuse it above `cache.max_layer_gb` before embedding anything."""
-    import transformers
-
-    from simtune.encoders import model_dir
-
-    path = model_dir(name, spec)
-    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-    sample = random.Random(0).sample(sorted(texts.values()), min(2000, len(texts)))
-    lengths = tokenizer(sample, truncation=True, max_length=spec.max_length)["input_ids"]
-    mean = sum(map(len, lengths)) / max(len(lengths), 1)
-    size = len(texts) * mean * int(config.hidden_size) * (2 if spec.dtype == "float16" else 4)
-    log.info("cache %s%s: ~%.2f GB (%d texts x %.1f tokens x %d x %s)", name, fmt.suffix(),
-             size / 1e9, len(texts), mean, config.hidden_size, spec.dtype)
-    if size > cp.max_layer_gb * 1e9:
-        raise UserError(f"cache.max_layer_gb: the layer cache of '{name}' would take "
-                        f"~{size / 1e9:.1f} GB, over the limit of {cp.max_layer_gb:g} GB (raise "
-                        "it, use dtype float16, a lower max_length, or train.mode head)")
 
 
 def _device(cp: CacheParams, dist: Dist) -> torch.device:
@@ -382,67 +268,3 @@ def open_states(out: Path, name: str, spec: EncoderParams, layer: int) -> States
     fp = fingerprint(describe(name, spec, layer))
     return states.load(Path(out) / f"{name}{Format(layer).suffix()}", fingerprint=fp,
                        checksums=True)
-
-
-@dataclass
-class VerifyResult:
-    encoder: str
-    rows: int
-    problems: list[str]
-    sampled: int
-    max_abs_diff: float
-
-
-def verify(prepared_dir: Path, out: Path, encoders: EncodersParams, sample: int, seed: int,
-           device: torch.device) -> list[VerifyResult]:
-    """Full check of each encoder's cache: checksums, rows, fingerprint against the current
-    settings, and `sample` random cached texts re-embedded and compared."""
-    prepared = load_prepared(prepared_dir)
-    results = []
-    for name, ids in texts_per_encoder(prepared, encoders).items():
-        spec, directory = encoders.models[name], Path(out) / name
-        problems = store.verify(directory)
-        description = describe(name, spec)
-        manifest = None if problems else store.read_manifest(directory)
-        if manifest is not None and manifest.fingerprint != fingerprint(description):
-            problems.append(f"{directory / store.MANIFEST}: filled with other encoder settings "
-                            f"({changes(manifest.description, description)})")
-        if problems:
-            results.append(VerifyResult(name, 0, problems, 0, float("nan")))
-            continue
-        table = store.load(directory)
-        texts = _texts_of(prepared, ids)
-        pool = sorted(set(table.ids.to_pylist()) & texts.keys())
-        picked = random.Random(seed).sample(pool, min(sample, len(pool)))
-        diff = 0.0
-        if picked:
-            fresh = FrozenEncoder(name, spec, device).encode([texts[t] for t in picked], 64)
-            stored = table.vectors[table.index(picked)].float()
-            diff = float((fresh - stored).abs().max())
-            scale = max(1.0, float(fresh.abs().max()))
-            tol = (1e-4 if spec.dtype == "float32" else 2e-3) * scale
-            if diff > tol:
-                problems.append(f"{directory}: re-embedded vectors differ by {diff:.3g} "
-                                f"(tolerance {tol:.3g})")
-        results.append(VerifyResult(name, len(table), problems, len(picked), diff))
-    return results
-
-
-def gc(encoders: EncodersParams, cp: CacheParams, max_gb: float | None = None,
-       dry_run: bool = False) -> tuple[list[shared.Entry], list[shared.Entry]]:
-    """Apply the store's size policy now: drop least-recently-used fingerprints until the store
-    holds at most `max_gb` (default `cache.store_max_gb`; 0 keeps only the current settings).
-    The fingerprints of the current `encoders` settings are always kept.
-    Returns (kept, dropped) entries."""
-    root = shared.root(cp.store)
-    keep = set()
-    for name, spec in encoders.models.items():
-        try:
-            keep.add(fingerprint(describe(name, spec)))
-        except UserError as e:  # a model that is gone cannot be in use
-            log.warning("%s: its vectors are not protected from gc", e)
-    budget = cp.store_max_gb if max_gb is None else max_gb
-    dropped = shared.evict(root, int(budget * 1e9), keep, dry_run=dry_run)
-    gone = {e.fingerprint for e in dropped}
-    kept = [e for e in shared.entries(root) if e.fingerprint not in gone]
-    return kept, dropped

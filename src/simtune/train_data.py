@@ -104,7 +104,8 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool =
 def _states_tables(p: Params, cache_dir: Path, q_table: Any) -> dict[str, Any]:
     """Top-layers mode: the layer cache of the query encoder, row for row the vector cache's
     (both views hold the same ids, sorted), so the splits' cache rows index both."""
-    from simtune.cache import layer_for, open_states
+    from simtune.cache import open_states
+    from simtune.views import layer_for
 
     layer = layer_for(p.encoders, p.train)
     assert layer is not None
