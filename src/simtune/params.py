@@ -166,8 +166,9 @@ class EncodersParams(Section):
 
 
 class CacheParams(Section):
-    """`cache`: how the cache is filled and read. None of these change a vector, so none is a
-    DVC param of the cache stage (changing them reruns nothing)."""
+    """`cache`: how the cache is filled and read. None changes a vector beyond float rounding
+    (<= 1e-6: padding changes the order of sums), so none is a DVC param of the cache stage
+    (changing them reruns nothing)."""
 
     batch_size: int = Field(gt=0, description="texts per encoder forward pass when filling")
     num_workers: int = Field(ge=0, description="DataLoader workers that tokenise (0: main thread)")
