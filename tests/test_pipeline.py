@@ -34,7 +34,7 @@ def test_dvc_repro_prepare_on_trec_then_nothing_to_do(tmp_path: Path) -> None:
     assert report["texts"] == 5380
     assert report["examples"] == {"train": 4306, "val": 536, "test": 538}
     assert sorted(p.name for p in (project.path / "data" / "prepared").iterdir()) == [
-        "examples.parquet", "meta.json", "texts.parquet"]
+        "examples.parquet", "labels.json", "meta.json", "texts.parquet"]
     second = project.dvc("repro", "prepare")
     assert _ran(second) == set()
     assert "Stage 'prepare' didn't change, skipping" in second.stdout
