@@ -8,6 +8,7 @@ DVC; the data is a small CSV in data/raw/ and the encoder a tiny random BERT, so
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -151,9 +152,9 @@ def test_a_queued_grid_and_a_temp_experiment_embed_nothing(tmp_path: Path) -> No
         if not any(s in status for s in ("Queued", "Running")):
             break
         time.sleep(3)
-    rows = [line.split() for line in status.splitlines() if line[:1].isalnum()][1:]
-    names = [r[1] for r in rows if len(r) >= 4]
-    assert len(names) == 6 and all("Success" in r for r in rows if len(r) >= 4), status
+    tasks = re.findall(r"^[0-9a-f]{7}\s+(\S+)\s.*\s(\w+)\s*$", status, re.MULTILINE)
+    names = [name for name, _ in tasks]
+    assert len(tasks) == 6 and {state for _, state in tasks} == {"Success"}, status
     for name in names:
         logs = project.dvc("queue", "logs", name).stdout
         assert "Running stage 'train'" in logs and _nothing_embedded(logs), logs[-3000:]
