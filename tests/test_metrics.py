@@ -97,7 +97,7 @@ def _brute(q: torch.Tensor, c: torch.Tensor, k: int, exclude: torch.Tensor | Non
 
 @pytest.mark.parametrize("k", [1, 3, 10, 40])
 def test_tiled_topk_equals_brute_force_with_ties(monkeypatch: pytest.MonkeyPatch, k: int) -> None:
-    monkeypatch.setattr(metrics, "_CORPUS_BLOCK", 7)  # many tiles, a first tile of 3 or 2k
+    monkeypatch.setattr(metrics, "_CORPUS_BLOCK", 7)  # tiles of max(7, 8k), the first 3 or 2k
     monkeypatch.setattr(metrics, "_FIRST_BLOCK", 3)
     q, c = _dyadic(50, 0), _dyadic(300, 1)
     for scale_q, scale_c in ((1.0, 1.0), (2.0, 0.25)):  # non-unit rows: scaled, still exact
@@ -122,14 +122,14 @@ def test_tiled_topk_when_every_tile_beats_the_last(monkeypatch: pytest.MonkeyPat
 def test_tiled_topk_leave_one_out_and_k_beyond_corpus(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(metrics, "_CORPUS_BLOCK", 5)
     monkeypatch.setattr(metrics, "_FIRST_BLOCK", 2)
-    v = _dyadic(60, 4)
-    ex = torch.arange(60)
+    v = _dyadic(200, 4)  # tiles of 24, then 96 columns
+    ex = torch.arange(200)
     ex[::3] = -1  # some queries exclude nothing
     s1, i1 = metrics.topk(v, v, k=12, chunk=7, exclude=ex)
     s2, i2 = _brute(v, v, 12, ex)
     assert torch.equal(i1, i2)
     assert torch.equal(s1, s2)
-    assert not (i1 == torch.arange(60)[:, None])[ex >= 0].any()
+    assert not (i1 == torch.arange(200)[:, None])[ex >= 0].any()
     small = v[:4]
     _, idx = metrics.topk(v[:9], small, k=50)
     assert idx.shape == (9, 4)

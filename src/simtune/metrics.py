@@ -109,8 +109,8 @@ def _query_block(qn: np.ndarray, c: np.ndarray, c_inv: np.ndarray | None, k: int
                  ex: np.ndarray | None, vals: np.ndarray, idx: np.ndarray) -> None:
     """Top-k of unit queries qn (m, D) over c (N, D) into vals/idx (m, k), tile by tile."""
     m, n = len(qn), len(c)
-    width = max(_CORPUS_BLOCK, 4 * k)
-    first = min(n, width, max(_FIRST_BLOCK, 2 * k))
+    width = max(_CORPUS_BLOCK, 8 * k)
+    first = n if n <= width else min(width, max(_FIRST_BLOCK, 2 * k))
     edges = [0, *range(first, n, width), n]
     tile, mask = np.empty(m * width, np.float32), np.empty(m * width, bool)
     for j0, j1 in itertools.pairwise(edges):
@@ -149,11 +149,12 @@ def _merge(t: np.ndarray, j0: int, vals: np.ndarray, idx: np.ndarray, mask: np.n
     group = np.arange(len(rows))
     # the old entries first, then the candidates in index order: a stable sort by
     # (row, score desc) then keeps equal scores in corpus-index order
-    row_e = np.concatenate([np.repeat(group, k), np.repeat(group, counts)])
-    val_e = np.concatenate([vals[rows].ravel(), t.ravel()[flat]])
-    idx_e = np.concatenate([idx[rows].ravel(), cols + j0])
+    old = 0 if j0 == 0 and counts.min() >= k else k  # first tile: no old entries yet
+    row_e = np.concatenate([np.repeat(group, old), np.repeat(group, counts)])
+    val_e = np.concatenate([vals[rows, :old].ravel(), t.ravel()[flat]])
+    idx_e = np.concatenate([idx[rows, :old].ravel(), cols + j0])
     order = np.argsort(_desc_key(row_e, val_e), kind="stable")
-    size = counts + k
+    size = counts + old
     keep = order[np.arange(len(order)) - np.repeat(np.cumsum(size) - size, size) < k]
     vals[rows] = val_e[keep].reshape(len(rows), k)
     idx[rows] = idx_e[keep].reshape(len(rows), k)
