@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,41 @@ def rss_mb() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def rss_anon_mb() -> float:
+    """Anonymous resident memory (MB): leaves out file pages, e.g. of a memory-mapped input."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class PeakAnon:
+    """Peak of `rss_anon_mb` while the block runs, sampled every `every` s by a thread."""
+
+    def __init__(self, every: float = 0.01) -> None:
+        self.every, self.base, self.peak = every, 0.0, 0.0
+        self._stop = threading.Event()
+
+    def __enter__(self) -> PeakAnon:
+        self.base = self.peak = rss_anon_mb()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.peak = max(self.peak, rss_anon_mb())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_anon_mb())
+
+    @property
+    def growth(self) -> float:
+        return self.peak - self.base
 
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -155,3 +156,87 @@ def test_per_query_values_average_to_the_scores_and_depth_changes_nothing() -> N
     assert scores.shape == idx.shape == (25, 40)
     want_s, want_i = metrics.topk(q, c, 40)
     assert torch.equal(idx, want_i) and torch.equal(scores, want_s)
+
+
+def _dyadic(n: int, seed: int) -> torch.Tensor:
+    """(n, 4) unit vectors with entries in {0, +-1/2, +-1}: every dot product is exact in float32,
+    so ties are real ties whatever the summation order; many rows are duplicates."""
+    pool = torch.tensor([[a, b, c, d] for a in (-.5, .5) for b in (-.5, .5) for c in (-.5, .5)
+                         for d in (-.5, .5)] + torch.eye(4).tolist() + (-torch.eye(4)).tolist())
+    return pool[torch.randint(len(pool), (n,), generator=torch.Generator().manual_seed(seed))]
+
+
+def _brute(q: torch.Tensor, c: torch.Tensor, k: int, exclude: torch.Tensor | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full score matrix, then a stable sort: ties in corpus-index order."""
+    s = torch.nn.functional.normalize(q) @ torch.nn.functional.normalize(c).T
+    if exclude is not None:
+        rows = torch.nonzero(exclude >= 0).squeeze(1)
+        s[rows, exclude[rows]] = -torch.inf
+    order = torch.sort(s, dim=1, descending=True, stable=True).indices[:, :k]
+    return s.gather(1, order), order
+
+
+@pytest.mark.parametrize("k", [1, 3, 10, 40])
+def test_tiled_topk_equals_brute_force_with_ties(monkeypatch: pytest.MonkeyPatch, k: int) -> None:
+    monkeypatch.setattr(metrics, "_CORPUS_BLOCK", 7)  # tiles of max(7, 8k), the first 3 or 2k
+    monkeypatch.setattr(metrics, "_FIRST_BLOCK", 3)
+    q, c = _dyadic(50, 0), _dyadic(300, 1)
+    for scale_q, scale_c in ((1.0, 1.0), (2.0, 0.25)):  # non-unit rows: scaled, still exact
+        s1, i1 = metrics.topk(q * scale_q, c * scale_c, k=k, chunk=8)
+        s2, i2 = _brute(q, c, k)
+        assert torch.equal(i1, i2)
+        assert torch.equal(s1, s2)
+
+
+def test_tiled_topk_when_every_tile_beats_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    # corpus sorted by ascending score for the (repeated) query: each tile is all candidates
+    monkeypatch.setattr(metrics, "_CORPUS_BLOCK", 16)
+    q = _dyadic(1, 2).repeat(20, 1)
+    c = _dyadic(400, 3)
+    c = c[torch.sort(c @ q[0], stable=True).indices]
+    s1, i1 = metrics.topk(q, c, k=5, chunk=4)
+    s2, i2 = _brute(q, c, 5)
+    assert torch.equal(i1, i2)
+    assert torch.equal(s1, s2)
+
+
+def test_tiled_topk_leave_one_out_and_k_beyond_corpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "_CORPUS_BLOCK", 5)
+    monkeypatch.setattr(metrics, "_FIRST_BLOCK", 2)
+    v = _dyadic(200, 4)  # tiles of 24, then 96 columns
+    ex = torch.arange(200)
+    ex[::3] = -1  # some queries exclude nothing
+    s1, i1 = metrics.topk(v, v, k=12, chunk=7, exclude=ex)
+    s2, i2 = _brute(v, v, 12, ex)
+    assert torch.equal(i1, i2)
+    assert torch.equal(s1, s2)
+    assert not (i1 == torch.arange(200)[:, None])[ex >= 0].any()
+    small = v[:4]
+    _, idx = metrics.topk(v[:9], small, k=50)
+    assert idx.shape == (9, 4)
+    assert torch.equal(idx, _brute(v[:9], small, 4)[1])
+    _, idx = metrics.topk(small, small, k=50, exclude=torch.arange(4))
+    assert idx.shape == (4, 3)
+    assert torch.equal(idx, _brute(small, small, 3, torch.arange(4))[1])
+
+
+def test_tiled_topk_random_floats_any_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "_CORPUS_BLOCK", 64)
+    g = torch.Generator().manual_seed(5)
+    q, c = torch.randn(70, 16, generator=g), torch.randn(1000, 16, generator=g)
+    s1, i1 = metrics.topk(q, c, k=10, chunk=16)
+    s2, i2 = _brute(q, c, 10)
+    assert torch.equal(i1, i2)
+    assert torch.allclose(s1, s2, atol=1e-6)
+    # float64, non-contiguous inputs give the same ranking
+    s3, i3 = metrics.topk(q.double().T.contiguous().T, c.double()[::1], k=10, chunk=16)
+    assert torch.equal(i3, i1)
+    assert torch.allclose(s3, s1, atol=1e-6)
+
+
+def test_desc_key_orders_rows_then_scores_descending_and_ties_signed_zeros() -> None:
+    rows = np.array([1, 0, 0, 0, 0, 0, 1])
+    v = np.array([5.0, -1.0, -0.0, 0.0, 2.5, -np.inf, -3.0], dtype=np.float32)
+    order = np.argsort(metrics._desc_key(rows, v), kind="stable")
+    assert order.tolist() == [4, 2, 3, 1, 5, 0, 6]  # -0.0 and 0.0 tie: input order kept

@@ -1,4 +1,4 @@
-"""Exact retrieval metrics with streaming top-k: memory O(chunk x corpus), never queries x corpus.
+"""Exact retrieval metrics with a tiled streaming top-k: memory O(tile), never queries x corpus.
 
 Definitions (trec_eval and the metric-learning literature; relevant = gain > 0):
 - P@1: 1 if the first result is relevant.
@@ -14,7 +14,10 @@ dropped. Ties in score are broken by corpus index (lower first), so rankings are
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,22 +32,156 @@ def topk(queries: torch.Tensor, corpus: torch.Tensor, k: int, chunk: int = 1024,
     """Cosine top-k of each query: (Q, D), (N, D) -> scores (Q, k), indices (Q, k).
 
     `exclude` (Q,) gives for each query a corpus index to leave out (leave-one-out), or -1.
-    Exact; ties broken by lower corpus index. Memory O(chunk x N).
+    Exact; ties broken by lower corpus index; k is capped at the number of candidates.
+    On CPU the scores are made tile by tile (`chunk` queries x `_CORPUS_BLOCK` corpus rows, one
+    tile per worker thread) and merged into a running top-k: memory O(chunk x block), not
+    O(Q x N). Rows already of unit norm (|norm^2 - 1| <= 1e-6) are used as they are, others
+    are scaled by 1 / norm; scores may differ from normalising first by float rounding, so
+    indices agree with brute force up to float ties. On other devices: dense
+    (chunk, N) blocks.
     """
+    k = max(0, min(k, corpus.shape[0] - (exclude is not None)))
+    if queries.device.type != "cpu" or corpus.device.type != "cpu":
+        return _topk_dense(queries, corpus, k, chunk, exclude)
+    return _topk_tiled(queries, corpus, k, chunk, exclude)
+
+
+_CORPUS_BLOCK = 1024  # corpus rows per score tile (tile sizes measured in bench/eval_topk.py)
+_FIRST_BLOCK = 256  # a narrow first tile: its k-th best seeds the threshold cheaply
+_UNIT_TOL = 1e-6  # rows with |norm^2 - 1| <= this are taken as unit vectors
+_SIGN = np.uint32(0x80000000)
+
+
+def _topk_tiled(queries: torch.Tensor, corpus: torch.Tensor, k: int, chunk: int,
+                exclude: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """CPU top-k: query blocks spread over worker threads, each with single-threaded BLAS."""
+    q, c = _as_f32(queries), _as_f32(corpus)
+    out_s = torch.full((len(q), k), -torch.inf)
+    out_i = torch.full((len(q), k), -1, dtype=torch.long)
+    if len(q) == 0 or k == 0:
+        return out_s, out_i
+    q_inv, c_inv = _inv_norms(q), _inv_norms(c)
+    ex = exclude.cpu().numpy().astype(np.int64) if exclude is not None else None
+    limit = _single_threaded_blas()
+    workers = min(torch.get_num_threads(), -(-len(q) // 16)) if limit is not None else 1
+    rounds = -(-len(q) // (max(workers, 1) * chunk))
+    qb = -(-len(q) // (max(workers, 1) * rounds))  # equal blocks, as many per worker
+    vals, idx = out_s.numpy(), out_i.numpy()
+
+    def run(s: int) -> None:
+        e = s + qb
+        qn = q[s:e] if q_inv is None else q[s:e] * q_inv[s:e, None]
+        _query_block(np.ascontiguousarray(qn), c, c_inv, k,
+                     None if ex is None else ex[s:e], vals[s:e], idx[s:e])
+
+    if workers <= 1:
+        for s in range(0, len(q), qb):
+            run(s)
+        return out_s, out_i
+    with limit(1), ThreadPoolExecutor(workers) as pool:
+        list(pool.map(run, range(0, len(q), qb)))  # dynamic: a slowed core takes fewer blocks
+    return out_s, out_i
+
+
+def _single_threaded_blas() -> Callable[[int], AbstractContextManager] | None:
+    """threadpoolctl's BLAS limit, or None without threadpoolctl (then: one multi-threaded BLAS
+    call at a time, since concurrent calls to a threaded OpenBLAS oversubscribe the cores)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return None
+    return lambda n: threadpool_limits(n, user_api="blas")
+
+
+def _as_f32(x: torch.Tensor) -> np.ndarray:
+    """(R, D) tensor as a float32 numpy array, sharing memory when it already is float32."""
+    return x.detach().to(torch.float32).numpy()
+
+
+def _inv_norms(x: np.ndarray, rows: int = 65536) -> np.ndarray | None:
+    """1 / max(norm, 1e-12) per row (R,), or None when every row is a unit vector already."""
+    sq = np.concatenate([np.einsum("ij,ij->i", x[s : s + rows], x[s : s + rows])
+                         for s in range(0, len(x), rows)])
+    if np.all(np.abs(sq - 1) <= _UNIT_TOL):
+        return None
+    return (1 / np.maximum(np.sqrt(sq), 1e-12)).astype(np.float32)
+
+
+def _query_block(qn: np.ndarray, c: np.ndarray, c_inv: np.ndarray | None, k: int,
+                 ex: np.ndarray | None, vals: np.ndarray, idx: np.ndarray) -> None:
+    """Top-k of unit queries qn (m, D) over c (N, D) into vals/idx (m, k), tile by tile."""
+    m, n = len(qn), len(c)
+    width = max(_CORPUS_BLOCK, 8 * k)
+    first = n if n <= width else min(width, max(_FIRST_BLOCK, 2 * k))
+    edges = [0, *range(first, n, width), n]
+    tile, mask = np.empty(m * width, np.float32), np.empty(m * width, bool)
+    for j0, j1 in itertools.pairwise(edges):
+        block = np.ascontiguousarray(c[j0:j1])
+        t = tile[: m * (j1 - j0)].reshape(m, j1 - j0)
+        np.matmul(qn, block.T, out=t)
+        if c_inv is not None:
+            t *= c_inv[j0:j1]
+        if ex is not None:
+            hit = np.flatnonzero((ex >= j0) & (ex < j1))
+            t[hit, ex[hit] - j0] = -np.inf
+        _merge(t, j0, vals, idx, mask[: t.size].reshape(t.shape))
+
+
+def _merge(t: np.ndarray, j0: int, vals: np.ndarray, idx: np.ndarray, mask: np.ndarray) -> None:
+    """Merge tile t (m, w) of corpus rows j0.. into the running top-k vals/idx (m, k).
+
+    vals/idx rows stay ordered by (score desc, index asc). A tile entry can enter only if it
+    beats the current k-th score strictly (on a tie the earlier corpus index wins), and only if
+    it is among the tile's k best; both filters keep every tie, so the merge stays exact.
+    """
+    m, w = t.shape
+    k = vals.shape[1]
+    np.greater(t, vals[:, k - 1 :], out=mask)
+    flat = np.flatnonzero(mask)
+    if len(flat) == 0:
+        return
+    if len(flat) > t.size // 8 and w > k:  # many candidates (first tile): cut at the k-th best
+        kth = -np.partition(-t, k - 1, axis=1)[:, k - 1 : k]
+        mask &= t >= kth
+        flat = np.flatnonzero(mask)
+    r_loc, cols = np.divmod(flat, w)
+    counts = np.bincount(r_loc, minlength=m)
+    rows = np.flatnonzero(counts)
+    counts = counts[rows]
+    group = np.arange(len(rows))
+    # the old entries first, then the candidates in index order: a stable sort by
+    # (row, score desc) then keeps equal scores in corpus-index order
+    old = 0 if j0 == 0 and counts.min() >= k else k  # first tile: no old entries yet
+    row_e = np.concatenate([np.repeat(group, old), np.repeat(group, counts)])
+    val_e = np.concatenate([vals[rows, :old].ravel(), t.ravel()[flat]])
+    idx_e = np.concatenate([idx[rows, :old].ravel(), cols + j0])
+    order = np.argsort(_desc_key(row_e, val_e), kind="stable")
+    size = counts + old
+    keep = order[np.arange(len(order)) - np.repeat(np.cumsum(size) - size, size) < k]
+    vals[rows] = val_e[keep].reshape(len(rows), k)
+    idx[rows] = idx_e[keep].reshape(len(rows), k)
+
+
+def _desc_key(rows: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """uint64 keys ordering (E,) entries by row, then float32 score descending."""
+    u = (v + np.float32(0)).view(np.uint32)  # + 0 turns -0.0 into 0.0: they tie
+    ascending = np.where(u & _SIGN, ~u, u | _SIGN)  # the float order as unsigned integers
+    return (rows.astype(np.uint64) << np.uint64(32)) | (~ascending).astype(np.uint64)
+
+
+def _topk_dense(queries: torch.Tensor, corpus: torch.Tensor, k: int, chunk: int,
+                exclude: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k from dense (chunk, N) score blocks (accelerators): memory O(chunk x N)."""
     q_all, c = F.normalize(queries.float(), dim=-1), F.normalize(corpus.float(), dim=-1)
-    k = min(k, c.shape[0] - (exclude is not None))
-    out_s, out_i = [], []
-    # on CPU, numpy's BLAS (OpenBLAS) runs this GEMM ~1.5x faster than torch's MKL on AMD CPUs
-    # (measured in bench/eval_topk.py); the result is handed to torch without a copy
-    c_t = np.ascontiguousarray(c.numpy().T) if c.device.type == "cpu" else c.T
+    out_s, out_i = [torch.zeros(0, k, device=c.device)], [
+        torch.zeros(0, k, dtype=torch.long, device=c.device)]
     for s in range(0, q_all.shape[0], chunk):
-        q = q_all[s : s + chunk]
-        scores = torch.from_numpy(q.numpy() @ c_t) if isinstance(c_t, np.ndarray) else q @ c_t
+        scores = q_all[s : s + chunk] @ c.T
         if exclude is not None:
-            ex = exclude[s : s + chunk]
+            ex = exclude[s : s + chunk].to(c.device)
             rows = torch.nonzero(ex >= 0).squeeze(1)
             scores[rows, ex[rows]] = -torch.inf
-        sc, ix = _topk_stable(scores, k)
+        sc, ix = _topk_stable(scores, k) if k else (scores[:, :0], scores[:, :0].long())
         out_s.append(sc)
         out_i.append(ix)
     return torch.cat(out_s), torch.cat(out_i)
@@ -58,7 +195,7 @@ def _topk_stable(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     # the (k+1)-th best equals the k-th: more columns tie at the cut than fit, so which of
     # them are kept must be decided by index (rare: only these rows take the slow path)
     ambiguous = (vals[:, k] == vals[:, k - 1]) if extra > k else torch.zeros(
-        len(vals), dtype=torch.bool)
+        len(vals), dtype=torch.bool, device=vals.device)
     vals, idx = vals[:, :k].contiguous(), idx[:, :k].contiguous()
     if ambiguous.any():
         rows = torch.nonzero(ambiguous).squeeze(1)
