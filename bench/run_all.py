@@ -18,7 +18,7 @@ import time
 from bench.common import HERE, machine, table
 
 ROOT = HERE.parent
-BENCHES = ("cache_fill", "train_speed", "eval_topk")
+BENCHES = ("cache_fill", "train_speed", "eval_topk", "layers")
 
 
 def noop_repro() -> dict:
@@ -30,6 +30,12 @@ def noop_repro() -> dict:
     t0 = time.perf_counter()
     out = subprocess.run([*dvc, "repro"], cwd=ROOT, capture_output=True, text=True, check=True)
     return {"seconds": time.perf_counter() - t0, "ran_nothing": "Running stage" not in out.stdout}
+
+
+def time_to_quality(layers: dict) -> str:
+    """bench/layers.py's full table, under its own heading, with the command that made it."""
+    return (f"\n\n### Time to quality\n\n`{layers['command']}` (encoder rows and the peer: "
+            f"{layers['epochs']} epoch(s)):\n\n{layers['table']}")
 
 
 def main() -> None:
@@ -46,7 +52,8 @@ def main() -> None:
                  "ratio": "", "target": "runs nothing"})
     (HERE / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     rendered = (f"Measured on {results['machine']} with `make bench`:\n\n"
-                + table(rows, ["measure", "ours", "peer name", "peer", "ratio", "target"]))
+                + table(rows, ["measure", "ours", "peer name", "peer", "ratio", "target"])
+                + time_to_quality(results["layers"]))
     print(rendered)
     readme = ROOT / "README.md"
     text = readme.read_text()

@@ -239,6 +239,17 @@ def test_bad_training_setups(small: tuple[Path, Path], edit: dict[str, Any],
     assert message in _error(root, params_file)
 
 
+def test_identity_head_trains_the_layers_in_full_mode(small: tuple[Path, Path]) -> None:
+    """No head (identity) is refused in head mode only: with the encoder training, the saved
+    model is the fine-tuned encoder alone."""
+    root, params_file = small
+    _edit(params_file, mode="full", head__type="identity", encoder__max_epochs=1,
+          encoder__batch_size=8)
+    _train(root, params_file)
+    assert (root / "head" / "encoder" / "config.json").is_file()
+    assert _weights(root) == {}
+
+
 def test_cache_missing_or_stale(small: tuple[Path, Path]) -> None:
     root, params_file = small
     raw = yaml.safe_load(params_file.read_text())

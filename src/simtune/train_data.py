@@ -176,9 +176,11 @@ def check_trainable(data: TrainData, t: TrainParams, world: int) -> None:
     if n < world:  # a larger batch_size is reduced to the training set (sampling)
         raise UserError(f"train: {n} training examples for {world} processes (each process "
                         "needs at least one)")
-    if t.head.type == "identity" and t.loss.name != "arcface":
-        raise UserError("train.head.type: 'identity' has nothing to train (it is the frozen "
-                        "baseline that evaluate compares against)")
+    if t.head.type == "identity" and t.loss.name != "arcface" and t.mode == "head":
+        # in top_layers and full modes the encoder's layers train: no head is a sound choice
+        raise UserError("train.head.type: 'identity' has nothing to train in head mode (it is "
+                        "the frozen baseline that evaluate compares against); use it with "
+                        "train.mode top_layers or full")
     if data.kind == "groups" and t.loss.name != "arcface":
         counts = torch.bincount(data.splits["train"].tensors["labels"])
         if int(counts.max()) < 2:
