@@ -11,8 +11,6 @@ pads them to its own longest text (`StatesTable.batch`).
 
 from __future__ import annotations
 
-import contextlib
-import os
 import secrets
 import warnings
 from pathlib import Path
@@ -48,18 +46,8 @@ def write_shard(directory: Path, rank: int, ids: list[str], hashes: list[str],
     batch = pa.record_batch([pa.array(ids, pa.string()), pa.array(hashes, pa.string()),
                              pa.LargeListArray.from_arrays(pa.array(offsets), values)],
                             schema=schema)
-    name = name or f"shard-{secrets.token_hex(6)}-r{rank}.arrow"
-    final, tmp = Path(directory) / name, Path(directory) / f".{name}.tmp"
-    try:
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-            writer.write_batch(batch)
-        shard = store.Shard(name, len(ids), tmp.stat().st_size, store.sha256_of(tmp))
-        os.replace(tmp, final)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise UserError(f"{final}: cannot write cache shard: {e.strerror or e}") from None
-    return shard
+    return store.write_batch(directory, name or f"shard-{secrets.token_hex(6)}-r{rank}.arrow",
+                             batch)
 
 
 def hidden_of(path: Path) -> int:

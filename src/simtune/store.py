@@ -114,7 +114,7 @@ def write_shard(directory: Path, rank: int, ids: list[str], hashes: list[str],
     `vectors`: (n, dim) array, cast to the manifest's dtype. `name`: the file name (default: a
     fresh random store shard name of `rank`)."""
     arrow_type, np_type = _DTYPES[manifest.dtype]
-    n, dim = vectors.shape
+    dim = vectors.shape[1]
     flat = pa.array(np.ascontiguousarray(vectors, dtype=np_type).reshape(-1), arrow_type)
     schema = pa.schema([("text_id", pa.string()), ("text_hash", pa.string()),
                         ("embedding", pa.list_(arrow_type, dim))],
@@ -122,12 +122,17 @@ def write_shard(directory: Path, rank: int, ids: list[str], hashes: list[str],
                                  "simtune.fingerprint": manifest.fingerprint})
     batch = pa.record_batch([pa.array(ids, pa.string()), pa.array(hashes, pa.string()),
                              pa.FixedSizeListArray.from_arrays(flat, dim)], schema=schema)
-    name = name or f"shard-{secrets.token_hex(6)}-r{rank}.arrow"
+    return write_batch(directory, name or f"shard-{secrets.token_hex(6)}-r{rank}.arrow", batch)
+
+
+def write_batch(directory: Path, name: str, batch: pa.RecordBatch) -> Shard:
+    """Write one record batch as the shard file `name`: under a temp name, checksummed, then
+    renamed (a failure leaves no file behind and is a `UserError` naming the shard)."""
     final, tmp = Path(directory) / name, Path(directory) / f".{name}.tmp"
     try:
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, batch.schema) as writer:
             writer.write_batch(batch)
-        shard = Shard(name, n, tmp.stat().st_size, sha256_of(tmp))
+        shard = Shard(name, batch.num_rows, tmp.stat().st_size, sha256_of(tmp))
         os.replace(tmp, final)
     except OSError as e:
         with contextlib.suppress(OSError):
