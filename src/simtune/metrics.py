@@ -107,52 +107,57 @@ def _inv_norms(x: np.ndarray, rows: int = 65536) -> np.ndarray | None:
 
 def _query_block(qn: np.ndarray, c: np.ndarray, c_inv: np.ndarray | None, k: int,
                  ex: np.ndarray | None, vals: np.ndarray, idx: np.ndarray) -> None:
-    """Top-k of unit queries qn (m, D) over c (N, D) into vals/idx (m, k), tile by tile."""
+    """Top-k of unit queries qn (m, D) over c (N, D) into vals/idx (m, k), tile by tile.
+
+    Tiles are (corpus rows, queries): OpenBLAS runs corpus block (w, D) @ queries^T (D, m)
+    faster here than queries @ block^T (single thread, 768 x 1024 tiles: 103 vs 97 GFLOP/s).
+    """
     m, n = len(qn), len(c)
+    q_t = np.ascontiguousarray(qn.T)
     width = max(_CORPUS_BLOCK, 8 * k)
     first = n if n <= width else min(width, max(_FIRST_BLOCK, 2 * k))
     edges = [0, *range(first, n, width), n]
-    tile, mask = np.empty(m * width, np.float32), np.empty(m * width, bool)
+    tile, mask = np.empty(width * m, np.float32), np.empty(width * m, bool)
+    cols = np.arange(m)
     for j0, j1 in itertools.pairwise(edges):
-        block = np.ascontiguousarray(c[j0:j1])
-        t = tile[: m * (j1 - j0)].reshape(m, j1 - j0)
-        np.matmul(qn, block.T, out=t)
+        t = tile[: (j1 - j0) * m].reshape(j1 - j0, m)
+        np.matmul(np.ascontiguousarray(c[j0:j1]), q_t, out=t)
         if c_inv is not None:
-            t *= c_inv[j0:j1]
+            t *= c_inv[j0:j1, None]
         if ex is not None:
-            hit = np.flatnonzero((ex >= j0) & (ex < j1))
-            t[hit, ex[hit] - j0] = -np.inf
+            hit = (ex >= j0) & (ex < j1)
+            t[ex[hit] - j0, cols[hit]] = -np.inf
         _merge(t, j0, vals, idx, mask[: t.size].reshape(t.shape))
 
 
 def _merge(t: np.ndarray, j0: int, vals: np.ndarray, idx: np.ndarray, mask: np.ndarray) -> None:
-    """Merge tile t (m, w) of corpus rows j0.. into the running top-k vals/idx (m, k).
+    """Merge tile t (w, m) of corpus rows j0.. x queries into the running top-k vals/idx (m, k).
 
     vals/idx rows stay ordered by (score desc, index asc). A tile entry can enter only if it
-    beats the current k-th score strictly (on a tie the earlier corpus index wins), and only if
-    it is among the tile's k best; both filters keep every tie, so the merge stays exact.
+    beats the query's current k-th score strictly (on a tie the earlier corpus index wins), and
+    only if it is among the tile's k best for that query; both filters keep every tie.
     """
-    m, w = t.shape
+    w, m = t.shape
     k = vals.shape[1]
-    np.greater(t, vals[:, k - 1 :], out=mask)
+    np.greater(t, np.ascontiguousarray(vals[:, k - 1]), out=mask)
     flat = np.flatnonzero(mask)
     if len(flat) == 0:
         return
     if len(flat) > t.size // 8 and w > k:  # many candidates (first tile): cut at the k-th best
-        kth = -np.partition(-t, k - 1, axis=1)[:, k - 1 : k]
-        mask &= t >= kth
+        mask &= t >= -np.partition(-t, k - 1, axis=0)[k - 1]
         flat = np.flatnonzero(mask)
-    r_loc, cols = np.divmod(flat, w)
-    counts = np.bincount(r_loc, minlength=m)
+    c_loc, q_loc = np.divmod(flat, m)  # in corpus order: per query, candidates by index
+    counts = np.bincount(q_loc, minlength=m)
     rows = np.flatnonzero(counts)
+    group = np.zeros(m, np.int64)
+    group[rows] = np.arange(len(rows))
     counts = counts[rows]
-    group = np.arange(len(rows))
     # the old entries first, then the candidates in index order: a stable sort by
     # (row, score desc) then keeps equal scores in corpus-index order
     old = 0 if j0 == 0 and counts.min() >= k else k  # first tile: no old entries yet
-    row_e = np.concatenate([np.repeat(group, old), np.repeat(group, counts)])
+    row_e = np.concatenate([np.repeat(np.arange(len(rows)), old), group[q_loc]])
     val_e = np.concatenate([vals[rows, :old].ravel(), t.ravel()[flat]])
-    idx_e = np.concatenate([idx[rows, :old].ravel(), cols + j0])
+    idx_e = np.concatenate([idx[rows, :old].ravel(), c_loc + j0])
     order = np.argsort(_desc_key(row_e, val_e), kind="stable")
     size = counts + old
     keep = order[np.arange(len(order)) - np.repeat(np.cumsum(size) - size, size) < k]
