@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,13 +31,11 @@ def topk(queries: torch.Tensor, corpus: torch.Tensor, k: int, chunk: int = 1024,
     """Cosine top-k of each query: (Q, D), (N, D) -> scores (Q, k), indices (Q, k).
 
     `exclude` (Q,) gives for each query a corpus index to leave out (leave-one-out), or -1.
-    Exact; ties broken by lower corpus index; k is capped at the number of candidates.
-    On CPU the scores are made tile by tile (`chunk` queries x `_CORPUS_BLOCK` corpus rows, one
-    tile per worker thread) and merged into a running top-k: memory O(chunk x block), not
-    O(Q x N). Rows already of unit norm (|norm^2 - 1| <= 1e-6) are used as they are, others
-    are scaled by 1 / norm; scores may differ from normalising first by float rounding, so
-    indices agree with brute force up to float ties. On other devices: dense
-    (chunk, N) blocks.
+    Exact (indices as brute force's up to float ties), ties by lower corpus index, k capped
+    at the candidates. CPU: (corpus block x `chunk` queries) tiles, one per worker thread,
+    merged into a running top-k: memory O(tile), not O(Q x N); rows of unit norm
+    (|norm^2 - 1| <= 1e-6) are used as they are, others scaled by 1 / norm. Other devices:
+    dense (chunk, N) blocks.
     """
     k = max(0, min(k, corpus.shape[0] - (exclude is not None)))
     if queries.device.type != "cpu" or corpus.device.type != "cpu":
@@ -62,10 +59,13 @@ def _topk_tiled(queries: torch.Tensor, corpus: torch.Tensor, k: int, chunk: int,
         return out_s, out_i
     q_inv, c_inv = _inv_norms(q), _inv_norms(c)
     ex = exclude.cpu().numpy().astype(np.int64) if exclude is not None else None
-    limit = _single_threaded_blas()
-    workers = min(torch.get_num_threads(), -(-len(q) // 16)) if limit is not None else 1
-    rounds = -(-len(q) // (max(workers, 1) * chunk))
-    qb = -(-len(q) // (max(workers, 1) * rounds))  # equal blocks, as many per worker
+    try:  # concurrent calls into a multi-threaded OpenBLAS would oversubscribe the cores
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # then a single worker, and BLAS keeps its threads
+        threadpool_limits = None
+    workers = min(torch.get_num_threads(), -(-len(q) // 16)) if threadpool_limits else 1
+    rounds = -(-len(q) // (workers * chunk))
+    qb = -(-len(q) // (workers * rounds))  # equal blocks, as many per worker
     vals, idx = out_s.numpy(), out_i.numpy()
 
     def run(s: int) -> None:
@@ -74,23 +74,13 @@ def _topk_tiled(queries: torch.Tensor, corpus: torch.Tensor, k: int, chunk: int,
         _query_block(np.ascontiguousarray(qn), c, c_inv, k,
                      None if ex is None else ex[s:e], vals[s:e], idx[s:e])
 
-    if workers <= 1:
+    if workers == 1:
         for s in range(0, len(q), qb):
             run(s)
         return out_s, out_i
-    with limit(1), ThreadPoolExecutor(workers) as pool:
+    with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(workers) as pool:
         list(pool.map(run, range(0, len(q), qb)))  # dynamic: a slowed core takes fewer blocks
     return out_s, out_i
-
-
-def _single_threaded_blas() -> Callable[[int], AbstractContextManager] | None:
-    """threadpoolctl's BLAS limit, or None without threadpoolctl (then: one multi-threaded BLAS
-    call at a time, since concurrent calls to a threaded OpenBLAS oversubscribe the cores)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return None
-    return lambda n: threadpool_limits(n, user_api="blas")
 
 
 def _as_f32(x: torch.Tensor) -> np.ndarray:
@@ -109,52 +99,86 @@ def _inv_norms(x: np.ndarray, rows: int = 65536) -> np.ndarray | None:
 
 def _query_block(qn: np.ndarray, c: np.ndarray, c_inv: np.ndarray | None, k: int,
                  ex: np.ndarray | None, vals: np.ndarray, idx: np.ndarray) -> None:
-    """Top-k of unit queries qn (m, D) over c (N, D) into vals/idx (m, k), tile by tile."""
+    """Top-k of unit queries qn (m, D) over c (N, D) into vals/idx (m, k), tile by tile.
+
+    Tiles are (corpus rows, queries): OpenBLAS runs block (w, D) @ queries^T (D, m) faster
+    here than queries @ block^T (one thread, 1024 x 768: 103 vs 97 GFLOP/s). Candidates are
+    merged once about one per query has gathered: a stale (lower) threshold keeps more.
+    """
     m, n = len(qn), len(c)
+    q_t = np.ascontiguousarray(qn.T)
     width = max(_CORPUS_BLOCK, 8 * k)
     first = n if n <= width else min(width, max(_FIRST_BLOCK, 2 * k))
     edges = [0, *range(first, n, width), n]
-    tile, mask = np.empty(m * width, np.float32), np.empty(m * width, bool)
+    tile, mask = np.empty(width * m, np.float32), np.zeros(width * m + 8, bool)
+    cols, thr = np.arange(m), np.full(m, -np.inf, np.float32)
+    pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    merged = False
     for j0, j1 in itertools.pairwise(edges):
-        block = np.ascontiguousarray(c[j0:j1])
-        t = tile[: m * (j1 - j0)].reshape(m, j1 - j0)
-        np.matmul(qn, block.T, out=t)
+        t = tile[: (j1 - j0) * m].reshape(j1 - j0, m)
+        np.matmul(np.ascontiguousarray(c[j0:j1]), q_t, out=t)
         if c_inv is not None:
-            t *= c_inv[j0:j1]
+            t *= c_inv[j0:j1, None]
         if ex is not None:
-            hit = np.flatnonzero((ex >= j0) & (ex < j1))
-            t[hit, ex[hit] - j0] = -np.inf
-        _merge(t, j0, vals, idx, mask[: t.size].reshape(t.shape))
+            hit = (ex >= j0) & (ex < j1)
+            t[ex[hit] - j0, cols[hit]] = -np.inf
+        pending.append(_candidates(t, j0, thr, k, mask))
+        if sum(len(p[0]) for p in pending) >= m or j1 == n:
+            q_loc, c_idx, v = (np.concatenate(x) for x in zip(*pending, strict=True))
+            _merge(vals, idx, q_loc, c_idx, v, fresh=not merged)
+            pending, merged = [], True
+            thr = np.ascontiguousarray(vals[:, k - 1])
 
 
-def _merge(t: np.ndarray, j0: int, vals: np.ndarray, idx: np.ndarray, mask: np.ndarray) -> None:
-    """Merge tile t (m, w) of corpus rows j0.. into the running top-k vals/idx (m, k).
+def _candidates(t: np.ndarray, j0: int, thr: np.ndarray, k: int, mask: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Entries of tile t (w, m) above each query's threshold thr (m,) and among the tile's k
+    best for it: (query, corpus index, score), each (C,), per query in index order. One equal
+    to thr cannot enter (k earlier rows score as much); ties at the tile's k-th best stay."""
+    w, m = t.shape
+    size = -(-t.size // 8) * 8
+    mask[t.size : size] = False
+    np.greater(t, thr, out=mask[: t.size].reshape(w, m))
+    words = _nonzero_words(mask[:size])
+    if w > k and len(words) > size // 64 and np.count_nonzero(mask) > t.size // 8:
+        kth = np.partition(t, w - k, axis=0)[w - k]  # many candidates (the first tile)
+        # t > nextafter(kth, -inf) is t >= kth: every tie at the cut stays a candidate
+        np.greater(t, np.where(kth > thr, np.nextafter(kth, -np.inf), thr),
+                   out=mask[: t.size].reshape(w, m))
+        words = _nonzero_words(mask[:size])
+    w_i, b_i = np.nonzero(mask[:size].reshape(-1, 8)[words])
+    flat = words[w_i] * 8 + b_i
+    c_loc, q_loc = np.divmod(flat, m)
+    return q_loc, c_loc + j0, t.ravel()[flat]
 
-    vals/idx rows stay ordered by (score desc, index asc). A tile entry can enter only if it
-    beats the current k-th score strictly (on a tie the earlier corpus index wins), and only if
-    it is among the tile's k best; both filters keep every tie, so the merge stays exact.
+
+def _nonzero_words(mask: np.ndarray) -> np.ndarray:
+    """Indices (W,) of the 8-flag words of a sparse bool mask (8n,) with a flag set: 3x faster
+    here than np.flatnonzero on the flags (0.036 vs 0.11 ns per flag)."""
+    return np.flatnonzero(mask.view(np.uint64) != 0)
+
+
+def _merge(vals: np.ndarray, idx: np.ndarray, q_loc: np.ndarray, c_idx: np.ndarray,
+           v: np.ndarray, fresh: bool) -> None:
+    """Merge candidates (query, corpus index, score) (C,) into the running top-k (m, k).
+
+    vals/idx rows stay ordered by (score desc, index asc); the candidates come per query in
+    index order, all after the rows' entries. `fresh`: vals/idx hold no entry yet.
     """
-    m, w = t.shape
-    k = vals.shape[1]
-    np.greater(t, vals[:, k - 1 :], out=mask)
-    flat = np.flatnonzero(mask)
-    if len(flat) == 0:
-        return
-    if len(flat) > t.size // 8 and w > k:  # many candidates (first tile): cut at the k-th best
-        kth = -np.partition(-t, k - 1, axis=1)[:, k - 1 : k]
-        mask &= t >= kth
-        flat = np.flatnonzero(mask)
-    r_loc, cols = np.divmod(flat, w)
-    counts = np.bincount(r_loc, minlength=m)
+    m, k = vals.shape
+    counts = np.bincount(q_loc, minlength=m)
     rows = np.flatnonzero(counts)
+    if len(rows) == 0:
+        return
+    group = np.zeros(m, np.int64)
+    group[rows] = np.arange(len(rows))
     counts = counts[rows]
-    group = np.arange(len(rows))
     # the old entries first, then the candidates in index order: a stable sort by
     # (row, score desc) then keeps equal scores in corpus-index order
-    old = 0 if j0 == 0 and counts.min() >= k else k  # first tile: no old entries yet
-    row_e = np.concatenate([np.repeat(group, old), np.repeat(group, counts)])
-    val_e = np.concatenate([vals[rows, :old].ravel(), t.ravel()[flat]])
-    idx_e = np.concatenate([idx[rows, :old].ravel(), cols + j0])
+    old = 0 if fresh and counts.min() >= k else k
+    row_e = np.concatenate([np.repeat(np.arange(len(rows)), old), group[q_loc]])
+    val_e = np.concatenate([vals[rows, :old].ravel(), v])
+    idx_e = np.concatenate([idx[rows, :old].ravel(), c_idx])
     order = np.argsort(_desc_key(row_e, val_e), kind="stable")
     size = counts + old
     keep = order[np.arange(len(order)) - np.repeat(np.cumsum(size) - size, size) < k]
