@@ -40,8 +40,12 @@ def _top_project(root: Path, model: Path, **encoder) -> tuple[Path, P.Params]:
     return params_file, p
 
 
-def test_cached_states_through_the_top_layers_equal_the_whole_encoder(tmp_path: Path,
-                                                                      tiny_bert: Path) -> None:
+@pytest.mark.parametrize("tokens_per_chunk", [32768, 50])
+def test_cached_states_through_the_top_layers_equal_the_whole_encoder(
+        tmp_path: Path, tiny_bert: Path, tokens_per_chunk: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # 50 tokens: length-sorted chunks of a few rows each, put back in the split's order
+    monkeypatch.setattr(represent, "TOKENS_PER_CHUNK", tokens_per_chunk)
     _, p = _top_project(tmp_path, tiny_bert)
     data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
     rep = represent.build("top_layers", p, data.tables).eval()

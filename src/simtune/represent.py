@@ -29,6 +29,7 @@ ROWS = {"text": "rows", "query": "q_rows", "doc": "d_rows"}
 TEXTS = {"text": "texts", "query": "q_texts", "doc": "d_texts"}
 TOKENS = {"text": "tokens", "query": "q_tokens", "doc": "d_tokens"}
 CHUNK = 1024
+TOKENS_PER_CHUNK = 32768  # top_layers embed_split: padded tokens per forward (bounds memory)
 
 
 class Representation(torch.nn.Module):
@@ -127,6 +128,24 @@ class CachedStates(Representation):
         hidden = self.top(inputs_embeds=states, attention_mask=mask).last_hidden_state
         vec = pool(hidden, mask, self.spec.pooling).float()
         return torch.nn.functional.normalize(vec, dim=-1) if self.spec.normalize else vec
+
+    def embed_split(self, split: Any, role: str) -> torch.Tensor:
+        """(n, D) vectors of every example of `split`, in its order. Rows run length-sorted in
+        chunks of about TOKENS_PER_CHUNK padded tokens: padding to a random chunk's longest text
+        costs ~2x the compute on short texts, and a fixed row count would bound nothing."""
+        n = len(split)
+        if n == 0:
+            return torch.empty(0, self.dim)
+        lengths = self.table.lengths(split.tensors[ROWS[role]].to(self.table.offsets.device))
+        order = torch.argsort(lengths.cpu(), descending=True, stable=True)
+        out, s = [], 0
+        while s < n:  # sorted descending: the chunk's first row is its longest
+            e = min(n, s + max(1, TOKENS_PER_CHUNK // max(1, int(lengths[order[s]]))))
+            out.append(self.forward(split, {"idx": order[s:e]}, role))
+            s = e
+        vectors = torch.empty(n, out[0].shape[1], dtype=out[0].dtype, device=out[0].device)
+        vectors[order.to(vectors.device)] = torch.cat(out)
+        return vectors
 
     def place(self, device: torch.device, cache_type: Callable[[str], str]) -> None:
         kind = cache_type(self.table.manifest.encoder.split("@")[0])
