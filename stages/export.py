@@ -1,22 +1,31 @@
-"""`export`: a servable model directory (encoder, head, config)."""
+"""`export`: a servable model directory (encoder, head, sentence-transformers files, model card)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from stages._common import dir_option, user_errors
+from stages._common import dir_option, file_option, user_errors
 
 
 @user_errors
 def export(
     head: Path = dir_option("models/head", "trained head directory"),
     out: Path = dir_option("models/export", "servable model directory"),
+    params: Path = file_option("params.yaml", "params file (the model card's training settings)"),
+    metrics: Path = file_option("reports/metrics.json",
+                                "evaluate's headline metrics for the model card (optional)"),
+    data_report: Path = file_option("reports/prepare.json",
+                                    "prepare's report: data set size for the card (optional)"),
 ) -> None:
-    """Write a servable model directory (encoder, head, config) for simtune.load_model.
+    """Write a servable model directory for simtune.load_model and SentenceTransformer(dir).
 
-    It also loads as SentenceTransformer(dir, trust_remote_code=True).
+    Every head type loads with plain SentenceTransformer(dir), no trust_remote_code; the log
+    line says so, or says when a head needs trust_remote_code=True. README.md in it is the
+    model card (Hugging Face / sentence-transformers format).
     """
     from simtune import model
+    from simtune import params as P
+    from simtune.model_card import CardInputs, read_report
 
-    model.export(head, out)
-    print(f"exported {out}")
+    card = CardInputs(P.load(params), read_report(data_report), read_report(metrics))
+    model.export(head, out, card)

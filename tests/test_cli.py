@@ -27,7 +27,7 @@ from tests.conftest import ROOT, save_tiny_bert
 from tests.train_helpers import project
 
 # what each path option is; bad values: a directory for a file, a file for a directory, and a
-# missing path for an input ("dir-opt": an input whose absence is not an error)
+# missing path for an input ("dir-opt", "file-opt": an input whose absence is not an error)
 PATHS = {
     ("prepare",): {"--params": "file-in", "--out": "dir-out", "--report": "file-out"},
     ("cache",): {"--params": "file-in", "--prepared": "dir-in", "--out": "dir-out"},
@@ -39,7 +39,8 @@ PATHS = {
                     "--head": "dir-in", "--out": "file-out", "--plot": "file-out",
                     "--detail": "file-out", "--run-trained": "file-out",
                     "--run-baseline": "file-out"},
-    ("export",): {"--head": "dir-in", "--out": "dir-out"},
+    ("export",): {"--head": "dir-in", "--out": "dir-out", "--params": "file-in",
+                  "--metrics": "file-opt", "--data-report": "file-opt"},
     ("search",): {"--params": "file-in", "--head": "dir-in", "--prepared": "dir-in",
                   "--cache": "dir-opt"},
 }

@@ -154,7 +154,7 @@ def test_export_round_trip_equals_normalised_cache_plus_head(trained: tuple[Path
     export(root / "head", tmp_path / "export")
     config = json.loads((tmp_path / "export" / "simtune.json").read_text())
     assert (config["format_version"], config["encoder_name"], config["normalize_output"]) == (
-        2, "tiny", True)
+        3, "tiny", True)
     texts = sentences(10)
     want = _pipeline_vectors(root, params_file, texts)
     assert not torch.allclose(want.norm(dim=1), torch.ones(10), atol=1e-3)  # the head's own
@@ -206,7 +206,8 @@ def test_export_of_a_dot_product_head_is_not_normalised(trained: tuple[Path, Pat
     config = json.loads((tmp_path / "export" / "simtune.json").read_text())
     assert config["normalize_output"] is False
     modules = json.loads((tmp_path / "export" / "modules.json").read_text())
-    assert [mod["path"] for mod in modules] == ["encoder", "1_Pooling", "2_Normalize", "head"]
+    assert [mod["path"] for mod in modules] == ["encoder", "1_Pooling", "2_Normalize", "3_Dense",
+                                                "4_Dense"]  # the mlp head, no last Normalize
     texts = sentences(10)
     want = _pipeline_vectors(root, params_file, texts, head_dir)
     assert torch.allclose(load_model(tmp_path / "export", "cpu").encode(texts), want, atol=1e-6)
@@ -218,15 +219,14 @@ def test_sentence_transformers_loads_the_export(trained: tuple[Path, Path],
     root, _ = trained
     export(root / "head", tmp_path / "export")
     texts = sentences(6)
-    st_model = st.SentenceTransformer(str(tmp_path / "export"), device="cpu",
-                                      trust_remote_code=True)
+    st_model = st.SentenceTransformer(str(tmp_path / "export"), device="cpu")  # no remote code
     got = torch.as_tensor(st_model.encode(texts, convert_to_numpy=True))
     want = load_model(tmp_path / "export", "cpu").encode(texts)
     assert torch.allclose(got, want, atol=1e-5)
     assert torch.allclose(got.norm(dim=1), torch.ones(6), atol=1e-5)  # its last module normalises
     modules = json.loads((tmp_path / "export" / "modules.json").read_text())
-    assert [mod["path"] for mod in modules] == ["encoder", "1_Pooling", "2_Normalize", "head",
-                                                "4_Normalize"]
+    assert [mod["path"] for mod in modules] == ["encoder", "1_Pooling", "2_Normalize", "3_Dense",
+                                                "4_Dense", "5_Normalize"]
 
 
 def test_search_prints_neighbours_with_scores(trained: tuple[Path, Path]) -> None:

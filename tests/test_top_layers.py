@@ -137,6 +137,10 @@ def test_trains_saves_an_ordinary_model_and_export_gives_the_pipeline_vectors(
     ids = data.tables["query"].ids.take(split.tensors["rows"].numpy()).to_pylist()
     served = load_model(tmp_path / "export", "cpu").encode([texts[i] for i in ids])
     assert torch.allclose(served, pipeline, atol=1e-5), float((served - pipeline).abs().max())
+    st = pytest.importorskip("sentence_transformers")  # and plain sentence-transformers, no code
+    plain = st.SentenceTransformer(str(tmp_path / "export"), device="cpu").encode(
+        [texts[i] for i in ids], convert_to_tensor=True)
+    assert torch.allclose(plain, pipeline, atol=1e-5), float((plain - pipeline).abs().max())
 
 
 @pytest.mark.integration

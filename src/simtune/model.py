@@ -1,23 +1,32 @@
 """A servable model: a frozen (or fine-tuned) encoder plus a trained head, loadable anywhere.
 
-Export directory layout (`simtune export`):
+Export directory layout (`simtune export`), format version 3:
 
-- `simtune.json` — `{"format_version": 2, "encoder_name", "encoder": {model, pooling, normalize,
-  max_length, dtype}, "head": "head", "normalize_output"}`; `encoder.model` is `encoder` (a copy
-  inside the export) or `minilm`; `encoder_name` is the encoder's name in `params.yaml` (with
-  "fine-tuned" in full mode); `normalize_output` is true when training compared vectors by angle
-  (cosine distance, or arcface), so the output is L2-normalised: unit vectors, the same cosine
-  ranking. Version 1 exports lack the last two keys: named after `encoder.model`, not normalised.
-- `encoder/` — the Hugging Face model files (absent when the encoder is the bundled `minilm`).
-- `head/` — `model.safetensors` + `config.json` (see `simtune.heads`).
-- sentence-transformers files (`modules.json`: Transformer, `1_Pooling/`, `2_Normalize/` when the
-  encoder normalises, the head, a last `N_Normalize/` when `normalize_output`), so
-  `SentenceTransformer(dir)` loads the same model when that package is installed.
+- `simtune.json` — `{"format_version": 3, "encoder_name", "encoder": {model, pooling, normalize,
+  max_length, dtype}, "head": "head", "normalize_output", "sentence_transformers": "plain" |
+  "trust_remote_code"}`; `encoder.model` is `encoder` (the copy inside the export);
+  `encoder_name` is the encoder's name in `params.yaml` (with "fine-tuned" in full mode);
+  `normalize_output` is true when training compared vectors by angle (cosine distance, or
+  arcface), so the output is L2-normalised: unit vectors, the same cosine ranking.
+- `encoder/` — the Hugging Face model files (hard-linked where possible), the bundled `minilm`
+  included, plus sentence-transformers' `sentence_bert_config.json` (`max_seq_length`).
+- `head/` — `model.safetensors` + `config.json` (see `simtune.heads`): what `load_model` reads.
+- sentence-transformers files (`modules.json`, `config_sentence_transformers.json`, the module
+  folders; see `simtune.st_layout`): every head type is written as sentence-transformers' own
+  `Dense` modules, so plain `SentenceTransformer(dir)` loads it (`"sentence_transformers":
+  "plain"`); a head type without a `Dense` form would be served by `simtune.st_module.HeadModule`
+  and need `trust_remote_code=True`.
+- `README.md` — the model card (`simtune.model_card`).
+
+Older exports still load with `load_model`: version 2 (no `sentence_transformers` key, the head
+as `HeadModule`, no `encoder/` for `minilm`) and version 1 (also no `encoder_name`, not
+normalised).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -25,13 +34,19 @@ from typing import Any
 
 import torch
 
-from simtune import heads
+from simtune import heads, st_layout
 from simtune.atomic import atomic_dir, write_json
 from simtune.encoders import FrozenEncoder, model_dir, resolve_device
 from simtune.errors import UserError
+from simtune.model_card import CardInputs, render
 from simtune.params import EncoderParams
 
-FORMAT_VERSION = 2
+log = logging.getLogger("simtune.model")
+FORMAT_VERSION = 3
+# files of sentence-transformers' own layout in an encoder directory (the bundled minilm has
+# them): not copied, the export writes its own
+_ST_FILES = ("modules.json", "config_sentence_transformers.json", "sentence_*_config.json",
+             "README.md", ".gitattributes", "[0-9]_[A-Z]*")
 
 
 class Model:
@@ -88,67 +103,57 @@ def load_model(directory: str | Path, device: str = "auto") -> Model:
     return Model(encoder, head, normalize_output)
 
 
-def export(head_dir: Path, out: Path) -> None:
-    """Write a self-contained servable model from a trained head directory (atomically)."""
-    head_dir = Path(head_dir)
+def export(head_dir: Path, out: Path, card: CardInputs | None = None) -> bool:
+    """Write a self-contained servable model from a trained head directory (atomically), with
+    its model card (`card`: what it reports beyond the head; nothing more when None).
+
+    Returns True when plain `SentenceTransformer(out)` loads it, False when the head needs
+    `trust_remote_code=True` (a head type with no `Dense` form; see `simtune.st_layout`)."""
+    head_dir, card = Path(head_dir), card or CardInputs()
     meta_path = head_dir / "training.json"
     if not meta_path.is_file():
         raise UserError(f"{head_dir}: no trained head here (run the train stage)")
     meta = json.loads(meta_path.read_text())
     spec = meta["encoder"]
     name, normalize_output = _trained_as(meta)
-    source = head_dir / "encoder" if (head_dir / "encoder").is_dir() else None
-    if source is None and spec["model"] != "minilm":
-        source = model_dir("encoder", EncoderParams(**spec))
+    head = heads.load(head_dir)
+    source = head_dir / "encoder" if (head_dir / "encoder").is_dir() else model_dir(
+        "encoder", EncoderParams(**spec))
+    similarity = None
+    if card.params is not None:
+        loss = card.params.train.loss
+        similarity = "cosine" if loss.name == "arcface" else loss.distance
     with atomic_dir(Path(out)) as tmp:
-        if source is not None:
-            _copy_tree(source, tmp / "encoder")
-            spec = {**spec, "model": "encoder"}
+        _copy_tree(source, tmp / "encoder")
+        spec = {**spec, "model": "encoder"}
         shutil.copytree(head_dir, tmp / "head", ignore=shutil.ignore_patterns("encoder"))
-        write_json(tmp / "simtune.json", {"format_version": FORMAT_VERSION, "encoder_name": name,
-                                          "encoder": spec, "head": "head",
-                                          "normalize_output": normalize_output})
-        _sentence_transformers_files(tmp, spec, heads.load(tmp / "head").config["dim"],
-                                     normalize_output)
+        plain = st_layout.write(tmp, spec, head, normalize_output, similarity)
+        write_json(tmp / "simtune.json", {
+            "format_version": FORMAT_VERSION, "encoder_name": name, "encoder": spec,
+            "head": "head", "normalize_output": normalize_output,
+            "sentence_transformers": "plain" if plain else "trust_remote_code"})
+        modules = [m["type"].rsplit(".", 1)[-1]
+                   for m in json.loads((tmp / "modules.json").read_text())]
+        (tmp / "README.md").write_text(render(meta, head.config, plain, modules, card),
+                                       encoding="utf-8")
+    if plain:
+        log.info("exported %s: loads with plain SentenceTransformer(%r) (head '%s' as %s)", out,
+                 str(out), head.config["type"], " -> ".join(modules))
+    else:
+        log.warning("exported %s: head '%s' has no plain sentence-transformers form; "
+                    "SentenceTransformer(%r, trust_remote_code=True) loads it (simtune installed)",
+                    out, head.config["type"], str(out))
+    return plain
 
 
 def _copy_tree(src: Path, dest: Path) -> None:
-    """Hard-link files when possible (same filesystem: no copy of the weights), else copy."""
+    """Hard-link files when possible (same filesystem: no copy of the weights), else copy;
+    sentence-transformers' own files of `src` are left out."""
     def link_or_copy(s: str, d: str) -> None:
         try:
             os.link(s, d)
         except OSError:
             shutil.copy2(s, d)
 
-    shutil.copytree(src, dest, copy_function=link_or_copy)
-
-
-def _sentence_transformers_files(root: Path, spec: dict, dim: int, normalize_output: bool
-                                 ) -> None:
-    """modules.json etc. so sentence-transformers loads: Transformer -> Pooling ->
-    (Normalize) -> our head module -> (Normalize, when `normalize_output`)."""
-    encoder_path = "encoder" if spec["model"] == "encoder" else ""
-    modules = [{"idx": 0, "name": "0", "path": encoder_path,
-                "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling",
-                "type": "sentence_transformers.models.Pooling"}]
-    if spec["normalize"]:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
-                        "type": "sentence_transformers.models.Normalize"})
-        (root / "2_Normalize").mkdir()
-    modules.append({"idx": len(modules), "name": str(len(modules)), "path": "head",
-                    "type": "simtune.st_module.HeadModule"})
-    if normalize_output:
-        path = f"{len(modules)}_Normalize"
-        modules.append({"idx": len(modules), "name": str(len(modules)), "path": path,
-                        "type": "sentence_transformers.models.Normalize"})
-        (root / path).mkdir()
-    write_json(root / "modules.json", modules)
-    (root / "1_Pooling").mkdir()
-    write_json(root / "1_Pooling" / "config.json", {
-        "word_embedding_dimension": dim, "pooling_mode_cls_token": spec["pooling"] == "cls",
-        "pooling_mode_mean_tokens": spec["pooling"] == "mean",
-        "pooling_mode_max_tokens": spec["pooling"] == "max",
-        "pooling_mode_mean_sqrt_len_tokens": False})
-    write_json(root / "sentence_bert_config.json", {"max_seq_length": spec["max_length"],
-                                                    "do_lower_case": False})
+    shutil.copytree(src, dest, copy_function=link_or_copy,
+                    ignore=shutil.ignore_patterns(*_ST_FILES))
