@@ -4,6 +4,7 @@ the trained top layers + frozen bottom are one ordinary transformers model, serv
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -40,12 +41,37 @@ def _top_project(root: Path, model: Path, **encoder) -> tuple[Path, P.Params]:
     return params_file, p
 
 
-@pytest.mark.parametrize("tokens_per_chunk", [4096, 50])
+def _brute_force_groups(lengths: list[int], overhead: int) -> float:
+    """Cheapest padded cost over every split of the length-sorted rows into runs."""
+    sl, n, best = sorted(lengths, reverse=True), len(lengths), float("inf")
+    for mask in range(2 ** (n - 1)):
+        cuts = [0] + [i + 1 for i in range(n - 1) if mask >> i & 1] + [n]
+        best = min(best, sum(sl[a] * (b - a) + overhead for a, b in itertools.pairwise(cuts)))
+    return best
+
+
+@pytest.mark.parametrize("overhead", [0, 7, 40, 1000])
+def test_length_groups_are_the_cheapest_partition(overhead: int) -> None:
+    gen = torch.Generator().manual_seed(overhead)
+    for _ in range(20):
+        lengths = torch.randint(1, 60, (int(torch.randint(1, 10, (1,), generator=gen)),),
+                                generator=gen)
+        groups = represent.length_groups(lengths, overhead)
+        assert sorted(torch.cat(groups).tolist()) == list(range(len(lengths)))  # a partition
+        cost = sum(int(lengths[g].max()) * len(g) + overhead for g in groups)
+        assert cost == _brute_force_groups(lengths.tolist(), overhead)
+    assert len(represent.length_groups(torch.tensor([40, 10, 40, 10]), 0)) == 2
+    assert len(represent.length_groups(torch.tensor([40, 10, 40, 10]), 100)) == 1
+
+
+@pytest.mark.parametrize(("tokens_per_chunk", "overhead"), [(4096, 256), (50, 256), (4096, 0)])
 def test_cached_states_through_the_top_layers_equal_the_whole_encoder(
-        tmp_path: Path, tiny_bert: Path, tokens_per_chunk: int,
+        tmp_path: Path, tiny_bert: Path, tokens_per_chunk: int, overhead: int,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # 50 tokens: length-sorted chunks of a few rows each, put back in the split's order
+    # 50 tokens: length-sorted chunks of a few rows each, put back in the split's order;
+    # overhead 0: every forward runs as many length groups, put back in the batch's order
     monkeypatch.setattr(represent, "TOKENS_PER_CHUNK", tokens_per_chunk)
+    monkeypatch.setattr(represent, "GROUP_OVERHEAD", {"cpu": overhead, "other": overhead})
     _, p = _top_project(tmp_path, tiny_bert)
     data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
     rep = represent.build("top_layers", p, data.tables).eval()
@@ -58,6 +84,11 @@ def test_cached_states_through_the_top_layers_equal_the_whole_encoder(
     want = frozen.encode([texts[i] for i in ids], 7)
     assert got.shape == want.shape == (len(split), 32)
     assert torch.allclose(got, want, atol=2e-5), float((got - want).abs().max())
+    # a training batch in random order (length groups inside forward) gives the same rows
+    perm = torch.randperm(len(split), generator=torch.Generator().manual_seed(3))[:40]
+    with torch.no_grad():
+        batch = rep(split, {"idx": perm}, "text")
+    assert torch.allclose(batch, want[perm], atol=2e-5), float((batch - want[perm]).abs().max())
     # and the frozen top layers give exactly the cached vectors too
     cached = data.tables["query"].vectors[split.tensors["rows"]]
     assert torch.allclose(got, cached, atol=2e-5)

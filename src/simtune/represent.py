@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from simtune import store
@@ -29,6 +30,9 @@ ROWS = {"text": "rows", "query": "q_rows", "doc": "d_rows"}
 TEXTS = {"text": "texts", "query": "q_texts", "doc": "d_texts"}
 TOKENS = {"text": "tokens", "query": "q_tokens", "doc": "d_tokens"}
 CHUNK = 1024
+# padded tokens one more forward is worth (small GEMMs run slower on CPU; launches on GPU)
+GROUP_OVERHEAD = {"cpu": 64, "other": 8192}  # TREC top-2 step, 64 rows: 2.79 s one group,
+# 1.61 s at 256, 1.24 s at 64 (fwd+bwd, 2 CPU cores at load 7; bench/layers.py measures epochs)
 TOKENS_PER_CHUNK = 4096  # top_layers embed_split: padded tokens per forward (bounds memory;
 # TREC val+train at load 6: 32768 -> 4096 tokens took 23.0 -> 14.0 s, sorting alone 37 -> 23 s)
 
@@ -94,6 +98,30 @@ class _PassThrough(torch.nn.Module):
         return inputs_embeds
 
 
+def length_groups(lengths: torch.Tensor, overhead: int) -> list[torch.Tensor]:
+    """Partition of a batch's rows (by their (n,) token `lengths`) into groups that minimise the
+    padded tokens computed, sum over groups of (longest x rows), plus `overhead` tokens per
+    group (the cost of one more, smaller forward). Exact dynamic programme over the rows sorted
+    by length (an optimal group is a run of them). Returns index tensors into the batch."""
+    n = len(lengths)
+    order = torch.argsort(lengths, descending=True, stable=True)
+    if n <= 1:
+        return [order]
+    sl = lengths[order].to(torch.float64).numpy()
+    best = np.zeros(n + 1)  # best[i]: cost of the i longest rows
+    cut = np.zeros(n + 1, dtype=np.int64)
+    j = np.arange(n)
+    for i in range(1, n + 1):  # last group = sorted rows j..i-1, padded to sl[j]
+        cost = best[:i] + sl[:i] * (i - j[:i]) + overhead
+        cut[i] = int(np.argmin(cost))
+        best[i] = cost[cut[i]]
+    bounds, i = [], n
+    while i > 0:
+        bounds.append((int(cut[i]), i))
+        i = int(cut[i])
+    return [order[a:b] for a, b in reversed(bounds)]
+
+
 def top_model(path: Path, layer: int) -> Any:
     """The encoder at `path` minus its embeddings and first `layer` layers: it maps the token
     states after layer `layer` (as `inputs_embeds`) to the last hidden states. BERT-family
@@ -124,7 +152,20 @@ class CachedStates(Representation):
         self.dim = int(self.top.config.hidden_size)
 
     def forward(self, split: Any, part: dict[str, Any], role: str) -> torch.Tensor:
+        """(n, D): each text's vector depends only on its own tokens, so the batch runs as
+        groups of similar length (`length_groups`), each padded to its own longest."""
         rows = split.tensors[ROWS[role]][part["idx"]]
+        groups = length_groups(self.table.lengths(rows.to(self.table.offsets.device)).cpu(),
+                               GROUP_OVERHEAD.get(self.device.type, GROUP_OVERHEAD["other"]))
+        if len(groups) == 1:
+            return self._run(rows)
+        outs = [self._run(rows[g]) for g in groups]
+        vectors = torch.empty(len(rows), outs[0].shape[1], dtype=outs[0].dtype,
+                              device=outs[0].device)
+        vectors[torch.cat(groups).to(vectors.device)] = torch.cat(outs)
+        return vectors
+
+    def _run(self, rows: torch.Tensor) -> torch.Tensor:
         states, mask = self.table.batch(rows, self.device)
         hidden = self.top(inputs_embeds=states, attention_mask=mask).last_hidden_state
         vec = pool(hidden, mask, self.spec.pooling).float()
