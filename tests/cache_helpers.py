@@ -47,7 +47,8 @@ def encoder_params(model: Path, **overrides: Any) -> dict[str, Any]:
 
 
 def cache_params(**overrides: Any) -> dict[str, Any]:
-    return {"batch_size": 8, "num_workers": 0, "device": "cpu", "shard_rows": 1000,
+    return {"batch_size": 8, "num_workers": 0, "backend": "torch", "device": "cpu",
+            "shard_rows": 1000,
             "cache_type": "cpu", "mapping": {},
             "store": "never-used ($SIMTUNE_STORE is set by conftest)", "store_max_gb": 20,
             "max_layer_gb": 8,

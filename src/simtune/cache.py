@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from simtune import formats, shared, states, store, views
+from simtune import backends, batching, formats, shared, states, store, views
 from simtune.encoders import FrozenEncoder, describe, fingerprint, resolve_device
 from simtune.errors import UserError
 from simtune.formats import Format
@@ -125,8 +125,9 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Pa
                  fmt: Format = VECTORS) -> FillResult:
     """Make `view` hold the vectors of `texts` (workspace id -> text) under the current
     fingerprint. Texts the store lacks are embedded into it first (rank `r` of `w` embeds every
-    w-th of the length-sorted missing texts); nothing stored is touched before the encoder has
-    loaded, and the view is replaced only when complete."""
+    w-th of the length-sorted missing texts) by `cp.backend` (`simtune.backends`); nothing
+    stored is touched before the encoder has loaded, and the view is replaced only when
+    complete."""
     description = describe(name, spec, fmt.layer)
     fp = fingerprint(description)
     root = shared.root(cp.store)
@@ -147,7 +148,8 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Pa
                             model_loaded=False)
         log.info("cache %s: %d cached, %d to embed", label, result.cached, len(missing))
         if missing:
-            encoder = encoder_factory(name, spec, _device(cp, dist))
+            encoder = backends.select(encoder_factory(name, spec, _device(cp, dist)),
+                                      cp.backend, directory, fmt.layer)
             result.model_loaded = True
             result.embedded = _embed_missing(encoder, missing, by_hash, directory, manifest,
                                              cp, dist, fmt)
@@ -192,37 +194,15 @@ def _device(cp: CacheParams, dist: Dist) -> torch.device:
     return device
 
 
-class _Batches(torch.utils.data.Dataset):
-    """Item i = (positions, tokenised batch i); tokenisation runs in DataLoader workers."""
-
-    def __init__(self, texts: list[str], batches: list[list[int]], encoder: FrozenEncoder) -> None:
-        self.texts, self.batches, self.tokenize = texts, batches, encoder.tokenize
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __getitem__(self, i: int) -> tuple[list[int], dict[str, torch.Tensor]]:
-        idx = self.batches[i]
-        return idx, self.tokenize([self.texts[j] for j in idx])
+Encoder = FrozenEncoder | backends.OnnxEncoder
 
 
-def _embed_missing(encoder: FrozenEncoder, missing: list[str], texts: dict[str, str],
+def _embed_missing(encoder: Encoder, missing: list[str], texts: dict[str, str],
                    directory: Path, manifest: store.Manifest, cp: CacheParams,
                    dist: Dist, fmt: Format) -> int:
-    # sort by token length so batches hold similar lengths (little padding); rank r takes every
-    # w-th text, so all ranks get the same mix of lengths
-    lengths: list[int] = []
-    for i in range(0, len(missing), 8192):
-        lengths += encoder.token_lengths([texts[t] for t in missing[i : i + 8192]])
-    order = sorted(range(len(missing)), key=lambda i: (lengths[i], missing[i]))
-    mine = [missing[i] for i in order[dist.rank :: dist.world]]
-    batches = [list(range(i, min(i + cp.batch_size, len(mine))))
-               for i in range(0, len(mine), cp.batch_size)]
-    if cp.num_workers:
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers are the parallelism
-    loader = torch.utils.data.DataLoader(
-        _Batches([texts[t] for t in mine], batches, encoder), batch_size=None,
-        num_workers=cp.num_workers, pin_memory=encoder.device.type == "cuda")
+    mine = batching.rank_order(encoder, missing, texts, dist.rank, dist.world)
+    loader = batching.tokenised([texts[t] for t in mine], cp.batch_size, encoder,
+                                cp.num_workers)
     journal = shared.Journal(directory, dist.rank, manifest.fingerprint)
     buf_ids: list[str] = []
     buf: list[formats.Rows] = []

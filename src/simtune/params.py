@@ -171,7 +171,13 @@ class CacheParams(Section):
     (changing them reruns nothing)."""
 
     batch_size: int = Field(gt=0, description="texts per encoder forward pass when filling")
-    num_workers: int = Field(ge=0, description="DataLoader workers that tokenise (0: main thread)")
+    num_workers: int = Field(ge=0, description="DataLoader workers that tokenise (0: a "
+                             "background thread tokenises the next batches)")
+    backend: Literal["torch", "onnx"] = Field(
+        description="who runs the encoder when filling: `torch` (eager), or `onnx` (an export "
+        "with pooling, run by ONNX Runtime on the CPU: needs `simtune[onnx]`; vectors equal up "
+        "to float rounding, layer states and GPU fills stay on torch)"
+    )
     device: str = Field(
         description="fill device: `auto` (cuda if available), `cpu`, `cuda`, `cuda:N`"
     )

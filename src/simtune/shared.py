@@ -10,6 +10,7 @@ Layout (root: `cache.store`, or `$SIMTUNE_STORE` when set):
         .lock                       held (flock) by the one process filling this fingerprint
         .verified.json              shards whose sha256 was checked, by (size, mtime, inode)
         .used                       touched on every use: the clock of the size policy
+        onnx/model.onnx             `cache.backend: onnx` only: the encoder's export
 
 Fingerprints live side by side, so switching a setting back and forth re-embeds nothing. Shards
 are immutable once listed; a shard whose checksum fails is dropped (with a warning naming it)
@@ -239,7 +240,7 @@ def entries(store_root: Path) -> list[Entry]:
             manifest = store.read_manifest(d)
         except UserError:
             manifest = None
-        size = sum(p.stat().st_size for p in d.iterdir() if p.is_file())
+        size = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())  # ONNX export too
         out.append(Entry(d, d.name, manifest.encoder if manifest else "?",
                          manifest.rows if manifest else 0, size, last_used(d)))
     return sorted(out, key=lambda e: (e.last_used, e.fingerprint))
