@@ -166,7 +166,8 @@ class GroupLoss(nn.Module):
 
     def _arcface(self, emb: torch.Tensor, labels: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = (F.normalize(emb, dim=-1) @ F.normalize(self.centers, dim=-1).T).clamp(-1, 1)
+        centers = self.centers[:, : emb.shape[1]]  # Matryoshka: a prefix of each centre
+        cos = (F.normalize(emb, dim=-1) @ F.normalize(centers, dim=-1).T).clamp(-1, 1)
         target = cos.gather(1, labels[:, None])
         sin = (1 - target.pow(2)).clamp_min(1e-12).sqrt()
         m = self.margin

@@ -223,6 +223,21 @@ class LossParams(Section):
     )
     scale: Number = Field(gt=0, description="mnrl and arcface: logit scale")
     symmetric: bool = Field(description="mnrl: also rank queries for each document")
+    matryoshka_dims: list[Annotated[int, Field(gt=0)]] = Field(
+        description="Matryoshka: the loss is the weighted sum of the loss at each of these "
+        "prefixes of the output vector (e.g. [384, 256, 128, 64]; list the full dim to keep "
+        "training it); [] turns it off")
+    matryoshka_weights: list[Annotated[Number, Field(gt=0)]] = Field(
+        description="Matryoshka: the weight of each dim's loss in the sum ([]: 1 each)")
+
+    @model_validator(mode="after")
+    def _matryoshka(self) -> LossParams:
+        dims, weights = self.matryoshka_dims, self.matryoshka_weights
+        if len(set(dims)) != len(dims):
+            raise ValueError(f"matryoshka_dims: {dims} lists a dim twice")
+        if weights and len(weights) != len(dims):
+            raise ValueError(f"matryoshka_weights: {len(weights)} weights for {len(dims)} dims")
+        return self
 
 
 class GradCacheParams(Section):

@@ -345,5 +345,6 @@ def save(module: SimilarityModule, best: _Best, p: Params, out: Path) -> None:
         angular = loss.distance == "cosine" or loss.name == "arcface"
         meta = {"mode": p.train.mode, "kind": module.data.kind, "query_encoder": enc.query,
                 "document_encoder": enc.document,
-                "encoder": enc.models[enc.query].model_dump(), "normalize_output": angular}
+                "encoder": enc.models[enc.query].model_dump(), "normalize_output": angular,
+                "matryoshka_dims": loss.matryoshka_dims}  # evaluate scores each prefix too
         write_json(tmp / "training.json", meta)

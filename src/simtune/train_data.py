@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from simtune import metrics
+from simtune import matryoshka, metrics
 from simtune.cache import open_cache
 from simtune.errors import UserError
 from simtune.losses import GroupLoss, PairLoss
@@ -163,15 +163,20 @@ def _pair_splits(prepared: Prepared, q_table: Any, d_table: Any, texts: dict[str
 
 
 def build_loss(kind: str, t: TrainParams, num_classes: int, dim: int) -> torch.nn.Module:
+    """The loss of `t.loss` for the data kind (summed over `matryoshka_dims` when listed)."""
     lp = t.loss
+    loss: torch.nn.Module
     if kind == "groups":
-        return GroupLoss(lp.name, lp.distance, lp.temperature, lp.margin, lp.mining, lp.scale,
+        loss = GroupLoss(lp.name, lp.distance, lp.temperature, lp.margin, lp.mining, lp.scale,
                          num_classes, dim)
-    return PairLoss(lp.name, lp.distance, lp.scale, lp.symmetric, lp.margin)
+    else:
+        loss = PairLoss(lp.name, lp.distance, lp.scale, lp.symmetric, lp.margin)
+    return matryoshka.wrap(loss, lp.matryoshka_dims, lp.matryoshka_weights)
 
 
 def check_trainable(data: TrainData, t: TrainParams, world: int) -> None:
     """Refuse, before any training, a set-up that cannot train or can never see a positive."""
+    matryoshka.check_dims(t.loss.matryoshka_dims, data.dim)  # heads keep the input dim
     n = len(data.splits["train"])
     if n < world:  # a larger batch_size is reduced to the training set (sampling)
         raise UserError(f"train: {n} training examples for {world} processes (each process "
