@@ -197,6 +197,18 @@ class CacheParams(Section):
     )
 
 
+class NegativesParams(Section):
+    """`negatives`: hard negatives mined from the cached vectors (pairs data), once per cache."""
+
+    count: int = Field(ge=0, description="negatives kept per training query: its top-ranked "
+                       "training documents that are not its documents (0: none mined)")
+    margin: Number = Field(ge=0, description="skip likely false negatives: documents scoring "
+                           "above the query's lowest positive score minus the margin")
+    margin_type: Literal["relative", "absolute"] = Field(
+        description="`relative`: the margin is a fraction of |positive score| (0.05: at most "
+        "95 % of it, NV-Retriever's TopK-PercPos); `absolute`: a cosine difference")
+
+
 class HeadParams(Section):
     """The trainable head over the (cached) embeddings."""
 
@@ -305,6 +317,9 @@ class TrainParams(Section):
     num_nodes: int = Field(gt=0, description="nodes for multi-node DDP")
     num_workers: int = Field(ge=0, description="full mode: DataLoader workers that tokenise")
     gradcache: GradCacheParams
+    hard_negatives: int = Field(ge=0, description="mnrl, head mode: mined negatives per query "
+                                "(from the negatives stage) added to the in-batch candidates; 0: "
+                                "off")
     encoder: EncoderTrainParams
 
     @model_validator(mode="after")
@@ -349,6 +364,7 @@ class Params(Section):
     prepare: PrepareParams
     encoders: EncodersParams
     cache: CacheParams
+    negatives: NegativesParams
     train: TrainParams
     evaluate: EvaluateParams
 
