@@ -18,7 +18,7 @@ import time
 from bench.common import HERE, machine, table
 
 ROOT = HERE.parent
-BENCHES = ("cache_fill", "train_speed", "eval_topk", "layers")
+BENCHES = ("cache_fill", "train_speed", "eval_topk", "negatives", "layers")
 
 
 def noop_repro() -> dict:

@@ -11,6 +11,7 @@ import typer
 from stages.cache import app as cache_app
 from stages.evaluate import evaluate
 from stages.export import export
+from stages.negatives import negatives
 from stages.prepare import prepare
 from stages.search import search
 from stages.train import train
@@ -24,6 +25,7 @@ app = typer.Typer(
 )
 app.command("prepare")(prepare)
 app.add_typer(cache_app, name="cache")
+app.command("negatives")(negatives)
 app.command("train")(train)
 app.command("evaluate")(evaluate)
 app.command("export")(export)

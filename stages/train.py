@@ -15,9 +15,11 @@ def train(
     out: Path = dir_option("models/head", "output directory of the trained head"),
     report: Path = file_option("reports/train.json", "training report (metrics)"),
     live: Path = dir_option("reports/train_live", "dvclive curves directory"),
+    negatives: Path = dir_option("negatives", "mined negatives (read when "
+                                 "train.hard_negatives > 0)"),
 ) -> None:
     """Train a head on the cached embeddings (Lightning; AMP, DDP, GradCache, early stopping)."""
     from simtune import params as P
     from simtune import train as lib
 
-    lib.run(P.load(params), prepared, cache, out, report, live)
+    lib.run(P.load(params), prepared, cache, out, report, live, negatives)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-OUTPUTS = ("models/", "reports/", "cache/", "data/prepared/", "dvc.lock", "bench/")
+OUTPUTS = ("models/", "reports/", "cache/", "negatives/", "data/prepared/", "dvc.lock", "bench/")
 
 
 def project_files() -> list[str]:

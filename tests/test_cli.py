@@ -33,8 +33,13 @@ PATHS = {
     ("cache",): {"--params": "file-in", "--prepared": "dir-in", "--out": "dir-out"},
     ("cache", "verify"): {"--params": "file-in", "--prepared": "dir-in", "--out": "dir-in"},
     ("cache", "gc"): {"--params": "file-in"},
+    # groups data needs no cache to mine from (an empty table), and train reads negatives only
+    # when train.hard_negatives > 0
+    ("negatives",): {"--params": "file-in", "--prepared": "dir-in", "--cache": "dir-opt",
+                     "--out": "dir-out", "--report": "file-out"},
     ("train",): {"--params": "file-in", "--prepared": "dir-in", "--cache": "dir-in",
-                 "--out": "dir-out", "--report": "file-out", "--live": "dir-out"},
+                 "--out": "dir-out", "--report": "file-out", "--live": "dir-out",
+                 "--negatives": "dir-opt"},
     ("evaluate",): {"--params": "file-in", "--prepared": "dir-in", "--cache": "dir-in",
                     "--head": "dir-in", "--out": "file-out", "--plot": "file-out",
                     "--detail": "file-out", "--run-trained": "file-out",

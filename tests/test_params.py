@@ -140,8 +140,9 @@ def _float_keys(model: type = P.Params, prefix: tuple[str, ...] = ()) -> list[tu
 def test_float_keys_are_found() -> None:
     keys = {".".join(k) for k in _float_keys()}
     assert {"train.lr", "train.loss.temperature", "prepare.split.fractions.val",
-            "train.head.dropout", "train.encoder.lr", "cache.store_max_gb"} <= keys
-    assert len(keys) == 13
+            "train.head.dropout", "train.encoder.lr", "cache.store_max_gb",
+            "negatives.margin"} <= keys
+    assert len(keys) == 14  # negatives.margin the 14th
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])

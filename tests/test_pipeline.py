@@ -20,7 +20,7 @@ from tests.conftest import save_tiny_bert
 from tests.dvc_project import DvcProject
 
 pytestmark = pytest.mark.integration
-STAGES = ("prepare", "cache", "train", "evaluate", "export")
+STAGES = ("prepare", "cache", "negatives", "train", "evaluate", "export")
 
 
 def _ran(proc: Any) -> set[str]:

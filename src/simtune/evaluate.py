@@ -5,13 +5,16 @@ trained head; the baseline is the same computation through the identity head (th
 encoder). In full mode the trained vectors come from the fine-tuned encoder saved with the head.
 
 Two reports: the headline (`trained`, `baseline`, `lift`, the lift's paired `significance`,
-counts; a DVC metrics file, one column each in `dvc exp show`) and the detail (groups: the same
+counts; for a head trained with `matryoshka_dims`, `matryoshka`: P@1, MRR@10, nDCG@10 and MAP@R
+of both models with their vectors cut to each dim and re-normalised; a DVC metrics file, one
+column each in `dvc exp show`) and the detail (groups: the same
 metrics per test label; not DVC metrics, so 50 labels do not add hundreds of columns). The
 rankings of both models also go to TREC run files (`runs`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +24,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import torch
 
-from simtune import heads, metrics, runs, significance
+from simtune import heads, matryoshka, metrics, runs, significance
 from simtune.atomic import write_json
 from simtune.errors import UserError
 from simtune.params import Params
@@ -140,8 +143,13 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
     ids = _run_ids(data, task, prepared_dir) if run_files else None
     depth = p.evaluate.run_depth if run_files else 0
     trained_vectors = _finite(_trained(data, head, head_dir, p, prepared_dir), head_dir)
+    baseline_vectors = _cached(data, heads.build("identity", data.dim, 1, 0.0))
+    dims = _matryoshka_dims(head_dir)
+    if dims:  # every prefix reuses each model's full test vectors
+        trained_vectors = matryoshka.remember(trained_vectors)
+        baseline_vectors = matryoshka.remember(baseline_vectors)
     t = score(data, task, trained_vectors, ks, depth)
-    b = score(data, task, _cached(data, heads.build("identity", data.dim, 1, 0.0)), ks, depth)
+    b = score(data, task, baseline_vectors, ks, depth)
     sig = p.evaluate.significance
     t_q, b_q = metrics.per_query(t.ranked, ks), metrics.per_query(b.ranked, ks)
     result = {"trained": t.metrics, "baseline": b.metrics, "lift": _lift(t.metrics, b.metrics),
@@ -150,6 +158,10 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
                                for m in HEADLINE},
               "queries": len(task["q_rows"]), "corpus": corpus_size,
               "queries_without_relevant": t.no_relevant}
+    if dims:
+        result["matryoshka"] = matryoshka.report(
+            dims, lambda v: score(data, task, v, ks).metrics, trained_vectors, baseline_vectors,
+            HEADLINE)
     per_label = {str(data.label_names[lab]): {
         "queries": int((task["q_labels"] == lab).sum()), "trained": t.per_label[lab],
         "baseline": b.per_label[lab], "lift": _lift(t.per_label[lab], b.per_label[lab])}
@@ -183,6 +195,12 @@ def _run_ids(data: TrainData, task: dict[str, Any], prepared_dir: Path
     runs.check_ids(q_ids, "query")
     runs.check_ids(d_ids, "document")
     return q_ids, d_ids
+
+
+def _matryoshka_dims(head_dir: Path) -> list[int]:
+    """The prefixes the head was trained at (`train.loss.matryoshka_dims`; [] for none)."""
+    meta = head_dir / "training.json"
+    return list(json.loads(meta.read_text()).get("matryoshka_dims", [])) if meta.is_file() else []
 
 
 def _lift(trained: dict[str, float], baseline: dict[str, float]) -> dict[str, float]:

@@ -166,7 +166,8 @@ class GroupLoss(nn.Module):
 
     def _arcface(self, emb: torch.Tensor, labels: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = (F.normalize(emb, dim=-1) @ F.normalize(self.centers, dim=-1).T).clamp(-1, 1)
+        centers = self.centers[:, : emb.shape[1]]  # Matryoshka: a prefix of each centre
+        cos = (F.normalize(emb, dim=-1) @ F.normalize(centers, dim=-1).T).clamp(-1, 1)
         target = cos.gather(1, labels[:, None])
         sin = (1 - target.pow(2)).clamp_min(1e-12).sqrt()
         m = self.margin
@@ -194,11 +195,24 @@ class PairLoss(nn.Module):
         self.gather = Gather()
 
     def forward(self, q: torch.Tensor, d: torch.Tensor, q_ids: torch.Tensor,
-                d_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+                d_ids: torch.Tensor, scores: torch.Tensor, negs: torch.Tensor | None = None,
+                neg_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """q, d (B, D); ids, scores (B,). mnrl: `negs` (B, n, D) mined negatives of each row and
+        `neg_ids` (B, n) their document ids (-1: none): every row's negatives are candidates for
+        every query (as sentence-transformers' MNRL does), masked where -1 or where the document
+        is listed with that query in the batch."""
         all_q, offset = self.gather.columns(q)
         all_d, _ = self.gather.columns(d)
         all_qid, _ = self.gather.columns(q_ids)
         all_did, _ = self.gather.columns(d_ids)
+        neg_cols = neg_col_ids = pair_keys = None
+        size = 0
+        if negs is not None and neg_ids is not None:
+            all_n, _ = self.gather.columns(negs)
+            all_nid, _ = self.gather.columns(neg_ids)
+            neg_cols, neg_col_ids = all_n.reshape(-1, all_n.shape[-1]), all_nid.reshape(-1)
+            size = int(torch.cat([all_qid, all_did, neg_col_ids]).max()) + 1
+            pair_keys = all_qid * size + all_did  # the batch's (query, document) pairs
 
         def fn(s: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
             rows = torch.arange(e - s, device=q.device)
@@ -207,15 +221,26 @@ class PairLoss(nn.Module):
             false_neg = same.clone()
             false_neg[rows, target] = False
             if self.name == "mnrl":
-                return self._mnrl(q[s:e], d[s:e], all_q, all_d, target, false_neg)
+                extra = None
+                if neg_cols is not None:
+                    listed = torch.isin(q_ids[s:e, None] * size + neg_col_ids[None], pair_keys)
+                    extra = (neg_cols, listed | (neg_col_ids[None] < 0))
+                return self._mnrl(q[s:e], d[s:e], all_q, all_d, target, false_neg, extra)
             return self._contrastive(q[s:e], all_d, target, false_neg, scores[s:e])
 
         return self.gather.mean(*_chunked(fn, q.shape[0]))
 
     def _mnrl(self, q: torch.Tensor, d: torch.Tensor, all_q: torch.Tensor, all_d: torch.Tensor,
-              target: torch.Tensor, false_neg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+              target: torch.Tensor, false_neg: torch.Tensor,
+              extra: tuple[torch.Tensor, torch.Tensor] | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`extra`: (M, D) more candidate documents after the batch's and their (c, M) mask."""
         logits = (self.scale * similarity(q, all_d, self.distance)).masked_fill(false_neg,
                                                                                -math.inf)
+        if extra is not None:
+            more = (self.scale * similarity(q, extra[0], self.distance)).masked_fill(extra[1],
+                                                                                    -math.inf)
+            logits = torch.cat([logits, more], 1)
         loss = F.cross_entropy(logits, target, reduction="none")
         if self.symmetric:  # documents -> queries as well
             back = (self.scale * similarity(d, all_q, self.distance)).masked_fill(false_neg,

@@ -203,6 +203,18 @@ class CacheParams(Section):
     )
 
 
+class NegativesParams(Section):
+    """`negatives`: hard negatives mined from the cached vectors (pairs data), once per cache."""
+
+    count: int = Field(ge=0, description="negatives kept per training query: its top-ranked "
+                       "training documents that are not its documents (0: none mined)")
+    margin: Number = Field(ge=0, description="skip likely false negatives: documents scoring "
+                           "above the query's lowest positive score minus the margin")
+    margin_type: Literal["relative", "absolute"] = Field(
+        description="`relative`: the margin is a fraction of |positive score| (0.05: at most "
+        "95 % of it, NV-Retriever's TopK-PercPos); `absolute`: a cosine difference")
+
+
 class HeadParams(Section):
     """The trainable head over the (cached) embeddings."""
 
@@ -229,6 +241,21 @@ class LossParams(Section):
     )
     scale: Number = Field(gt=0, description="mnrl and arcface: logit scale")
     symmetric: bool = Field(description="mnrl: also rank queries for each document")
+    matryoshka_dims: list[Annotated[int, Field(gt=0)]] = Field(
+        description="Matryoshka: the loss is the weighted sum of the loss at each of these "
+        "prefixes of the output vector (e.g. [384, 256, 128, 64]; list the full dim to keep "
+        "training it); [] turns it off")
+    matryoshka_weights: list[Annotated[Number, Field(gt=0)]] = Field(
+        description="Matryoshka: the weight of each dim's loss in the sum ([]: 1 each)")
+
+    @model_validator(mode="after")
+    def _matryoshka(self) -> LossParams:
+        dims, weights = self.matryoshka_dims, self.matryoshka_weights
+        if len(set(dims)) != len(dims):
+            raise ValueError(f"matryoshka_dims: {dims} lists a dim twice")
+        if weights and len(weights) != len(dims):
+            raise ValueError(f"matryoshka_weights: {len(weights)} weights for {len(dims)} dims")
+        return self
 
 
 class GradCacheParams(Section):
@@ -296,6 +323,9 @@ class TrainParams(Section):
     num_nodes: int = Field(gt=0, description="nodes for multi-node DDP")
     num_workers: int = Field(ge=0, description="full mode: DataLoader workers that tokenise")
     gradcache: GradCacheParams
+    hard_negatives: int = Field(ge=0, description="mnrl, head mode: mined negatives per query "
+                                "(from the negatives stage) added to the in-batch candidates; 0: "
+                                "off")
     encoder: EncoderTrainParams
 
     @model_validator(mode="after")
@@ -340,6 +370,7 @@ class Params(Section):
     prepare: PrepareParams
     encoders: EncodersParams
     cache: CacheParams
+    negatives: NegativesParams
     train: TrainParams
     evaluate: EvaluateParams
 

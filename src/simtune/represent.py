@@ -26,7 +26,7 @@ from simtune import store
 from simtune.encoders import model_dir, pool, trim_padding
 from simtune.params import EncoderParams, Params
 
-ROWS = {"text": "rows", "query": "q_rows", "doc": "d_rows"}
+ROWS = {"text": "rows", "query": "q_rows", "doc": "d_rows", "neg": "neg_rows"}
 TEXTS = {"text": "texts", "query": "q_texts", "doc": "d_texts"}
 TOKENS = {"text": "tokens", "query": "q_tokens", "doc": "d_tokens"}
 CHUNK = 1024
@@ -79,8 +79,11 @@ class CachedVectors(Representation):
         self.q_table, self.d_table, self.dim = q_table, d_table, q_table.dim
 
     def forward(self, split: Any, part: dict[str, Any], role: str) -> torch.Tensor:
-        table = self.d_table if role == "doc" else self.q_table
-        rows = split.tensors[ROWS[role]][part["idx"]].to(table.vectors.device)
+        table = self.d_table if role in ("doc", "neg") else self.q_table
+        # "neg": each row's mined negatives (c, n) flattened, row-major; -1 (none) reads row 0,
+        # which the loss masks
+        rows = split.tensors[ROWS[role]][part["idx"]].reshape(-1).clamp_min(0)
+        rows = rows.to(table.vectors.device)
         return table.vectors[rows].to(self._device, non_blocking=True).float()
 
     def place(self, device: torch.device, cache_type: Callable[[str], str]) -> None:

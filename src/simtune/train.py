@@ -74,18 +74,32 @@ class SimilarityModule(pl.LightningModule):
         """Training batch part -> (c, D) head outputs for `role`: text | query | doc."""
         return self.head(self.rep(self.data.splits["train"], part, role))
 
+    def roles(self) -> list[str]:
+        """What a training row is made of: text; or query, doc (and its mined negatives)."""
+        if self.data.kind == "groups":
+            return ["text"]
+        return ["query", "doc"] + (["neg"] if "neg_ids" in self.data.splits["train"].tensors
+                                   else [])
+
     def encode(self, part: dict[str, Any]) -> torch.Tensor:
-        """Training batch part -> representations: groups (c, D); pairs (c, 2, D)."""
+        """Training batch part -> representations: groups (c, D); pairs (c, 2 [+ n], D)."""
         if self.data.kind == "groups":
             return self.encode_role(part, "text")
-        return torch.stack([self.encode_role(part, "query"), self.encode_role(part, "doc")], 1)
+        return self.rows_of([self.encode_role(part, role) for role in self.roles()])
+
+    @staticmethod
+    def rows_of(parts: list[torch.Tensor]) -> torch.Tensor:
+        """Per role (c, D) or, negatives, (c * n, D) -> (c, 2 [+ n], D)."""
+        c = parts[0].shape[0]
+        return torch.cat([x.reshape(c, -1, x.shape[-1]) for x in parts], 1)
 
     def loss_of(self, reps: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         tr, dev = self.data.splits["train"].tensors, self.device
         if self.data.kind == "groups":
             return self.loss_fn(reps, tr["labels"][idx].to(dev))
+        negs = (reps[:, 2:], tr["neg_ids"][idx].to(dev)) if "neg_ids" in tr else ()
         return self.loss_fn(reps[:, 0], reps[:, 1], tr["q_ids"][idx].to(dev),
-                            tr["d_ids"][idx].to(dev), tr["scores"][idx].to(dev))
+                            tr["d_ids"][idx].to(dev), tr["scores"][idx].to(dev), *negs)
 
     # --- training ------------------------------------------------------------------------------
 
@@ -104,17 +118,18 @@ class SimilarityModule(pl.LightningModule):
         return loss if self.automatic_optimization else None
 
     def _gradcache_step(self, batch: dict[str, Any], idx: torch.Tensor) -> torch.Tensor:
-        """GradCache over chunks of `gradcache.chunk_size` texts; for pairs the query chunks and
-        the document chunks are separate (one role's activations in memory at a time)."""
+        """GradCache over chunks of `gradcache.chunk_size` texts; for pairs the query chunks, the
+        document chunks and the negatives' chunks are separate (one role's activations in memory
+        at a time; a negatives chunk holds the negatives of chunk_size / n rows)."""
         opt = self.optimizers()
         opt.zero_grad()  # type: ignore[union-attr]
-        c, n = self.t.gradcache.chunk_size, len(idx)
-        roles = ["text"] if self.data.kind == "groups" else ["query", "doc"]
-        chunks = [(role, _slice(batch, s, s + c)) for role in roles for s in range(0, n, c)]
+        c, n, roles = self.t.gradcache.chunk_size, len(idx), self.roles()
+        step = {r: max(1, c // self.t.hard_negatives) if r == "neg" else c for r in roles}
+        chunks = [(r, _slice(batch, s, s + step[r])) for r in roles for s in range(0, n, step[r])]
 
         def loss_fn(reps: torch.Tensor) -> torch.Tensor:
-            if self.data.kind == "pairs":  # rows: all queries, then all documents
-                reps = torch.stack([reps[:n], reps[n:]], 1)
+            if self.data.kind == "pairs":  # rows: all queries, all documents, all negatives
+                reps = self.rows_of([reps[:n], reps[n : 2 * n], reps[2 * n :]][: len(roles)])
             return self.loss_of(reps, idx)
 
         loss = gradcache_step(lambda chunk: self.encode_role(chunk[1], chunk[0]), chunks,
@@ -288,14 +303,15 @@ def _quiet_lightning() -> None:
 
 
 def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
-        live_dir: Path) -> dict[str, Any]:
-    """Train, early-stop on the validation metric, save the best head (and report) atomically."""
+        live_dir: Path, negatives_dir: Path | None = None) -> dict[str, Any]:
+    """Train, early-stop on the validation metric, save the best head (and report) atomically;
+    `negatives_dir`: the negatives stage's output (read when `train.hard_negatives` > 0)."""
     _quiet_lightning()
     t = P.effective(p.train)
     p = p.model_copy(update={"train": t})
     accelerator = _accelerator(t)
     pl.seed_everything(t.seed, workers=True, verbose=False)
-    data = load_data(p, prepared_dir, cache_dir)
+    data = load_data(p, prepared_dir, cache_dir, negatives_dir=negatives_dir)
     check_trainable(data, t, t.devices * t.num_nodes)
     module = SimilarityModule(data, p)
     best = _Best(t.monitor, live_dir)
@@ -345,5 +361,6 @@ def save(module: SimilarityModule, best: _Best, p: Params, out: Path) -> None:
         angular = loss.distance == "cosine" or loss.name == "arcface"
         meta = {"mode": p.train.mode, "kind": module.data.kind, "query_encoder": enc.query,
                 "document_encoder": enc.document,
-                "encoder": enc.models[enc.query].model_dump(), "normalize_output": angular}
+                "encoder": enc.models[enc.query].model_dump(), "normalize_output": angular,
+                "matryoshka_dims": loss.matryoshka_dims}  # evaluate scores each prefix too
         write_json(tmp / "training.json", meta)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from simtune import metrics
+from simtune import matryoshka, metrics, negatives
 from simtune.cache import open_cache
 from simtune.errors import UserError
 from simtune.losses import GroupLoss, PairLoss
@@ -61,13 +61,19 @@ def check_compatible(kind: str, t: TrainParams) -> None:
         raise UserError("train.m_per_label: only for groups data; set it to 0")
 
 
-def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool = True
-              ) -> TrainData:
+def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool = True,
+              negatives_dir: Path | None = None) -> TrainData:
     """Examples of every split as index tensors into the resident cache (head mode), or with
-    their texts (full mode)."""
+    their texts (full mode); given `negatives_dir` and `train.hard_negatives` > 0, the training
+    rows' mined negatives too (`negatives.attach`)."""
     prepared = load_prepared(prepared_dir)
     if check_loss:
         check_compatible(prepared.kind, p.train)
+        if p.train.hard_negatives:
+            negatives.check(prepared.kind, p.train)
+            if negatives_dir is None:
+                raise UserError("train.hard_negatives: no mined negatives given (the train "
+                                "stage's --negatives directory)")
     full = p.train.mode == "full"
     enc = p.encoders
     if full and enc.query != enc.document:
@@ -88,8 +94,12 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool =
         tables.update(_states_tables(p, cache_dir, q_table))
     texts = dict(zip(prepared.texts.column("text_id").to_pylist(),
                      prepared.texts.column("text").to_pylist(), strict=True)) if full else {}
+    mined = None
+    if negatives_dir is not None and p.train.hard_negatives and q_table is not None:
+        mined = (negatives_dir, negatives.load(negatives_dir, q_table, d_table,
+                                               p.train.hard_negatives))
     build = _group_splits if prepared.kind == "groups" else _pair_splits
-    splits, label_names = build(prepared, q_table, d_table, texts)
+    splits, label_names = build(prepared, q_table, d_table, texts, p.train.hard_negatives, mined)
     for name in ("train", "val"):
         if len(splits[name]) == 0:
             raise UserError(f"{prepared_dir}: the {name} split is empty")
@@ -127,7 +137,7 @@ def _encoder_dim(p: Params) -> int:
         model_dir(name, p.encoders.models[name]), local_files_only=True).hidden_size)
 
 
-def _group_splits(prepared: Prepared, q_table: Any, _d: Any, texts: dict[str, str]
+def _group_splits(prepared: Prepared, q_table: Any, _d: Any, texts: dict[str, str], *_: Any
                   ) -> tuple[dict[str, Split], list[str]]:
     ex = prepared.examples
     labels = ex.column("label").to_pylist()
@@ -143,7 +153,8 @@ def _group_splits(prepared: Prepared, q_table: Any, _d: Any, texts: dict[str, st
     return out, list(classes)
 
 
-def _pair_splits(prepared: Prepared, q_table: Any, d_table: Any, texts: dict[str, str]
+def _pair_splits(prepared: Prepared, q_table: Any, d_table: Any, texts: dict[str, str],
+                 n_neg: int = 0, mined: tuple[Path, dict[str, list[str]]] | None = None
                  ) -> tuple[dict[str, Split], list[str]]:
     ex = prepared.examples.to_pydict()
     intern: dict[str, int] = {}
@@ -157,21 +168,28 @@ def _pair_splits(prepared: Prepared, q_table: Any, d_table: Any, texts: dict[str
             "scores": torch.tensor([ex["score"][i] for i in sel], dtype=torch.float32)}
         if q_table is not None:
             tensors["q_rows"], tensors["d_rows"] = q_table.index(qs), d_table.index(ds)
+        if split == "train" and mined is not None:
+            negatives.attach(tensors, qs, mined[1], n_neg, intern, d_table, mined[0])
         out[split] = Split(tensors, {"q_texts": [texts[q] for q in qs],
                                      "d_texts": [texts[d] for d in ds]} if texts else {})
     return out, []
 
 
 def build_loss(kind: str, t: TrainParams, num_classes: int, dim: int) -> torch.nn.Module:
+    """The loss of `t.loss` for the data kind (summed over `matryoshka_dims` when listed)."""
     lp = t.loss
+    loss: torch.nn.Module
     if kind == "groups":
-        return GroupLoss(lp.name, lp.distance, lp.temperature, lp.margin, lp.mining, lp.scale,
+        loss = GroupLoss(lp.name, lp.distance, lp.temperature, lp.margin, lp.mining, lp.scale,
                          num_classes, dim)
-    return PairLoss(lp.name, lp.distance, lp.scale, lp.symmetric, lp.margin)
+    else:
+        loss = PairLoss(lp.name, lp.distance, lp.scale, lp.symmetric, lp.margin)
+    return matryoshka.wrap(loss, lp.matryoshka_dims, lp.matryoshka_weights)
 
 
 def check_trainable(data: TrainData, t: TrainParams, world: int) -> None:
     """Refuse, before any training, a set-up that cannot train or can never see a positive."""
+    matryoshka.check_dims(t.loss.matryoshka_dims, data.dim)  # heads keep the input dim
     n = len(data.splits["train"])
     if n < world:  # a larger batch_size is reduced to the training set (sampling)
         raise UserError(f"train: {n} training examples for {world} processes (each process "

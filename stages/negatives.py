@@ -1,0 +1,23 @@
+"""`negatives`: hard negatives of each training query, mined from the cached vectors (pairs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stages._common import dir_option, file_option, user_errors
+
+
+@user_errors
+def negatives(
+    params: Path = file_option("params.yaml", "params file (`negatives`, `encoders`)"),
+    prepared: Path = dir_option("data/prepared", "prepared data directory"),
+    cache: Path = dir_option("cache", "embedding cache root"),
+    out: Path = dir_option("negatives", "output directory of the mined negatives"),
+    report: Path = file_option("reports/negatives.json", "counts and seconds (DVC metrics)"),
+) -> None:
+    """Mine each training query's top-ranked non-positive documents from the cache, skipping
+    likely false negatives (groups data: an empty table)."""
+    from simtune import negatives as lib
+    from simtune import params as P
+
+    lib.run(P.load(params), prepared, cache, out, report)
