@@ -58,6 +58,14 @@ def test_train_saves_a_head_that_reloads_to_the_reported_metric(small: tuple[Pat
     root, params_file = small
     report = _train(root, params_file)
     assert 1 <= report["best_epoch"] <= report["epochs"] <= 3
+    sec = report["seconds"]  # the time split adds up
+    assert sec["train"] > 0 and sec["validation"] > 0
+    assert sec["train"] + sec["validation"] <= sec["total"]
+    assert sec["per_epoch_train"] * report["epochs"] == pytest.approx(sec["train"])
+    assert sec["per_epoch_validation"] * report["epochs"] == pytest.approx(sec["validation"])
+    assert report["samples_per_s"] == pytest.approx(40 * report["epochs"] / sec["train"])
+    # val_every 5 > max_epochs 3: epoch 3 (the last) validated, 1 and 2 re-checked
+    assert report["validations"] == 3
     head = heads.load(root / "head")
     p = P.load(params_file)
     data = load_data(p, root / "prepared", root / "cache")
@@ -83,9 +91,20 @@ def test_same_params_and_seed_give_identical_weights(small: tuple[Path, Path]) -
 
 def test_early_stopping_stops(small: tuple[Path, Path]) -> None:
     root, params_file = small
-    _edit(params_file, lr=1e-12, max_epochs=20, patience=2)  # nothing can improve
+    _edit(params_file, lr=1e-12, max_epochs=20, patience=2, val_every=1)  # nothing can improve
     report = _train(root, params_file)
-    assert report["epochs"] == 3 and report["best_epoch"] == 1
+    assert report["epochs"] == 3 and report["best_epoch"] == 1 and report["validations"] == 3
+
+
+def test_early_stopping_counts_epochs_between_validations(small: tuple[Path, Path]) -> None:
+    """val_every 3, patience 4: validations at 3, 6, 9; nothing improves after 3, and 9 is
+    the first validation 4 or more epochs after it; then epochs 1-2 and 4-5 are re-checked
+    (equal values: the earliest epoch is kept)."""
+    root, params_file = small
+    _edit(params_file, lr=1e-12, max_epochs=20, patience=4, val_every=3)
+    report = _train(root, params_file)
+    assert report["epochs"] == 9 and report["best_epoch"] == 1
+    assert report["validations"] == 3 + 4
 
 
 def test_gradcache_training_equals_plain_training(small: tuple[Path, Path]) -> None:
@@ -185,7 +204,7 @@ def test_m_per_label_uses_every_example_in_runs_of_at_least_m() -> None:
 def test_training_curves_have_one_increasing_step_per_epoch(small: tuple[Path, Path]) -> None:
     """dvclive's files: steps 1, 2, ... (the epoch) for the loss and every val metric."""
     root, params_file = small
-    _edit(params_file, max_epochs=4, patience=10)
+    _edit(params_file, max_epochs=4, patience=10, val_every=1)
     report = _train(root, params_file)
     metrics_dir = root / "live" / "plots" / "metrics"
 
