@@ -1,5 +1,6 @@
-"""Validation on a schedule: which epochs validate, when training stops, which epoch is kept;
-validation vectors reused where the weights cannot change them equal recomputed ones."""
+"""Validation on a schedule: which epochs compute which metrics, when training stops, which
+epoch is kept; validation vectors reused where the weights cannot change them equal recomputed
+ones; the top-10 validation gives the full one's metrics."""
 
 from __future__ import annotations
 
@@ -15,72 +16,46 @@ from simtune.validation import Schedule, Validator, frozen
 from tests.train_helpers import project
 
 
-def _drive(values: list[float], every: int, patience: int
-           ) -> tuple[list[int], int, list[int], int]:
-    """The train loop's protocol over scripted per-epoch values (epoch e: values[e - 1]); a
-    copy is the epoch number. Returns (scheduled validations, last epoch, re-checked epochs,
-    kept epoch)."""
+def _drive(values: list[float], every: int, patience: int) -> tuple[list[int], int, int]:
+    """The train loop over scripted monitored values (epoch e: values[e - 1]). Returns (epochs
+    computing every metric, last epoch, kept epoch)."""
     s = Schedule(every, patience, len(values))
-    validated, last = [], len(values)
+    full, last = [], len(values)
     for epoch in range(1, len(values) + 1):
-        if not s.validates(epoch):
-            s.hold(epoch, lambda e=epoch: e)
-            continue
-        validated.append(epoch)
-        if s.record(epoch, values[epoch - 1], lambda e=epoch: e):
+        if s.full(epoch):
+            full.append(epoch)
+        better, stop = s.record(epoch, values[epoch - 1])
+        assert better == (s.best_epoch == epoch)
+        if stop:
             last = epoch
             break
-    rechecked = []
-    for epoch, state in s.recheck():
-        assert state == epoch  # the copy of that very epoch
-        rechecked.append(epoch)
-        s.rechecked(epoch, values[epoch - 1], state)
-    assert s.best_state == s.best_epoch and s.best_value == values[s.best_epoch - 1]
-    return validated, last, rechecked, s.best_epoch
+    assert s.best_value == values[s.best_epoch - 1]
+    return full, last, s.best_epoch
 
 
-def test_every_epoch_is_lightning_early_stopping() -> None:
-    """N = 1: best 2 (a later equal value is not better); 2 epochs without a better value
-    (3, 4) with patience 2 stop at 4; nothing to re-check."""
-    assert _drive([0.1, 0.3, 0.2, 0.3, 0.9], every=1, patience=2) == ([1, 2, 3, 4], 4, [], 2)
+# a noisy plateau: the best (epoch 7, 0.7) sits between multiples of 3, and a later equal
+# value (epoch 12) is not better
+CURVE = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.55, 0.5, 0.4, 0.3, 0.7, 0.2, 0.2, 0.65, 0.2]
 
 
-def test_a_best_between_validations_is_found_by_the_recheck() -> None:
-    """N = 3: validated 3, 6, 9, 12; the best validated epoch is 6 (0.6), 12 is the first
-    validation 6 or more epochs after it: stop. Re-checked 4, 5 (before 6) and 7, 8 (after):
-    epoch 7 (0.7) is kept, as validating every epoch would have kept it."""
-    v = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.55, 0.5, 0.4, 0.3, 0.45, 0.2, 0.2, 0.2]
-    assert _drive(v, every=3, patience=6) == ([3, 6, 9, 12], 12, [4, 5, 7, 8], 7)
-    every_epoch = _drive(v, every=1, patience=6)
-    assert every_epoch[3] == 7 and every_epoch[1] == 13  # same epoch kept, one epoch later stop
+def test_every_metric_every_n_epochs_and_the_same_stop_and_kept_epoch() -> None:
+    """val_every 3: every metric at 3, 6, 9, 12 (the top 10 only at the others); the
+    monitored value every epoch, so patience 6 stops at 13 (7 + 6) and epoch 7 is kept, exactly
+    as with val_every 1."""
+    assert _drive(CURVE, every=3, patience=6) == ([3, 6, 9, 12], 13, 7)
+    assert _drive(CURVE, every=1, patience=6) == (list(range(1, 14)), 13, 7)
 
 
-def test_a_best_away_from_the_best_validated_epoch_is_missed() -> None:
-    """The limit of the schedule, on purpose: the kept epoch is the best within N - 1 epochs of
-    the best validated one. Here epoch 5 (0.9) sits before 6 (0.4), which is beaten by 9
-    (0.44): only 7, 8 and 10, 11 are re-checked and 7 (0.45) is kept."""
-    v = [0.1, 0.2, 0.3, 0.35, 0.9, 0.4, 0.45, 0.3, 0.44, 0.3, 0.3, 0.42, 0.3, 0.3, 0.41]
-    assert _drive(v, every=3, patience=6) == ([3, 6, 9, 12, 15], 15, [7, 8, 10, 11], 7)
-    assert _drive(v, every=1, patience=6)[3] == 5
+def test_the_last_epoch_computes_every_metric() -> None:
+    """max_epochs 16 is not a multiple of 5; patience beyond the run: no early stop."""
+    assert _drive(CURVE, every=5, patience=100) == ([5, 10, 15, 16], 16, 7)
 
 
-def test_ties_keep_the_earliest_epoch_and_the_last_epoch_is_validated() -> None:
-    """Equal values everywhere: epoch 1 kept (as with N = 1); max_epochs 7 is not a multiple of
-    3 but validated; patience larger than the run: no early stop."""
-    assert _drive([0.5] * 7, every=3, patience=10) == ([3, 6, 7], 7, [1, 2, 4, 5], 1)
-
-
-def test_copies_are_kept_only_while_needed() -> None:
-    """At most the N - 1 epochs since the last validation plus the N - 1 on each side of the
-    best: 3 (N - 1) copies, whatever the number of epochs."""
-    s = Schedule(4, 1000, 400)
-    for epoch in range(1, 401):
-        if s.validates(epoch):
-            s.record(epoch, 1.0 if epoch == 200 else 0.0, lambda: None)
-        else:
-            s.hold(epoch, lambda: None)
-        assert len(s._recent) + len(s._before) + len(s._after) <= 3 * 3
-    assert [e for e, _ in s.recheck()] == [197, 198, 199, 201, 202, 203]
+def test_lightning_early_stopping_semantics() -> None:
+    """Patience 0 stops at the first epoch that is not better; patience 2 after two of them
+    (an equal value is not better)."""
+    assert _drive([0.1, 0.3, 0.3, 0.9], every=1, patience=0)[1:] == (3, 2)
+    assert _drive([0.1, 0.3, 0.2, 0.3, 0.9], every=1, patience=2)[1:] == (4, 2)
 
 
 def test_bad_schedule_is_refused() -> None:
@@ -93,7 +68,8 @@ def test_bad_schedule_is_refused() -> None:
 
 @pytest.fixture
 def data(tmp_path: Path, tiny_bert: Path) -> TrainData:
-    _, params_file = project(tmp_path, tiny_bert)
+    """4 labels, 100 training texts: R = 25 relevant per query, more than the top 10."""
+    _, params_file = project(tmp_path, tiny_bert, n=200)
     return load_data(P.load(params_file), tmp_path / "prepared", tmp_path / "cache")
 
 
@@ -133,6 +109,22 @@ def test_reused_vectors_give_the_recomputed_metrics(data: TrainData, corpus: str
         seen.append(got["mrr@10"])
     assert calls[0] == (2 if corpus else 1)  # val (and train): once, not once per validation
     assert len(set(seen)) > 1  # the weights did change the metrics
+
+
+def test_top10_validation_gives_the_full_metrics_but_map_at_r(data: TrainData) -> None:
+    """The monitored metric from the top 10 equals the full validation's, exactly."""
+    rep, _ = _rep(data)
+    head = heads.build("mlp", data.dim, 2, 0.0).eval()
+    validator = Validator(data, retrieval_task(data, "val", "train"), rep.embed_split, head,
+                          rep_frozen=True)
+    with torch.no_grad():
+        for w in head.parameters():
+            w.add_(0.05 * torch.randn_like(w))
+        full, _ = validator(True)
+        light, _ = validator(False)
+    assert set(full) - set(light) == {"map@r"}
+    assert int(torch.bincount(data.splits["train"].tensors["labels"]).max()) > 10
+    assert light == {k: v for k, v in full.items() if k != "map@r"}
 
 
 def test_a_frozen_head_reuses_its_outputs_too(data: TrainData) -> None:

@@ -1,10 +1,11 @@
-"""The train stage's epoch loop around Lightning's: validation on a schedule, early stopping,
-the kept weights, the training curves and the time split (imported by `simtune.train` only).
+"""The train stage's epoch loop around Lightning's: validation, early stopping, the kept
+weights, the training curves and the time split (imported by `simtune.train` only).
 
 Lightning runs no validation loop of its own: after each training epoch this callback checks
-the weights, validates when `validation.Schedule` says so (in eval mode, without gradients, in
-the precision plugin's validation context: as Lightning's loop would) and stops training early;
-at the end it re-checks the kept copies next to the best validated epoch.
+the weights, validates (in eval mode, without gradients, in the precision plugin's validation
+context: as Lightning's loop would; the monitored metric every epoch, every metric when
+`validation.Schedule.full`) and stops training early; at the end it computes every metric of
+the kept epoch from its kept weights when that epoch computed only the monitored one.
 """
 
 from __future__ import annotations
@@ -21,24 +22,24 @@ from simtune.validation import Schedule, Validator
 
 
 class EpochLoop(pl.Callback):
-    """Validation on `schedule` with `validator`, early stopping, the best weights (head and
-    representation state dicts, `state`), the per-epoch training seconds and the validation
-    seconds, and (on rank 0, when `live_dir` is given) the curves with dvclive: one point per
-    epoch at step = epoch number (1, 2, ...; val metrics at validated epochs), so x only
-    increases. `history`: epoch -> its validation metrics ("val/<name>")."""
+    """Validation on `schedule` with `validator`, early stopping on `monitor`, the kept
+    weights (head and representation state dicts, `state`), the per-epoch training seconds and
+    the validation seconds, and (on rank 0, when `live_dir` is given) the curves with dvclive:
+    one point per epoch at step = epoch number (1, 2, ...; the metrics other than the monitored
+    one at the epochs that compute them), so x only increases. `history`: epoch -> its
+    validation metrics ("val/<name>"; without MAP@R where only the top 10 was ranked); the
+    kept epoch's has every metric."""
 
     def __init__(self, schedule: Schedule, validator: Validator, monitor: str,
                  live_dir: Path | None) -> None:
         self.schedule, self.validator, self.monitor = schedule, validator, monitor
         self.history: dict[int, dict[str, float]] = {}
+        self.state: Any = None
         self.train_seconds: list[float] = []
         self.validation_seconds = 0.0
+        self.full_validations = 0  # validations that computed every metric
         self._start = 0.0
         self.live_dir, self.live = live_dir, None  # a dvclive.Live on rank 0 while training
-
-    @property
-    def state(self) -> Any:
-        return self.schedule.best_state
 
     @property
     def best_epoch(self) -> int:
@@ -55,23 +56,23 @@ class EpochLoop(pl.Callback):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, module: Any) -> None:
         self.train_seconds.append(time.perf_counter() - self._start)
-        epoch = trainer.current_epoch + 1
-        # every epoch, cheap: divergence is caught where it happens, not at the next validation
+        start, epoch = time.perf_counter(), trainer.current_epoch + 1
+        # weights (and the vectors they give) are checked before they can be kept as the best
         module._stop_if(not all(bool(torch.isfinite(w).all()) for w in module.parameters()),
                         "the weights are no longer finite")
-        scores = {}
-        if self.schedule.validates(epoch):
-            start = time.perf_counter()
-            scores, finite = self._validate(trainer, module)
-            module._stop_if(not finite, "the validation vectors are no longer finite")
-            self.history[epoch] = scores
-            stop = self.schedule.record(epoch, scores[f"val/{self.monitor}"],
-                                        lambda: _copy(module))
-            if trainer.strategy.reduce_boolean_decision(stop, all=False):
-                trainer.should_stop = True
-            self.validation_seconds += time.perf_counter() - start
-        else:
-            self.schedule.hold(epoch, lambda: _copy(module))
+        # MAP@R needs each query's top R: monitored, it is computed every epoch
+        full = self.schedule.full(epoch) or self.monitor == "map@r"
+        scores, finite = self._validate(trainer, module, full)
+        self.full_validations += full
+        module._stop_if(not finite, "the validation vectors are no longer finite")
+        self.history[epoch] = scores
+        better, stop = self.schedule.record(epoch, scores[f"val/{self.monitor}"])
+        if better:
+            self.state = {k: copy.deepcopy(m.state_dict()) for k, m in (
+                ("head", module.head), ("rep", module.rep))}
+        if trainer.strategy.reduce_boolean_decision(stop, all=False):
+            trainer.should_stop = True
+        self.validation_seconds += time.perf_counter() - start
         if self.live is not None:
             self.live.step = epoch
             loss = trainer.callback_metrics.get("train/loss")
@@ -81,34 +82,24 @@ class EpochLoop(pl.Callback):
             self.live.sync()
 
     def on_train_end(self, trainer: pl.Trainer, module: Any) -> None:
-        start = time.perf_counter()
-        for epoch, state in self.schedule.recheck():
-            _load(module, state)
-            scores, finite = self._validate(trainer, module)
-            if finite:  # vectors of an unvalidated epoch that overflow: never kept
-                self.history[epoch] = scores
-                self.schedule.rechecked(epoch, scores[f"val/{self.monitor}"], state)
-        self.validation_seconds += time.perf_counter() - start
+        best = self.best_epoch
+        if best and "val/map@r" not in self.history[best]:
+            start = time.perf_counter()  # the kept epoch computed the top-10 metrics only
+            module.head.load_state_dict(self.state["head"])
+            module.rep.load_state_dict(self.state["rep"])
+            self.history[best], _ = self._validate(trainer, module, True)
+            self.full_validations += 1
+            self.validation_seconds += time.perf_counter() - start
         if self.live is not None:
             self.live.end()
 
-    def _validate(self, trainer: pl.Trainer, module: Any) -> tuple[dict[str, float], bool]:
+    def _validate(self, trainer: pl.Trainer, module: Any, full: bool
+                  ) -> tuple[dict[str, float], bool]:
         training = module.training
         module.eval()
         try:
             with torch.inference_mode(), trainer.precision_plugin.val_step_context():
-                scores, finite = self.validator()
+                scores, finite = self.validator(full)
         finally:
             module.train(training)
         return {f"val/{k}": v for k, v in scores.items()}, finite
-
-
-def _copy(module: Any) -> dict[str, Any]:
-    """The weights that make the validation vectors: head and representation."""
-    return {k: copy.deepcopy(m.state_dict()) for k, m in (("head", module.head),
-                                                          ("rep", module.rep))}
-
-
-def _load(module: Any, state: dict[str, Any]) -> None:
-    module.head.load_state_dict(state["head"])
-    module.rep.load_state_dict(state["rep"])

@@ -245,8 +245,8 @@ class EncoderTrainParams(Section):
     max_epochs: int = Field(gt=0, description="upper bound on epochs in these modes")
     patience: int = Field(ge=0, description="epochs without a better validation metric before "
                           "stopping early, in these modes")
-    val_every: int = Field(gt=0, description="validate every N epochs in these modes (replaces "
-                           "`train.val_every`; 1: every epoch)")
+    val_every: int = Field(gt=0, description="every validation metric every N epochs in these "
+                           "modes (replaces `train.val_every`)")
 
 
 def effective(t: TrainParams) -> TrainParams:
@@ -278,9 +278,10 @@ class TrainParams(Section):
     max_epochs: int = Field(gt=0, description="upper bound on epochs")
     patience: int = Field(ge=0, description="epochs without a better validation metric before "
                           "stopping early")
-    val_every: int = Field(gt=0, description="validate every N epochs (and the last); the "
-                           "N - 1 epochs before and after the best validated one are validated "
-                           "at the end from kept weights; 1: every epoch")
+    val_every: int = Field(gt=0, description="every validation metric (the curves) every N "
+                           "epochs and the last; the monitored one (early stopping, the kept "
+                           "epoch) every epoch from the top 10 (map@r: every metric every "
+                           "epoch); 1: every metric every epoch")
     monitor: Literal["p@1", "mrr@10", "ndcg@10", "map@r"] = Field(
         description="validation retrieval metric for early stopping and the best checkpoint"
     )

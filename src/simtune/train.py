@@ -259,23 +259,24 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     save(module, loop, p, out)
     write_json(report, result)
     sec = result["seconds"]
-    log.info("trained %d epochs (best %d: val %s = %.4f; %d validations), %.2f s/epoch "
-             "training + %.2f s/epoch validation", result["epochs"], loop.best_epoch, t.monitor,
-             loop.schedule.best_value, result["validations"], sec["per_epoch_train"],
-             sec["per_epoch_validation"])
+    log.info("trained %d epochs (best %d: val %s = %.4f), %.2f s/epoch training + %.2f "
+             "s/epoch validation (%d of every metric)", result["epochs"], loop.best_epoch,
+             t.monitor, loop.schedule.best_value, sec["per_epoch_train"],
+             sec["per_epoch_validation"], result["full_validations"])
     return result
 
 
 def report_of(loop: EpochLoop, total: float, n_train: int) -> dict[str, Any]:
-    """`reports/train.json`: epochs, the kept epoch and its validation metrics, validations
-    (scheduled + re-checked), and seconds: `total` (trainer.fit), `train` (the training
-    epochs), `validation` (scheduled validations and re-checks), `per_epoch_*` (each / epochs);
-    train + validation <= total (the rest: set-up, curves, Lightning between epochs)."""
+    """`reports/train.json`: epochs, the kept epoch and its validation metrics, the
+    validations that computed every metric, and seconds: `total` (trainer.fit), `train` (the
+    training epochs), `validation` (every epoch's and the kept epoch's at the end),
+    `per_epoch_*` (each / epochs); train + validation <= total (the rest: set-up, curves,
+    Lightning between epochs)."""
     epochs = len(loop.train_seconds)
     train_s, val_s = sum(loop.train_seconds), loop.validation_seconds
     return {
         "epochs": epochs, "best_epoch": loop.best_epoch,
-        "best_val": loop.history[loop.best_epoch], "validations": len(loop.history),
+        "best_val": loop.history[loop.best_epoch], "full_validations": loop.full_validations,
         "seconds": {"total": total, "train": train_s, "validation": val_s,
                     "per_epoch_train": train_s / max(epochs, 1),
                     "per_epoch_validation": val_s / max(epochs, 1)},

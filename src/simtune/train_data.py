@@ -215,17 +215,21 @@ class RetrievalTask:
     d_first: torch.Tensor | None = None
     pairs: torch.Tensor | None = None
 
-    def scores(self, data: TrainData, embed: Embed) -> tuple[dict[str, float], int]:
-        """(metrics, queries without a relevant item) with vectors from `embed`."""
+    def scores(self, data: TrainData, embed: Embed, upto_r: bool = True
+               ) -> tuple[dict[str, float], int]:
+        """(metrics, queries without a relevant item) with vectors from `embed`; `upto_r`
+        False: ranked down to max(ks, 10) only, without MAP@R (`metrics.group_scores`)."""
         sp = data.splits[self.split]
         if self.pairs is None:
             c = data.splits[self.corpus] if self.corpus else None
             return metrics.group_scores(embed(sp, "text"), sp.tensors["labels"],
                                         embed(c, "text") if c else None,
-                                        c.tensors["labels"] if c else None, self.ks)
+                                        c.tensors["labels"] if c else None, self.ks,
+                                        upto_r=upto_r)
         assert self.q_first is not None and self.d_first is not None
         return metrics.pair_scores(embed(sp, "query")[self.q_first],
-                                   embed(sp, "doc")[self.d_first], self.pairs, self.ks)
+                                   embed(sp, "doc")[self.d_first], self.pairs, self.ks,
+                                   upto_r=upto_r)
 
 
 def retrieval_task(data: TrainData, split: str, corpus: str | None = None,

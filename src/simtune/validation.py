@@ -1,17 +1,14 @@
-"""When to validate, when to stop, which epoch to keep, and validation that recomputes only what
-the weights change. Lightning-free (the train stage's callback drives it, `simtune.epochs`).
+"""When to validate what, when to stop, which epoch to keep, and validation that recomputes only
+what the weights change. Lightning-free (the train stage's callback drives it, `simtune.epochs`).
 
-Schedule (`train.val_every` = N; epochs are 1-based):
-- epochs N, 2N, ... and the last one (`max_epochs`) are validated;
-- early stopping counts epochs: training stops at a validated epoch that is not better than the
-  best validated one when it comes `patience` or more epochs after it (N = 1: Lightning's
-  `EarlyStopping(patience)` exactly);
-- the epochs between validations keep a copy of their weights (a head: ~2 MB) while they may
-  still be needed: at the end the epochs within N - 1 of the best validated one (before and
-  after it) are validated from their copies, and the best of all validated epochs is kept (ties:
-  the earliest, as with N = 1). So the kept epoch is the best one within N - 1 epochs of the
-  best validated one: with N = 5 on TREC (88 epochs) 25 validations instead of 88 keep the
-  same epoch as validating every epoch (bench/train_speed.py).
+Every epoch is validated on the monitored metric (`train.monitor`), so early stopping and the
+kept epoch are exactly those of validating everything every epoch (Lightning's
+`EarlyStopping(patience)`: stop after `patience` epochs without a better value; the first epoch
+with the best value is kept). That needs only each query's top 10 (P@1, MRR@10, nDCG@10 from an
+exact top-k, ties by index, are the same from the top 10 as from the top R), about a third of
+the cost of every metric on TREC, where MAP@R needs the top R (up to 765 of 4,306). Every
+metric (the curves) is computed every `train.val_every` epochs, at the last epoch, and for the
+kept epoch at the end (from its kept weights). With `monitor: map@r` every epoch computes all.
 """
 
 from __future__ import annotations
@@ -23,67 +20,30 @@ import torch
 
 from simtune.train_data import RetrievalTask, Split, TrainData
 
-State = Any  # an opaque copy of the weights (the callback's own)
-
 
 class Schedule:
-    """Validation epochs, early stopping in epochs and the kept epoch (see the module doc).
+    """Which epochs compute every metric, early stopping in epochs, the kept epoch.
 
-    Per epoch e, in order: `validates(e)`; if False, `hold(e, copy)`; if True,
-    `record(e, value, copy)` -> whether to stop. At the end: `recheck()` lists the (epoch, copy)
-    to validate, each answered with `rechecked(epoch, value, copy)`; then `best_epoch`,
-    `best_value` and `best_state` are the kept epoch's. `copy()` is called only for a copy
-    that is kept."""
+    Per epoch e (1-based): `full(e)`: whether every metric is computed (else only the
+    monitored one); `record(e, value)` -> (better, stop): `better` when the value beats every
+    earlier one (the epoch is then the kept one), `stop` when it does not and it comes
+    `patience` or more epochs after the kept one."""
 
     def __init__(self, every: int, patience: int, max_epochs: int) -> None:
         if every < 1 or patience < 0 or max_epochs < 1:
             raise ValueError(f"bad schedule: every {every}, patience {patience}, "
                              f"max_epochs {max_epochs}")
         self.every, self.patience, self.max_epochs = every, patience, max_epochs
-        self.best_epoch, self.best_value, self.best_state = 0, -float("inf"), None
-        self._validated = 0  # the best epoch on the schedule (patience counts from it)
-        self._recent: dict[int, State] = {}  # copies since the last validation
-        self._before: dict[int, State] = {}  # copies of the N - 1 epochs before the best
-        self._after: dict[int, State] = {}  # copies of the N - 1 epochs after it
-        self.values: dict[int, float] = {}  # every validated epoch's value, re-checks included
+        self.best_epoch, self.best_value = 0, -float("inf")
 
-    def validates(self, epoch: int) -> bool:
+    def full(self, epoch: int) -> bool:
         return epoch % self.every == 0 or epoch == self.max_epochs
 
-    def hold(self, epoch: int, copy: Callable[[], State]) -> None:
-        """An epoch not validated now: keep a copy (it may be next to the best)."""
-        if self.every > 1:
-            self._recent[epoch] = copy()
-
-    def record(self, epoch: int, value: float, copy: Callable[[], State]) -> bool:
-        """A validated epoch's value; True when training must stop here."""
-        self.values[epoch] = value
+    def record(self, epoch: int, value: float) -> tuple[bool, bool]:
         if value > self.best_value:
-            self.best_epoch = self._validated = epoch
-            self.best_value, self.best_state = value, copy()
-            self._before, self._after = self._recent, {}
-            stop = False
-        else:
-            near = {e: s for e, s in self._recent.items() if e < self._validated + self.every}
-            self._after.update(near)
-            stop = epoch - self._validated >= self.patience
-        self._recent = {}
-        return stop
-
-    def recheck(self) -> list[tuple[int, State]]:
-        """The kept copies next to the best validated epoch, in epoch order."""
-        both = {**self._before, **self._after}
-        return sorted(both.items(), key=lambda item: item[0])
-
-    def rechecked(self, epoch: int, value: float, state: State) -> None:
-        """A re-checked epoch's value: kept when better (equal and earlier: better)."""
-        self.values[epoch] = value
-        if value > self.best_value or (value == self.best_value and epoch < self.best_epoch):
-            self.best_epoch, self.best_value, self.best_state = epoch, value, state
-
-    @property
-    def rechecks(self) -> int:
-        return len(self._before) + len(self._after)
+            self.best_epoch, self.best_value = epoch, value
+            return True, False
+        return False, epoch - self.best_epoch >= self.patience
 
 
 def frozen(module: torch.nn.Module) -> bool:
@@ -119,8 +79,9 @@ class Validator:
             self._cache[(*key, "out")] = out
         return out
 
-    def __call__(self) -> tuple[dict[str, float], bool]:
-        """(metrics, whether every vector was finite); call it in eval mode, without grad."""
+    def __call__(self, full: bool = True) -> tuple[dict[str, float], bool]:
+        """(metrics, whether every vector was finite); `full` False: ranked down to the top
+        max(ks, 10) only, every metric but MAP@R. Call it in eval mode, without grad."""
         finite: list[bool] = []
 
         def embed(sp: Split, role: str) -> torch.Tensor:
@@ -128,6 +89,6 @@ class Validator:
             finite.append(bool(torch.isfinite(vectors).all()))
             return vectors
 
-        scores, _ = self.task.scores(self.data, embed)
+        scores, _ = self.task.scores(self.data, embed, upto_r=full)
         return scores, all(finite)
 
