@@ -1,6 +1,12 @@
 """Training speed: cached head epochs vs the frozen encoder in the loop; GradCache memory/time.
 
 Same run, same machine:
+  (s) the default TREC train stage (`python -m stages train`, head mode, batch 1024) of this
+  tree against the same stage of `--before` (the commit before issue #13: validation every
+  epoch), each run `--repeats` times at once side by side, so both see the same machine load
+  (the shortest wall time counts; CPU time and load are recorded); then each kept head's test
+  metrics (the evaluate stage) and this tree computing every validation metric every epoch
+  (`train.val_every: 1`, the same training and kept epoch);
   (a) one epoch of head training on the cached MiniLM vectors of TREC (batch 256),
   (b) the same head, data, batch, loss and optimiser with the frozen encoder in the loop;
   GradCache in full mode (MiniLM trainable, news title->body pairs, MNRL, batch 256):
@@ -8,7 +14,8 @@ Same run, same machine:
   CachedMultipleNegativesRankingLoss with mini-batch 32. Each of (c)-(e) runs in its own process
   so its peak memory is its own (RSS on CPU, torch.cuda.max_memory_allocated on a GPU).
 
-    python -m bench.train_speed [--steps 1] [--max-length 128]
+    python -m bench.train_speed [--steps 1] [--max-length 128] [--before REV] [--repeats 2]
+    python -m bench.train_speed --stage-only   (only (s); the other rows kept from the json)
 
 Prints a Markdown table and writes bench/train_speed.json.
 """
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -25,6 +33,7 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 
 from bench.common import machine, table, write_results
 from simtune import cache, heads, prepare
@@ -179,11 +188,145 @@ def gradcache_child(how: str, chunk: int, max_length: int, steps: int) -> dict:
             "memory": "cuda max_memory_allocated" if cuda else "RSS growth during the steps"}
 
 
+BEFORE = "b7f51e0"  # the base of issue #13 ("Epoch time"): validation every epoch
+
+
+def _stage_job(code: Path, data: Path, params: Path, out: Path, threads: int
+               ) -> subprocess.Popen:
+    """The train stage of the tree at `code` on the prepared data and cache under `data`, run
+    from `data` (the same cwd for every tree: dvclive looks for a DVC repository there)."""
+    env = {**os.environ, "PYTHONPATH": f"{code / 'src'}:{code}", "HF_HUB_OFFLINE": "1"}
+    if threads:  # torch's intra-op threads (0: its default, one per core)
+        env["OMP_NUM_THREADS"] = str(threads)
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = ["/usr/bin/time", "-f", "%e %U %S", "-o", str(out / "time"), sys.executable, "-m",
+           "stages", "train", "--params", str(params), "--prepared", str(data / "prepared"),
+           "--cache", str(data / "cache"), "--out", str(out / "head"), "--report",
+           str(out / "train.json"), "--live", str(out / "live")]
+    return subprocess.Popen(cmd, cwd=data, env=env, stdout=subprocess.DEVNULL,
+                            stderr=open(out / "log", "w"))
+
+
+def _evaluate(data: Path, params: Path, out: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "HF_HUB_OFFLINE": "1"}
+    r = out / "eval"
+    subprocess.run([sys.executable, "-m", "stages", "evaluate", "--params", str(params),
+                    "--prepared", str(data / "prepared"), "--cache", str(data / "cache"),
+                    "--head", str(out / "head"), "--out", str(r / "metrics.json"),
+                    "--plot", str(r / "plot.json"), "--detail", str(r / "detail.json"),
+                    "--run-trained", str(r / "trained.trec"), "--run-baseline",
+                    str(r / "baseline.trec")], cwd=ROOT, env=env, check=True,
+                   capture_output=True)
+    return json.loads((r / "metrics.json").read_text())["trained"]
+
+
+def train_stage(before: str, repeats: int, threads: int) -> dict:
+    """(s): wall/CPU seconds of the train stage, before vs now, run side by side `repeats`
+    times; the kept epochs, the report's time split, and the test metrics of each kept head."""
+    p = P.load(ROOT / "params.yaml")
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        old = tmp / "before"
+        old.mkdir()
+        archive = subprocess.run(["git", "archive", before], cwd=ROOT, capture_output=True,
+                                 check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+        prepared = prepare.build(p.prepare)
+        prepare.write(prepared, tmp / "prepared", tmp / "prepare.json")
+        cache.fill(tmp / "prepared", tmp / "cache", p.encoders, p.cache)  # the shared store
+        every = yaml.safe_load((ROOT / "params.yaml").read_text())
+        every["train"]["val_every"] = 1
+        (tmp / "every.yaml").write_text(yaml.safe_dump(every, sort_keys=False))
+        runs: dict[str, list[dict]] = {"before": [], "now": [], "now, val_every 1": []}
+        plan = [("before", old, old / "params.yaml"), ("now", ROOT, ROOT / "params.yaml")]
+        for i in range(repeats + 1):
+            # the last round: this tree validating every epoch, beside the default once more
+            jobs = plan if i < repeats else [plan[1], ("now, val_every 1", ROOT,
+                                                      tmp / "every.yaml")]
+            load = os.getloadavg()[0]
+            procs = [(name, params, tmp / f"{name}-{i}", _stage_job(
+                code, tmp, params, tmp / f"{name}-{i}", threads)) for name, code, params in jobs]
+            for name, _, out, proc in procs:
+                if proc.wait() != 0:
+                    raise RuntimeError(f"{name}: {(out / 'log').read_text()[-2000:]}")
+                wall, user, sys_s = map(float, (out / "time").read_text().split()[-3:])
+                report = json.loads((out / "train.json").read_text())
+                # this tree's evaluate (its params: `before`'s lack train.val_every) on each
+                # kept head, once per setting
+                test = _evaluate(tmp, ROOT / "params.yaml", out) if not runs[name] else None
+                runs[name].append({"wall_s": wall, "cpu_s": user + sys_s, "load_1min": load,
+                                   "report": report, "test": test})
+    return runs
+
+
+def stage_rows(stage: dict) -> list[dict]:
+    runs, before = stage["runs"], stage["before"]
+    now, old, every = runs["now"], runs["before"], runs["now, val_every 1"]
+    w_now, w_old = min(r["wall_s"] for r in now), min(r["wall_s"] for r in old)
+    c_now, c_old = min(r["cpu_s"] for r in now), min(r["cpu_s"] for r in old)
+    threads = f"{stage['threads']} threads"
+    t_now, t_old, t_every = now[0]["test"], old[0]["test"], every[0]["test"]
+    r_now, r_every = now[0]["report"], every[0]["report"]
+    sec = r_now["seconds"]
+    return [
+        {"measure": "train stage, TREC default head mode (s, wall, best of "
+                    f"{len(now)} side by side, {threads})", "ours": w_now,
+         "peer name": f"before issue #13 ({before}: validation every epoch)", "peer": w_old,
+         "ratio": w_now / w_old, "target": "ours/peer <= 0.5"},
+        {"measure": f"train stage CPU time (s, user + sys, {threads})", "ours": c_now,
+         "peer name": f"before ({before})", "peer": c_old, "ratio": c_now / c_old,
+         "target": ""},
+        {"measure": "test MRR@10 of the kept head", "ours": t_now["mrr@10"],
+         "peer name": f"before ({before})", "peer": t_old["mrr@10"],
+         "ratio": t_now["mrr@10"] / t_old["mrr@10"], "target": ">= 1"},
+        {"measure": "kept epoch / epochs (val_every 5: every metric every 5 epochs)",
+         "ours": f"{r_now['best_epoch']} / {r_now['epochs']}",
+         "peer name": "same code, val_every 1",
+         "peer": f"{r_every['best_epoch']} / {r_every['epochs']}", "ratio": "",
+         "target": "same kept epoch"},
+        {"measure": "validation per epoch (s; share of train + validation)",
+         "ours": _val_share(sec), "peer name": "same code, val_every 1",
+         "peer": _val_share(r_every["seconds"]), "ratio": "", "target": ""},
+        {"measure": "test MRR@10, val_every 5 vs 1", "ours": t_now["mrr@10"],
+         "peer name": "same code, val_every 1", "peer": t_every["mrr@10"],
+         "ratio": t_now["mrr@10"] / t_every["mrr@10"], "target": "= 1"},
+    ]
+
+
+def _val_share(sec: dict) -> str:
+    share = sec["validation"] / (sec["train"] + sec["validation"])
+    return f"{sec['per_epoch_validation']:.3f} ({share:.0%})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=2, help="full-mode steps (the fastest counts)")
     ap.add_argument("--max-length", type=int, default=128)
+    ap.add_argument("--before", default=BEFORE, help="commit whose train stage is the peer")
+    ap.add_argument("--repeats", type=int, default=2, help="side-by-side train stage runs")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="OMP_NUM_THREADS of the train stage runs (0: torch's default)")
+    ap.add_argument("--stage-only", action="store_true",
+                    help="only the train stage rows; the others are kept from the json")
     args = ap.parse_args()
+    stage = {"threads": args.threads or "default", "before": args.before,
+             "runs": train_stage(args.before, args.repeats, args.threads)}
+    if args.stage_only:
+        previous = json.loads((ROOT / "bench" / "train_speed.json").read_text())
+        previous.update(stage=stage, stage_rows=stage_rows(stage))
+        print(table(previous["stage_rows"], ["measure", "ours", "peer name", "peer", "ratio",
+                                             "target"]))
+        print(f"\nwrote {write_results('train_speed', previous)}")
+        return
+    rows, payload = other_rows(args.steps, args.max_length)
+    payload.update(stage=stage, stage_rows=stage_rows(stage))
+    rows += payload["stage_rows"]
+    print(table(rows, ["measure", "ours", "peer name", "peer", "ratio", "target"]))
+    print(f"\nwrote {write_results('train_speed', {**payload, 'rows': rows})}")
+
+
+def other_rows(steps: int, max_length: int) -> tuple[list[dict], dict]:
+    """(a)-(e): the rows and the json payload (without its `rows`)."""
     p, texts, labels, ids, listed = _setup()
     spec = p.encoders.models["minilm"]
     with tempfile.TemporaryDirectory() as d:
@@ -200,7 +343,7 @@ def main() -> None:
     for name, how, chunk in (("full batch", "ours", 0), ("GradCache 32", "ours", 32),
                              ("sentence-transformers CachedMNRL 32", "st", 32)):
         proc = subprocess.run([sys.executable, "-c", GRADCACHE_CHILD, how, str(chunk),
-                               str(args.max_length), str(args.steps)], cwd=ROOT,
+                               str(max_length), str(steps)], cwd=ROOT,
                               capture_output=True, text=True, check=True)
         runs[name] = json.loads(proc.stdout.strip().splitlines()[-1])
     full, gc = runs["full batch"], runs["GradCache 32"]
@@ -222,14 +365,10 @@ def main() -> None:
          "peer name": "sentence-transformers CachedMNRL 32", "peer": st["peak_mb"],
          "ratio": gc["peak_mb"] / max(st["peak_mb"], 1e-9), "target": ""},
     ]
-    print(f"machine: {machine()}; MiniLM, batch {BATCH}, max_length {args.max_length}, "
+    print(f"machine: {machine()}; MiniLM, batch {BATCH}, max_length {max_length}, "
           f"memory: {gc['memory']}\n")
-    print(table(rows, ["measure", "ours", "peer name", "peer", "ratio", "target"]))
-    path = write_results("train_speed", {"machine": machine(), "batch": BATCH,
-                                         "max_length": args.max_length, "rows": rows,
-                                         "cached_epoch_s": t_cached, "frozen_epoch_s": t_frozen,
-                                         "full_mode": runs})
-    print(f"\nwrote {path}")
+    return rows, {"machine": machine(), "batch": BATCH, "max_length": max_length,
+                  "cached_epoch_s": t_cached, "frozen_epoch_s": t_frozen, "full_mode": runs}
 
 
 if __name__ == "__main__":

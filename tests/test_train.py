@@ -58,6 +58,17 @@ def test_train_saves_a_head_that_reloads_to_the_reported_metric(small: tuple[Pat
     root, params_file = small
     report = _train(root, params_file)
     assert 1 <= report["best_epoch"] <= report["epochs"] <= 3
+    sec = report["seconds"]  # the time split adds up
+    assert sec["train"] > 0 and sec["validation"] > 0
+    assert sec["train"] + sec["validation"] <= sec["total"]
+    assert sec["per_epoch_train"] * report["epochs"] == pytest.approx(sec["train"])
+    assert sec["per_epoch_validation"] * report["epochs"] == pytest.approx(sec["validation"])
+    assert report["samples_per_s"] == pytest.approx(40 * report["epochs"] / sec["train"])
+    # val_every 5 > max_epochs 3: every metric at epoch 3 (the last), and at the kept epoch
+    # when it is another one (the monitored metric only was computed there)
+    assert report["full_validations"] == 1 + (report["best_epoch"] != 3)
+    assert set(report["best_val"]) == {f"val/{m}" for m in (
+        "p@1", "recall@1", "recall@5", "recall@10", "mrr@10", "ndcg@10", "map@r")}
     head = heads.load(root / "head")
     p = P.load(params_file)
     data = load_data(p, root / "prepared", root / "cache")
@@ -83,9 +94,20 @@ def test_same_params_and_seed_give_identical_weights(small: tuple[Path, Path]) -
 
 def test_early_stopping_stops(small: tuple[Path, Path]) -> None:
     root, params_file = small
-    _edit(params_file, lr=1e-12, max_epochs=20, patience=2)  # nothing can improve
+    _edit(params_file, lr=1e-12, max_epochs=20, patience=2, val_every=1)  # nothing can improve
     report = _train(root, params_file)
     assert report["epochs"] == 3 and report["best_epoch"] == 1
+    assert report["full_validations"] == 3
+
+
+def test_early_stopping_counts_epochs_whatever_val_every(small: tuple[Path, Path]) -> None:
+    """val_every 3: the monitored metric is still checked every epoch, so patience 2 stops at
+    epoch 3 again; every metric at epoch 3 and, at the end, at the kept epoch 1."""
+    root, params_file = small
+    _edit(params_file, lr=1e-12, max_epochs=20, patience=2, val_every=3)
+    report = _train(root, params_file)
+    assert report["epochs"] == 3 and report["best_epoch"] == 1
+    assert report["full_validations"] == 2 and "val/map@r" in report["best_val"]
 
 
 def test_gradcache_training_equals_plain_training(small: tuple[Path, Path]) -> None:
@@ -183,9 +205,10 @@ def test_m_per_label_uses_every_example_in_runs_of_at_least_m() -> None:
 
 
 def test_training_curves_have_one_increasing_step_per_epoch(small: tuple[Path, Path]) -> None:
-    """dvclive's files: steps 1, 2, ... (the epoch) for the loss and every val metric."""
+    """dvclive's files: steps 1, 2, ... (the epoch) for the loss and every val metric; with
+    val_every 2, MAP@R (which needs the top R) at epochs 2, 4 and the last only."""
     root, params_file = small
-    _edit(params_file, max_epochs=4, patience=10)
+    _edit(params_file, max_epochs=4, patience=10, val_every=1)
     report = _train(root, params_file)
     metrics_dir = root / "live" / "plots" / "metrics"
 
@@ -194,10 +217,18 @@ def test_training_curves_have_one_increasing_step_per_epoch(small: tuple[Path, P
         assert lines[0].split("\t") == ["step", name.rsplit("/", 1)[1]]
         return [(int(s), float(v)) for s, v in (line.split("\t") for line in lines[1:])]
 
-    for name in ("train/loss", "val/mrr@10", "val/p@1"):
+    for name in ("train/loss", "val/mrr@10", "val/p@1", "val/map@r"):
         assert [step for step, _ in rows(name)] == [1, 2, 3, 4], name
     val = dict(rows("val/mrr@10"))
     assert val[report["best_epoch"]] == pytest.approx(report["best_val"]["val/mrr@10"])
+    assert max(val.values()) == pytest.approx(report["best_val"]["val/mrr@10"])
+
+    _edit(params_file, max_epochs=5, patience=10, val_every=2)  # map@r at 2, 4 and 5 only
+    report = _train(root, params_file, "2")
+    metrics_dir = root / "live2" / "plots" / "metrics"
+    assert [step for step, _ in rows("val/mrr@10")] == [1, 2, 3, 4, 5]
+    assert [step for step, _ in rows("val/map@r")] == [2, 4, 5]
+    val = dict(rows("val/mrr@10"))
     assert max(val.values()) == pytest.approx(report["best_val"]["val/mrr@10"])
 
 

@@ -303,9 +303,11 @@ def scores(r: Ranked, ks: tuple[int, ...]) -> dict[str, float]:
 
 
 def group_scores(queries: torch.Tensor, q_labels: torch.Tensor, corpus: torch.Tensor | None,
-                 c_labels: torch.Tensor | None, ks: tuple[int, ...], chunk: int = 1024
-                 ) -> tuple[dict[str, float], int]:
+                 c_labels: torch.Tensor | None, ks: tuple[int, ...], chunk: int = 1024,
+                 upto_r: bool = True) -> tuple[dict[str, float], int]:
     """Groups retrieval: relevant = same label. `corpus` None: leave-one-out over `queries`.
+    `upto_r` False: only the top max(ks, 10) is ranked and MAP@R (which needs each query's top
+    R) is left out; the other metrics are the same (the top-k is exact, ties by index).
 
     Returns (metrics, number of queries without any relevant item in the corpus).
     """
@@ -314,30 +316,36 @@ def group_scores(queries: torch.Tensor, q_labels: torch.Tensor, corpus: torch.Te
     c_labels = q_labels if c_labels is None else c_labels
     counts = torch.bincount(c_labels, minlength=int(max(q_labels.max(), c_labels.max())) + 1)
     n_rel = counts[q_labels] - (1 if leave_one_out else 0)
-    k = max(*ks, 10, int(n_rel.max()) if len(n_rel) else 1)
+    k = max(*ks, 10, int(n_rel.max()) if len(n_rel) and upto_r else 1)
     exclude = torch.arange(len(queries)) if leave_one_out else None
 
     def relevant(qi: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         return c_labels[idx] == q_labels[qi][:, None]
 
     ranked = rank(queries, corpus, relevant, n_rel, k, exclude, chunk)
-    return scores(ranked, ks), int((n_rel == 0).sum())
+    return _without_r(scores(ranked, ks), upto_r), int((n_rel == 0).sum())
+
+
+def _without_r(out: dict[str, float], upto_r: bool) -> dict[str, float]:
+    return out if upto_r else {name: v for name, v in out.items() if name != "map@r"}
 
 
 def pair_scores(queries: torch.Tensor, corpus: torch.Tensor, pairs: torch.Tensor,
-                ks: tuple[int, ...], chunk: int = 1024, gains: torch.Tensor | None = None
-                ) -> tuple[dict[str, float], int]:
+                ks: tuple[int, ...], chunk: int = 1024, gains: torch.Tensor | None = None,
+                upto_r: bool = True) -> tuple[dict[str, float], int]:
     """Pairs retrieval: `pairs` (P, 2) rows of (query index, relevant corpus index); `gains`
-    (P,) their graded gains (None: binary). Returns (metrics, queries without a relevant item)."""
-    ranked = pair_ranked(queries, corpus, pairs, ks, chunk, gains)
-    return scores(ranked, ks), int((ranked.n_relevant == 0).sum())
+    (P,) their graded gains (None: binary); `upto_r` as in `group_scores`.
+    Returns (metrics, queries without a relevant item)."""
+    ranked = pair_ranked(queries, corpus, pairs, ks, chunk, gains, upto_r=upto_r)
+    return _without_r(scores(ranked, ks), upto_r), int((ranked.n_relevant == 0).sum())
 
 
 def pair_ranked(queries: torch.Tensor, corpus: torch.Tensor, pairs: torch.Tensor,
                 ks: tuple[int, ...], chunk: int = 1024, gains: torch.Tensor | None = None,
-                depth: int = 0) -> Ranked:
-    """The ranking behind `pair_scores` (per query; `depth`: also the top `depth`). A pair listed
-    twice counts once (its largest gain); a gain <= 0 is not relevant."""
+                depth: int = 0, upto_r: bool = True) -> Ranked:
+    """The ranking behind `pair_scores` (per query; `depth`: also the top `depth`; `upto_r`
+    False: down to max(ks, 10) only, not each query's R). A pair listed twice counts once (its
+    largest gain); a gain <= 0 is not relevant."""
     n, n_q = corpus.shape[0], queries.shape[0]
     keys = pairs[:, 0] * n + pairs[:, 1]
     gain = ideal = None
@@ -356,7 +364,7 @@ def pair_ranked(queries: torch.Tensor, corpus: torch.Tensor, pairs: torch.Tensor
             return torch.where(keys[at] == key, g[at], 0.0) if len(keys) else key * 0.0
 
     n_rel = torch.bincount(keys // n, minlength=n_q)
-    k = max(*ks, 10, int(n_rel.max()) if len(n_rel) else 1)
+    k = max(*ks, 10, int(n_rel.max()) if len(n_rel) and upto_r else 1)
 
     def relevant(qi: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         return torch.isin(qi[:, None] * n + idx, keys)

@@ -267,7 +267,7 @@ class GradCacheParams(Section):
 class EncoderTrainParams(Section):
     """`train.encoder`: how the encoder trains in `top_layers` and `full` modes. A few epochs of
     small batches at a low learning rate suit an encoder, not a head alone, so these replace
-    `train.batch_size`, `max_epochs`, `patience` and `lr` in those modes."""
+    `train.batch_size`, `max_epochs`, `patience`, `val_every` and `lr` in those modes."""
 
     top_layers: int = Field(gt=0, description="top_layers mode: how many of the encoder's top "
                             "layers train (the states after the others are cached once)")
@@ -278,16 +278,19 @@ class EncoderTrainParams(Section):
     max_epochs: int = Field(gt=0, description="upper bound on epochs in these modes")
     patience: int = Field(ge=0, description="epochs without a better validation metric before "
                           "stopping early, in these modes")
+    val_every: int = Field(gt=0, description="every validation metric every N epochs in these "
+                           "modes (replaces `train.val_every`)")
 
 
 def effective(t: TrainParams) -> TrainParams:
     """The training params in force: in `top_layers` and `full` modes the `train.encoder`
-    schedule replaces batch_size, max_epochs, patience and lr."""
+    schedule replaces batch_size, max_epochs, patience, val_every and lr."""
     if t.mode == "head":
         return t
     e = t.encoder
     return t.model_copy(update={"batch_size": e.batch_size, "max_epochs": e.max_epochs,
-                                "patience": e.patience, "lr": e.head_lr})
+                                "patience": e.patience, "val_every": e.val_every,
+                                "lr": e.head_lr})
 
 
 class TrainParams(Section):
@@ -308,6 +311,10 @@ class TrainParams(Section):
     max_epochs: int = Field(gt=0, description="upper bound on epochs")
     patience: int = Field(ge=0, description="epochs without a better validation metric before "
                           "stopping early")
+    val_every: int = Field(gt=0, description="every validation metric (the curves) every N "
+                           "epochs and the last; the monitored one (early stopping, the kept "
+                           "epoch) every epoch from the top 10 (map@r: every metric every "
+                           "epoch); 1: every metric every epoch")
     monitor: Literal["p@1", "mrr@10", "ndcg@10", "map@r"] = Field(
         description="validation retrieval metric for early stopping and the best checkpoint"
     )

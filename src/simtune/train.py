@@ -10,7 +10,6 @@ raised through Lightning, which re-raises it) before anything is saved.
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import time
@@ -24,6 +23,7 @@ from simtune import heads, represent
 from simtune import params as P
 from simtune.atomic import atomic_dir, write_json
 from simtune.encoders import trim_padding
+from simtune.epochs import EpochLoop
 from simtune.errors import UserError
 from simtune.gradcache import cuda_devices
 from simtune.gradcache import step as gradcache_step
@@ -35,8 +35,9 @@ from simtune.train_data import (
     build_loss,
     check_trainable,
     load_data,
-    split_metrics,
+    retrieval_task,
 )
+from simtune.validation import Schedule, Validator, frozen
 
 log = logging.getLogger("simtune.train")
 
@@ -185,26 +186,6 @@ class SimilarityModule(pl.LightningModule):
             num_workers=self.t.num_workers if self.rep.tokenizes else 0,
             pin_memory=self.rep.tokenizes and torch.cuda.is_available())
 
-    def val_dataloader(self) -> torch.utils.data.DataLoader:
-        return torch.utils.data.DataLoader([0])  # one step: the whole split is scored at once
-
-    def validation_step(self, batch: Any, _: int) -> None:
-        # weights (and the vectors they give) are checked before they can be kept as the best
-        self._stop_if(not all(bool(torch.isfinite(w).all()) for w in self.parameters()),
-                      "the weights are no longer finite")
-        finite: list[bool] = []
-
-        def embed(sp: Split, role: str) -> torch.Tensor:
-            vectors = self.embed_split(sp, role)
-            finite.append(bool(torch.isfinite(vectors).all()))
-            return vectors
-
-        # the same task as the test evaluation: against the train texts, or leave-one-out
-        corpus = "train" if self.p.evaluate.corpus == "train" else None
-        scores, _ = split_metrics(self.data, "val", embed, corpus=corpus)
-        self._stop_if(not all(finite), "the validation vectors are no longer finite")
-        self.log_dict({f"val/{k}": v for k, v in scores.items()}, batch_size=1)
-
     def embed_split(self, sp: Split, role: str) -> torch.Tensor:
         """(n, D) head outputs of a split's examples for `role` (text | query | doc)."""
         return self.head(self.rep.embed_split(sp, role))
@@ -219,50 +200,6 @@ class _Collate:
 
     def __call__(self, idx: list[int]) -> dict[str, Any]:
         return self.rep.collate(self.split, idx)
-
-
-class _Best(pl.Callback):
-    """Keeps a copy of the best head (and encoder) by the monitored validation metric, the
-    per-epoch timings, and (on rank 0, when `live_dir` is given) writes the training curves with
-    dvclive: one point per epoch at step = epoch number (1, 2, ...), so x only increases."""
-
-    def __init__(self, monitor: str, live_dir: Path | None) -> None:
-        self.monitor, self.best, self.state, self.epoch = monitor, -float("inf"), None, -1
-        self.epoch_seconds: list[float] = []
-        self._start = 0.0
-        self.history: list[dict[str, float]] = []
-        self.live_dir, self.live = live_dir, None  # a dvclive.Live on rank 0 while training
-
-    def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        if self.live_dir is not None and trainer.is_global_zero:
-            from dvclive import Live
-
-            self.live = Live(str(self.live_dir), save_dvc_exp=False, dvcyaml=False)
-
-    def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        self._start = time.perf_counter()
-
-    def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        self.epoch_seconds.append(time.perf_counter() - self._start)
-        if self.live is not None:  # validation has run: the epoch's metrics are all there
-            self.live.step = trainer.current_epoch + 1
-            for name, value in sorted(trainer.callback_metrics.items()):
-                if name.startswith(("train/", "val/")):
-                    self.live.log_metric(name, float(value))
-            self.live.sync()
-
-    def on_train_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        if self.live is not None:
-            self.live.end()
-
-    def on_validation_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        value = float(trainer.callback_metrics[f"val/{self.monitor}"])
-        self.history.append({k: float(v) for k, v in trainer.callback_metrics.items()
-                             if k.startswith("val/")})
-        if value > self.best:
-            self.best, self.epoch = value, trainer.current_epoch
-            keep = {"head": module.head, "rep": module.rep}
-            self.state = {k: copy.deepcopy(m.state_dict()) for k, m in keep.items()}
 
 
 def diverged(t: TrainParams, epoch: int, step: int, what: str) -> str:
@@ -314,13 +251,15 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     data = load_data(p, prepared_dir, cache_dir, negatives_dir=negatives_dir)
     check_trainable(data, t, t.devices * t.num_nodes)
     module = SimilarityModule(data, p)
-    best = _Best(t.monitor, live_dir)
+    # the same task as the test evaluation: against the train texts, or leave-one-out
+    task = retrieval_task(data, "val", "train" if p.evaluate.corpus == "train" else None)
+    validator = Validator(data, task, module.rep.embed_split, module.head, frozen(module.rep))
+    loop = EpochLoop(Schedule(t.val_every, t.patience, t.max_epochs), validator, t.monitor,
+                     live_dir)
     trainer = pl.Trainer(
         accelerator=accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
         precision=t.precision, max_epochs=t.max_epochs, num_sanity_val_steps=0,
-        callbacks=[pl.callbacks.EarlyStopping(f"val/{t.monitor}", mode="max",
-                                              patience=t.patience), best],
-        logger=False, enable_checkpointing=False, enable_model_summary=False,
+        callbacks=[loop], logger=False, enable_checkpointing=False, enable_model_summary=False,
         use_distributed_sampler=False, deterministic="warn" if accelerator == "gpu" else True)
     start = time.perf_counter()
     try:
@@ -332,28 +271,44 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
                                  "the update overflows float32")) from None
     if trainer.global_rank != 0:
         return {}
-    seconds = time.perf_counter() - start
-    epochs = len(best.epoch_seconds)
-    result = {
-        "epochs": epochs, "best_epoch": best.epoch + 1, "best_val": best.history[best.epoch],
-        "seconds": seconds, "seconds_per_epoch": sum(best.epoch_seconds) / max(epochs, 1),
-        "samples_per_s": epochs * len(data.splits["train"]) / max(sum(best.epoch_seconds), 1e-9),
-    }
-    save(module, best, p, out)
+    result = report_of(loop, time.perf_counter() - start, len(data.splits["train"]))
+    save(module, loop, p, out)
     write_json(report, result)
-    log.info("trained %d epochs (best %d: val %s = %.4f), %.2f s/epoch", epochs,
-             best.epoch + 1, t.monitor, best.best, result["seconds_per_epoch"])
+    sec = result["seconds"]
+    log.info("trained %d epochs (best %d: val %s = %.4f), %.2f s/epoch training + %.2f "
+             "s/epoch validation (%d of every metric)", result["epochs"], loop.best_epoch,
+             t.monitor, loop.schedule.best_value, sec["per_epoch_train"],
+             sec["per_epoch_validation"], result["full_validations"])
     return result
 
 
-def save(module: SimilarityModule, best: _Best, p: Params, out: Path) -> None:
+def report_of(loop: EpochLoop, total: float, n_train: int) -> dict[str, Any]:
+    """`reports/train.json`: epochs, the kept epoch and its validation metrics, the
+    validations that computed every metric, and seconds: `total` (trainer.fit), `train` (the
+    training epochs), `validation` (every epoch's and the kept epoch's at the end),
+    `per_epoch_*` (each / epochs); train + validation <= total (the rest: set-up, curves,
+    Lightning between epochs)."""
+    epochs = len(loop.train_seconds)
+    train_s, val_s = sum(loop.train_seconds), loop.validation_seconds
+    return {
+        "epochs": epochs, "best_epoch": loop.best_epoch,
+        "best_val": loop.history[loop.best_epoch], "full_validations": loop.full_validations,
+        "seconds": {"total": total, "train": train_s, "validation": val_s,
+                    "per_epoch_train": train_s / max(epochs, 1),
+                    "per_epoch_validation": val_s / max(epochs, 1)},
+        "samples_per_s": epochs * n_train / max(train_s, 1e-9),
+    }
+
+
+def save(module: SimilarityModule, loop: EpochLoop, p: Params, out: Path) -> None:
     """The best head (safetensors + config.json) and, in full mode, the fine-tuned encoder."""
-    assert best.state is not None
-    module.head.load_state_dict(best.state["head"])
+    best = loop.state
+    assert best is not None
+    module.head.load_state_dict(best["head"])
     with atomic_dir(out) as tmp:
         heads.save(module.head, tmp)
         if p.train.mode != "head":  # the fine-tuned encoder, an ordinary transformers model
-            module.rep.load_state_dict(best.state["rep"])
+            module.rep.load_state_dict(best["rep"])
             module.rep.save(tmp / "encoder")
         enc, loss = p.encoders, p.train.loss
         # trained on angles (cosine, or arcface, which is cosine whatever the distance): the
