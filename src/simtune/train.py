@@ -72,7 +72,8 @@ class SimilarityModule(pl.LightningModule):
     # --- representations -------------------------------------------------------------------
 
     def encode_role(self, part: dict[str, Any], role: str) -> torch.Tensor:
-        """Training batch part -> (c, D) head outputs for `role`: text | query | doc."""
+        """Training batch part -> (c, D) head outputs for `role`: text | query | doc | neg
+        (neg: (c * n, D), each row's n mined negatives)."""
         return self.head(self.rep(self.data.splits["train"], part, role))
 
     def roles(self) -> list[str]:
