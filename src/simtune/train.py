@@ -187,10 +187,6 @@ class SimilarityModule(pl.LightningModule):
             num_workers=self.t.num_workers if self.rep.tokenizes else 0,
             pin_memory=self.rep.tokenizes and torch.cuda.is_available())
 
-    def embed_split(self, sp: Split, role: str) -> torch.Tensor:
-        """(n, D) head outputs of a split's examples for `role` (text | query | doc)."""
-        return self.head(self.rep.embed_split(sp, role))
-
 
 class _Collate:
     """Example indices -> batch ({idx}, plus tokenised texts in full mode): runs in DataLoader
