@@ -313,7 +313,10 @@ def main() -> None:
              "runs": train_stage(args.before, args.repeats, args.threads)}
     if args.stage_only:
         previous = json.loads((ROOT / "bench" / "train_speed.json").read_text())
+        stale = {r["measure"] for r in previous.get("stage_rows", [])}
         previous.update(stage=stage, stage_rows=stage_rows(stage))
+        previous["rows"] = [r for r in previous["rows"] if r["measure"] not in stale
+                            ] + previous["stage_rows"]
         print(table(previous["stage_rows"], ["measure", "ours", "peer name", "peer", "ratio",
                                              "target"]))
         print(f"\nwrote {write_results('train_speed', previous)}")
