@@ -149,6 +149,10 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path
         write_json(tmp / "meta.json", meta)
     result["seconds"] = time.perf_counter() - start
     write_json(report, result)
+    if prepared.kind != "pairs" or not n.count:  # say why the table is empty
+        log.info("%s: nothing mined (%s)", out, "negatives.count is 0" if n.count else
+                 f"the data is {prepared.kind}: hard negatives are mined for pairs")
+        return result
     log.info("%s: %d negatives for %d training queries among %d documents (%d with fewer than "
              "%d, %d likely false negatives skipped), %.2f s", out, result["negatives"],
              result["queries"], result["corpus"], result["short_queries"], n.count,
