@@ -209,3 +209,30 @@ def test_batches_follow_length_order(tiny_bert: Path) -> None:
     assert [idx for idx, _ in got] == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
     want = encoder.tokenize([texts[k] for k in mine[4:8]])
     assert all(torch.equal(got[1][1][k], want[k]) for k in want)
+
+
+def test_ordered_map_runs_concurrently_in_order_and_raises_errors() -> None:
+    import time
+
+    seen: set[str] = set()
+
+    def slow_square(x: int) -> int:
+        seen.add(threading.current_thread().name)
+        time.sleep(0.02 if x % 2 else 0.001)  # odd items finish later: order must still hold
+        return x * x
+
+    assert list(batching.ordered_map(slow_square, range(12), workers=2)) == [
+        x * x for x in range(12)]
+    assert len(seen) == 2 and all(n.startswith("simtune-embed") for n in seen)
+    assert list(batching.ordered_map(slow_square, range(3), workers=1)) == [0, 1, 4]
+
+    def fails_at_3(x: int) -> int:
+        if x == 3:
+            raise ValueError("bad batch")
+        return x
+
+    got = []
+    with pytest.raises(ValueError, match="bad batch"):
+        for x in batching.ordered_map(fails_at_3, range(10), workers=2):
+            got.append(x)
+    assert got == [0, 1, 2]

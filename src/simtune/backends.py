@@ -30,7 +30,7 @@ from simtune.errors import UserError
 log = logging.getLogger("simtune.backends")
 INSTALL = "pip install 'simtune[onnx]' (onnxruntime and onnx)"
 EXPORT_DIR, MODEL_FILE = "onnx", "model.onnx"
-CHECK_TOLERANCE = 1e-5  # relative to the largest vector entry; float rounding is ~1e-7
+CHECK_TOLERANCE = 1e-6  # relative to the largest vector entry; float rounding is ~2e-7
 # two lengths, so the check batch has padding (the exported graph must honour the mask)
 CHECK_TEXTS = ["what is the name of the largest city in the world, and why is it so big?",
                "a short one"]
@@ -113,10 +113,11 @@ def export(encoder: FrozenEncoder, path: Path) -> None:
              time.perf_counter() - t0, path, path.stat().st_size / 1e6)
 
 
-def session_options(threads: int) -> Any:
-    """ONNX Runtime settings for a small shared CPU: `threads` intra-op threads (torch's own
-    count), one inter-op thread, sequential execution, full graph optimisation, and no
-    spin-waiting (spinning threads steal the core the tokenizer and other processes need)."""
+def session_options(threads: int = 1) -> Any:
+    """ONNX Runtime settings for a small shared CPU: `threads` intra-op threads (the fill uses
+    1 per batch and runs several batches at once), one inter-op thread, sequential execution,
+    full graph optimisation, and no spin-waiting (spinning threads steal the core the
+    tokenizer and other processes need)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -131,7 +132,10 @@ def session_options(threads: int) -> Any:
 
 class OnnxEncoder:
     """Pooled vectors from an ONNX export of `encoder`, on the CPU: `tokenize`,
-    `token_lengths`, `name`, `spec`, `dim` and `device` are the torch encoder's own."""
+    `token_lengths`, `name`, `spec`, `dim` and `device` are the torch encoder's own. `embed`
+    is thread-safe and single-threaded: callers run `streams` (torch's thread count) batches
+    at once, which beats splitting each small batch's kernels across threads (~1.2x on 2 busy
+    cores, same vectors bit for bit)."""
 
     def __init__(self, encoder: FrozenEncoder, path: Path) -> None:
         import onnxruntime as ort
@@ -140,7 +144,8 @@ class OnnxEncoder:
         self.name, self.spec, self.dim, self.device = (encoder.name, encoder.spec,
                                                        encoder.dim, encoder.device)
         self.tokenize, self.token_lengths = encoder.tokenize, encoder.token_lengths
-        self.session = ort.InferenceSession(str(path), session_options(torch.get_num_threads()),
+        self.streams = torch.get_num_threads()
+        self.session = ort.InferenceSession(str(path), session_options(1),
                                             providers=["CPUExecutionProvider"])
         self.inputs = [i.name for i in self.session.get_inputs()]
 

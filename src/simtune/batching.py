@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 import torch
@@ -104,3 +106,25 @@ def prefetched(items: Iterable[Any], depth: int = 2) -> Iterator[Any]:
     finally:
         stop.set()
         thread.join()
+
+
+def ordered_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: int) -> Iterator[Any]:
+    """`fn(x)` for each of `items`, in order, run by `workers` threads at once (for an `fn`
+    that releases the GIL: whole batches in parallel, no synchronisation inside one); at most
+    `workers + 1` items in flight. An exception in `fn` is raised here; leaving early waits for
+    the ones in flight only. `workers` <= 1: plain `map`."""
+    if workers <= 1:
+        yield from map(fn, items)
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="simtune-embed") as pool:
+        pending: deque[Future[Any]] = deque()
+        try:
+            for x in items:
+                pending.append(pool.submit(fn, x))
+                if len(pending) > workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()

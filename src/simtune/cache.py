@@ -218,8 +218,10 @@ def _embed_missing(encoder: Encoder, missing: list[str], texts: dict[str, str],
         held[0] = fmt.nbytes(rest)
 
     with Progress(len(mine), f"embedding with {encoder.name}") as progress, torch.inference_mode():
-        for idx, batch in loader:
-            out = fmt.compute(encoder, batch)
+        # the ONNX backend runs `streams` batches at once (one thread each); torch one at a time
+        computed = batching.ordered_map(lambda item: (item[0], fmt.compute(encoder, item[1])),
+                                        loader, getattr(encoder, "streams", 1))
+        for idx, out in computed:
             buf.append(out)
             held[0] += fmt.nbytes(out)
             buf_ids.extend(mine[j] for j in idx)
