@@ -65,3 +65,18 @@ def write_bytes(dest: Path, data: bytes) -> None:
 def write_json(dest: Path, obj: Any) -> None:
     """Atomically write `obj` as indented, key-sorted JSON (stable diffs in git)."""
     write_bytes(dest, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_meta(directory: Path, version: int, stage: str, what: str) -> dict[str, Any]:
+    """`directory/meta.json` of a stage's output, present and of format `version`; otherwise
+    one line naming the directory or file and the stage to run (`what`: what it should hold)."""
+    from simtune.errors import UserError
+
+    meta_path = Path(directory) / "meta.json"
+    if not meta_path.is_file():
+        raise UserError(f"{directory}: no {what} here (run the {stage} stage first)")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format_version") != version:
+        raise UserError(f"{meta_path}: format version {meta.get('format_version')}, expected "
+                        f"{version}; run the {stage} stage again")
+    return meta

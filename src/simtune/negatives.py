@@ -20,7 +20,6 @@ document cache) in its split's tensors; their vectors are cache rows through the
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from simtune import metrics
-from simtune.atomic import atomic_dir, write_json
+from simtune.atomic import atomic_dir, read_meta, write_json
 from simtune.cache import open_cache
 from simtune.errors import UserError
 from simtune.params import Params, TrainParams
@@ -181,12 +180,7 @@ def load(directory: Path, q_table: Any, d_table: Any, n: int) -> dict[str, list[
     training reads (`q_table`, `d_table`) and `n` (one line, naming the file, otherwise)."""
     directory = Path(directory)
     meta_path = directory / "meta.json"
-    if not meta_path.is_file():
-        raise UserError(f"{directory}: no mined negatives here (run the negatives stage)")
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise UserError(f"{meta_path}: format version {meta.get('format_version')}, expected "
-                        f"{FORMAT_VERSION}; run the negatives stage")
+    meta = read_meta(directory, FORMAT_VERSION, "negatives", "mined negatives")
     if n > meta.get("count", 0) or meta.get("kind") != "pairs":
         raise UserError(f"train.hard_negatives: {n} per query, but {directory} holds "
                         f"{meta.get('count', 0) if meta.get('kind') == 'pairs' else 0} "

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from simtune import data
-from simtune.atomic import atomic_dir, write_json
+from simtune.atomic import atomic_dir, read_meta, write_json
 from simtune.errors import UserError, echo
 from simtune.params import SPLITS, PrepareParams
 from simtune.split import assign
@@ -241,13 +241,7 @@ def run(p: PrepareParams, out: Path, report_path: Path) -> Prepared:
 def load(out: Path) -> Prepared:
     """Read a prepared directory back (for the later stages); the report is not re-read."""
     out = Path(out)
-    meta_path = out / "meta.json"
-    if not meta_path.is_file():
-        raise UserError(f"{out}: no prepared data here (run the prepare stage first)")
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise UserError(f"{meta_path}: format version {meta.get('format_version')}, "
-                        f"expected {FORMAT_VERSION}; run the prepare stage again")
+    meta = read_meta(out, FORMAT_VERSION, "prepare", "prepared data")
     texts = pq.read_table(out / "texts.parquet")
     examples = pq.read_table(out / "examples.parquet")
     return Prepared(meta["kind"], texts, examples, {})
