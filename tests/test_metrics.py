@@ -240,3 +240,18 @@ def test_desc_key_orders_rows_then_scores_descending_and_ties_signed_zeros() -> 
     v = np.array([5.0, -1.0, -0.0, 0.0, 2.5, -np.inf, -3.0], dtype=np.float32)
     order = np.argsort(metrics._desc_key(rows, v), kind="stable")
     assert order.tolist() == [4, 2, 3, 1, 5, 0, 6]  # -0.0 and 0.0 tie: input order kept
+
+
+@pytest.mark.parametrize("k", [1, 10, 40])
+def test_dense_topk_in_budgeted_blocks_equals_brute_force(monkeypatch: pytest.MonkeyPatch,
+                                                          k: int) -> None:
+    """The accelerators' path, run here on the CPU: blocks of 16 query rows (the budget's
+    floor), ties by index, leave-one-out, unit and non-unit rows alike."""
+    monkeypatch.setattr(metrics, "_DENSE_BLOCK_BYTES", 1)
+    q, c = _dyadic(50, 6), _dyadic(300, 7)
+    ex = torch.randint(-1, 300, (50,), generator=torch.Generator().manual_seed(8))
+    for scale in (1.0, 2.0):
+        s1, i1 = metrics._topk_dense(q * scale, c, k, 1024, ex)
+        s2, i2 = _brute(q, c, k, ex)
+        assert torch.equal(i1, i2)
+        assert torch.equal(s1, s2)

@@ -121,6 +121,22 @@ def test_gradcache_training_equals_plain_training(small: tuple[Path, Path]) -> N
         assert torch.allclose(plain[k], gc[k], atol=1e-5), k
 
 
+def test_full_mode_gradcache_gradients_equal_plain(tmp_path: Path, tiny_bert: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Full mode through the stage (dropout off, fp32): every step's gradient with GradCache
+    (chunks of 3) equals the plain step's."""
+    from tests.train_helpers import dropout_free, relative_errors, step_gradients
+
+    _, params_file = project(tmp_path, dropout_free(tiny_bert, tmp_path / "bert"))
+    _edit(params_file, mode="full", encoder__max_epochs=1, encoder__batch_size=8)
+    steps = step_gradients(tmp_path, params_file, monkeypatch)
+    assert len(steps["plain"]) == len(steps["gc"]) == 5  # 40 training examples / 8
+    for got, want in zip(steps["gc"], steps["plain"], strict=True):
+        worst = relative_errors(got, want)
+        assert any(n.startswith("rep.encoder") for n, _ in worst)
+        assert worst[0][1] <= 1e-4, worst[:3]
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("chunk", [0, 3])
 def test_ddp_two_cpu_processes_equal_one_with_double_batch(small: tuple[Path, Path],

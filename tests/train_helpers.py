@@ -45,3 +45,51 @@ def stage_args(root: Path, params_file: Path, tag: str = "") -> list[str]:
     return ["train", "--params", str(params_file), "--prepared", str(root / "prepared"),
             "--cache", str(root / "cache"), "--out", str(root / f"head{tag}"),
             "--report", str(root / f"train{tag}.json"), "--live", str(root / f"live{tag}")]
+
+
+def dropout_free(model: Path, out: Path) -> Path:
+    """A copy of the model directory `model` with every dropout off (a deterministic forward:
+    GradCache's chunked forward and the plain batch forward then see the same function)."""
+    import shutil
+
+    shutil.copytree(model, out)
+    config = json.loads((out / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def step_gradients(root: Path, params_file: Path, monkeypatch: Any
+                   ) -> dict[str, list[dict[str, Any]]]:
+    """Train (in-process) with and without GradCache (chunks of 3) and return each run's
+    gradients at every optimizer step as the optimizer sees them (unscaled under fp16)."""
+    import torch
+    import yaml
+
+    from simtune import train
+
+    steps: dict[str, list[dict[str, Any]]] = {"plain": [], "gc": []}
+
+    def record(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        steps[tag].append({n: p.grad.float().clone() for n, p in module.named_parameters()
+                           if p.grad is not None})
+
+    monkeypatch.setattr(train.SimilarityModule, "on_before_optimizer_step", record)
+    for tag, chunk in (("plain", 0), ("gc", 3)):  # `record` reads `tag`
+        raw = yaml.safe_load(params_file.read_text())
+        raw["train"]["gradcache"]["chunk_size"] = chunk
+        params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+        train.run(P.load(params_file), root / "prepared", root / "cache", root / tag,
+                  root / f"{tag}.json", None)
+    return steps
+
+
+def relative_errors(got: dict[str, Any], want: dict[str, Any]) -> list[tuple[str, float]]:
+    """Per parameter |got - want| / |want|, worst first; |want| at least 1e-3 of the largest
+    parameter's gradient norm (an attention key bias has an exactly zero gradient: softmax
+    ignores a per-query constant, so its computed gradient is rounding noise)."""
+    assert got.keys() == want.keys() and want
+    floor = 1e-3 * max(float(w.norm()) for w in want.values())
+    errs = {n: float((got[n] - w).norm()) / max(float(w.norm()), floor)
+            for n, w in want.items()}
+    return sorted(errs.items(), key=lambda e: -e[1])

@@ -28,18 +28,20 @@ Relevance = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def topk(queries: torch.Tensor, corpus: torch.Tensor, k: int, chunk: int = 1024,
          exclude: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cosine top-k of each query: (Q, D), (N, D) -> scores (Q, k), indices (Q, k).
+    """Cosine top-k of each query: (Q, D), (N, D) -> scores (Q, k), indices (Q, k), on the CPU
+    whatever the inputs' device (the results are small; labels and ids live on the CPU).
 
     `exclude` (Q,) gives for each query a corpus index to leave out (leave-one-out), or -1.
     Exact (indices as brute force's up to float ties), ties by lower corpus index, k capped
     at the candidates. CPU: (corpus block x `chunk` queries) tiles, one per worker thread,
     merged into a running top-k: memory O(tile), not O(Q x N); rows of unit norm
     (|norm^2 - 1| <= 1e-6) are used as they are, others scaled by 1 / norm. Other devices:
-    dense (chunk, N) blocks.
+    dense (rows, N) score blocks of at most `_DENSE_BLOCK_BYTES`.
     """
     k = max(0, min(k, corpus.shape[0] - (exclude is not None)))
     if queries.device.type != "cpu" or corpus.device.type != "cpu":
-        return _topk_dense(queries, corpus, k, chunk, exclude)
+        scores, idx = _topk_dense(queries, corpus, k, chunk, exclude)
+        return scores.cpu(), idx.cpu()
     return _topk_tiled(queries, corpus, k, chunk, exclude)
 
 
@@ -195,20 +197,36 @@ def _desc_key(rows: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 def _topk_dense(queries: torch.Tensor, corpus: torch.Tensor, k: int, chunk: int,
                 exclude: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k from dense (chunk, N) score blocks (accelerators): memory O(chunk x N)."""
-    q_all, c = F.normalize(queries.float(), dim=-1), F.normalize(corpus.float(), dim=-1)
+    """Top-k from dense (rows, N) score blocks (accelerators): as many query rows per block as
+    fit `_DENSE_BLOCK_BYTES` of scores (at least 16), so memory is O(budget), not O(Q x N),
+    in few large kernels (`chunk` is the CPU path's)."""
+    q_all, c = _unit_rows(queries.float()), _unit_rows(corpus.float())
+    rows = max(16, _DENSE_BLOCK_BYTES // (4 * max(1, c.shape[0])))
     out_s, out_i = [torch.zeros(0, k, device=c.device)], [
         torch.zeros(0, k, dtype=torch.long, device=c.device)]
-    for s in range(0, q_all.shape[0], chunk):
-        scores = q_all[s : s + chunk] @ c.T
+    for s in range(0, q_all.shape[0], rows):
+        scores = q_all[s : s + rows] @ c.T
         if exclude is not None:
-            ex = exclude[s : s + chunk].to(c.device)
-            rows = torch.nonzero(ex >= 0).squeeze(1)
-            scores[rows, ex[rows]] = -torch.inf
+            ex = exclude[s : s + rows].to(c.device)
+            hit = torch.nonzero(ex >= 0).squeeze(1)
+            scores[hit, ex[hit]] = -torch.inf
         sc, ix = _topk_stable(scores, k) if k else (scores[:, :0], scores[:, :0].long())
+        del scores  # before the next block is allocated
         out_s.append(sc)
         out_i.append(ix)
     return torch.cat(out_s), torch.cat(out_i)
+
+
+_DENSE_BLOCK_BYTES = 1 << 30  # scores per dense block (measured on an H100: bench/gpu.py)
+
+
+def _unit_rows(x: torch.Tensor) -> torch.Tensor:
+    """`x` itself when every row is a unit vector already (no copy of a large corpus), else
+    the normalised copy."""
+    norms = torch.linalg.vector_norm(x, dim=1)  # a reduction: no (N, D) temporary
+    if len(x) == 0 or bool((norms * norms - 1).abs().max() <= _UNIT_TOL):
+        return x
+    return F.normalize(x, dim=-1)
 
 
 def _topk_stable(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -187,6 +187,14 @@ class SimilarityModule(pl.LightningModule):
             num_workers=self.t.num_workers if self.rep.tokenizes else 0,
             pin_memory=self.rep.tokenizes and torch.cuda.is_available())
 
+    def transfer_batch_to_device(self, batch: dict[str, Any], device: torch.device,
+                                 dataloader_idx: int) -> dict[str, Any]:
+        """Tokens go to the device; the row indices stay on the CPU: they index the split's
+        CPU tensors (labels, ids, cached rows), which CUDA indices cannot."""
+        rest = super().transfer_batch_to_device(
+            {k: v for k, v in batch.items() if k != "idx"}, device, dataloader_idx)
+        return {**rest, "idx": batch["idx"]}
+
 
 class _Collate:
     """Example indices -> batch ({idx}, plus tokenised texts in full mode): runs in DataLoader

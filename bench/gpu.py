@@ -1,0 +1,245 @@
+"""The GPU paths, measured where a CUDA device is present (CI and this project's machine have
+none; the figures in bench/gpu.json come from a lent H100):
+
+  (t) exact top-10 over 10,000 x 100,000 x 384 on the GPU: `metrics.topk` (query blocks of
+      `chunk` against the whole corpus) vs `torch.topk` on the full 10,000 x 100,000 score
+      block; time (best of 3 after a warm-up) and peak GPU memory above the inputs; then
+      100,000 x 1,000,000 x 384 (ours only: the full block would be 400 GB);
+  (f) the cache fill of every TREC text with MiniLM on the GPU: simtune's fill vs
+      sentence-transformers `encode` vs a bare forward + pooling loop on pre-tokenised,
+      length-sorted batches (batch 64 and 512), and the largest difference to the CPU's vectors;
+  (g) one full-mode step (MiniLM trainable, 1,024 news title->body pairs, 128 tokens, MNRL):
+      without GradCache, with chunks of 128, and sentence-transformers' CachedMNRL (128);
+  (s) the default TREC train stage (head mode) on the GPU under 32-true, 16-mixed and
+      bf16-mixed: wall time of `train.run` and the kept head's test metrics.
+
+    python -m bench.gpu [--skip t,f,g,s]
+
+Prints a Markdown table and writes bench/gpu.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from bench import train_speed
+from bench.cache_fill import ours, trec_texts
+from bench.common import machine, table, write_results
+from simtune import metrics
+from simtune import params as P
+from simtune.encoders import FrozenEncoder, model_dir, pool
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _timed(fn, repeats: int = 3) -> tuple[float, object]:
+    fn()  # warm-up (kernels, allocator)
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def _peak_mb(fn) -> float:
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def _unit(n: int, dim: int, seed: int) -> torch.Tensor:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.nn.functional.normalize(torch.randn(n, dim, device="cuda", generator=g), dim=1)
+
+
+def _topk_case(queries: int, corpus: int, seed: int, peer: bool) -> dict:
+    """Ours (and, with `peer`, the full block's) time, peak memory and agreement."""
+    q, c = _unit(queries, 384, seed), _unit(corpus, 384, seed + 1)
+    out: dict = {}
+    fns = {"ours": lambda: metrics.topk(q, c, 10)}
+    if peer:
+        fns["full"] = lambda: torch.topk(q @ c.T, 10, dim=1)
+    for name, fn in fns.items():
+        t, (scores, idx) = _timed(fn, repeats=3 if peer else 1)
+        out[name] = {"s": t, "mb": _peak_mb(fn), "scores": scores, "idx": idx}
+    if peer:
+        out["same"] = float((out["ours"]["idx"] == out["full"]["idx"]).float().mean()) * 100
+        out["worst"] = float((out["ours"]["scores"] - out["full"]["scores"]).abs().max())
+    return out
+
+
+def topk_rows() -> list[dict]:
+    r = _topk_case(10_000, 100_000, 0, peer=True)
+    t_ours, t_full, m_ours, m_full = (r["ours"]["s"], r["full"]["s"], r["ours"]["mb"],
+                                      r["full"]["mb"])
+    same, worst = r["same"], r["worst"]
+    del r
+    torch.cuda.empty_cache()
+    big = _topk_case(100_000, 1_000_000, 2, peer=False)["ours"]
+    t_big, m_big = big["s"], big["mb"]
+    del big
+    torch.cuda.empty_cache()
+    peer = "`torch.topk` on the full 10,000 x 100,000 block"
+    return [
+        {"measure": "GPU exact top-10, 10,000 x 100,000 x 384 (s)", "ours": t_ours,
+         "peer name": peer, "peer": t_full, "ratio": t_ours / t_full, "target": "<= 1.0"},
+        {"measure": "GPU peak memory of that top-10 (MB above the inputs)", "ours": m_ours,
+         "peer name": peer, "peer": m_full, "ratio": m_ours / m_full, "target": "<= 2"},
+        {"measure": "same indices as the full block (%; max score difference)",
+         "ours": f"{same:.3f} ({worst:.1e})", "peer name": "", "peer": "", "ratio": "",
+         "target": "exact up to ties"},
+        {"measure": "GPU exact top-10, 100,000 x 1,000,000 x 384 (s; peak MB above inputs)",
+         "ours": f"{t_big:.2f} ({m_big:,.0f})",
+         "peer name": "full block: 400 GB, does not fit; faiss-gpu: no CUDA 13 wheel",
+         "peer": "", "ratio": "", "target": "memory bounded"},
+    ]
+
+
+def _st_encode(path: Path, texts: list[str], batch: int, max_length: int) -> float:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(path), device="cuda")
+    model.max_seq_length = max_length
+    return _timed(lambda: model.encode(texts, batch_size=batch, convert_to_tensor=True,
+                                       show_progress_bar=False), repeats=2)[0]
+
+
+def _bare(encoder: FrozenEncoder, texts: list[str], batch: int) -> float:
+    lengths = encoder.token_lengths(texts)
+    order = sorted(range(len(texts)), key=lengths.__getitem__)
+    batches = [{k: v.cuda() for k, v in encoder.tokenize(
+        [texts[j] for j in order[i : i + batch]]).items()} for i in range(0, len(order), batch)]
+
+    def loop() -> None:
+        with torch.inference_mode():
+            for b in batches:
+                h = encoder.model(**b).last_hidden_state
+                torch.nn.functional.normalize(pool(h, b["attention_mask"], "mean"), dim=-1)
+    return _timed(loop, repeats=2)[0]
+
+
+def fill_rows() -> list[dict]:
+    p = P.load(ROOT / "params.yaml")
+    spec = p.encoders.models["minilm"]
+    texts = trec_texts()
+    listed = list(texts.values())
+    rows = []
+    for batch in (64, 512):
+        cp = p.cache.model_copy(update={"device": "cuda", "batch_size": batch})
+        gpu = FrozenEncoder("minilm", spec, torch.device("cuda"))
+        ours(gpu, texts, cp)  # warm-up (and the CUDA context)
+        t_ours, vectors = min((ours(gpu, texts, cp) for _ in range(2)), key=lambda r: r[0])
+        t_bare = _bare(gpu, listed, batch)
+        t_st = _st_encode(model_dir("minilm", spec), listed, batch, spec.max_length)
+        n = len(texts)
+        rows += [
+            {"measure": f"GPU cache fill, {n:,} TREC texts, MiniLM, batch {batch} (texts/s)",
+             "ours": n / t_ours, "peer name": "sentence-transformers `encode` (GPU)",
+             "peer": n / t_st, "ratio": t_st / t_ours, "target": ">= 1.0"},
+            {"measure": f"same, batch {batch} (texts/s)", "ours": n / t_ours,
+             "peer name": "bare forward + pooling, pre-tokenised (GPU)", "peer": n / t_bare,
+             "ratio": t_bare / t_ours, "target": ""}]
+    cpu_cp = p.cache.model_copy(update={"device": "cpu"})
+    some = dict(list(texts.items())[:512])
+    _, on_cpu = ours(FrozenEncoder("minilm", spec, torch.device("cpu")), some, cpu_cp)
+    diff = float((vectors[:512] - on_cpu).abs().max())
+    rows.append({"measure": "max abs difference, GPU vs CPU fill (512 texts, fp32)",
+                 "ours": diff, "peer name": "", "peer": "", "ratio": "", "target": "<= 1e-5"})
+    return rows
+
+
+def gradcache_rows() -> list[dict]:
+    train_speed.BATCH = 1024  # the child functions read the module's batch size
+    runs = {}
+    for name, how, chunk in (("no GradCache", "ours", 0), ("GradCache 128", "ours", 128),
+                             ("sentence-transformers CachedMNRL 128", "st", 128)):
+        runs[name] = train_speed.gradcache_child(how, chunk, 128, 2)
+        torch.cuda.empty_cache()
+    gc = runs["GradCache 128"]
+    rows = []
+    for peer in ("no GradCache", "sentence-transformers CachedMNRL 128"):
+        other = runs[peer]
+        rows += [
+            {"measure": "GPU full-mode step, MiniLM, 1,024 news pairs, 128 tokens, "
+                        "GradCache 128 (s)", "ours": gc["seconds_per_step"], "peer name": peer,
+             "peer": other["seconds_per_step"],
+             "ratio": gc["seconds_per_step"] / other["seconds_per_step"],
+             "target": "<= 1.4" if peer == "no GradCache" else "<= 1.0"},
+            {"measure": "GPU peak memory of that step (MB)", "ours": gc["peak_mb"],
+             "peer name": peer, "peer": other["peak_mb"],
+             "ratio": gc["peak_mb"] / other["peak_mb"], "target": "< 1"}]
+    return rows
+
+
+def stage_rows() -> list[dict]:
+    from simtune import cache, evaluate, prepare, train
+
+    p = P.load(ROOT / "params.yaml")
+    rows, results = [], {}
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        prepare.write(prepare.build(p.prepare), tmp / "prepared", tmp / "prepare.json")
+        t0 = time.perf_counter()
+        cache.fill(tmp / "prepared", tmp / "cache", p.encoders, p.cache)  # device auto: GPU
+        fill_s = time.perf_counter() - t0
+        for precision in ("32-true", "16-mixed", "bf16-mixed"):
+            q = p.model_copy(update={"train": p.train.model_copy(update={
+                "precision": precision, "accelerator": "gpu"})})
+            out = tmp / precision
+            t0 = time.perf_counter()
+            report = train.run(q, tmp / "prepared", tmp / "cache", out / "head",
+                               out / "train.json", None)
+            wall = time.perf_counter() - t0
+            test = evaluate.run(q, tmp / "prepared", tmp / "cache", out / "head",
+                                out / "metrics.json", out / "plot.json", out / "detail.json")
+            results[precision] = (wall, report, test["trained"])
+    base = results["32-true"]
+    rows.append({"measure": "GPU cache stage of the default TREC data (s, model load included)",
+                 "ours": fill_s, "peer name": "", "peer": "", "ratio": "", "target": ""})
+    for precision, (wall, report, test) in results.items():
+        rows.append({
+            "measure": f"GPU train stage, TREC default head mode, {precision} (s; kept epoch / "
+                       f"epochs; test MRR@10)",
+            "ours": f"{wall:.1f} ({report['best_epoch']} / {report['epochs']}; "
+                    f"{test['mrr@10']:.3f})",
+            "peer name": "32-true" if precision != "32-true" else "",
+            "peer": f"{base[0]:.1f}" if precision != "32-true" else "",
+            "ratio": wall / base[0] if precision != "32-true" else "", "target": ""})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: t, f, g, s")
+    skip = set(ap.parse_args().skip.split(","))
+    if not torch.cuda.is_available():
+        raise SystemExit("bench.gpu needs a CUDA GPU")
+    rows: list[dict] = []
+    cols = ["measure", "ours", "peer name", "peer", "ratio", "target"]
+    for part, fn in (("t", topk_rows), ("f", fill_rows), ("g", gradcache_rows),
+                     ("s", stage_rows)):
+        if part in skip:
+            continue
+        t0 = time.perf_counter()
+        try:  # a failing part is reported; the others still run
+            rows += fn()
+        except Exception:
+            traceback.print_exc()
+        print(f"part {part}: {time.perf_counter() - t0:.0f} s", flush=True)
+        write_results("gpu", {"machine": machine(), "rows": rows, "table": table(rows, cols)})
+    print(table(rows, cols))
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""The GPU paths give the CPU's and the full batch's results: the cache fill on CUDA, the dense
+top-k, and GradCache under fp16 (with a loss scaler) and bf16 autocast, directly and through the
+train stage. They need a CUDA device and are skipped elsewhere (CI has none); `bench/gpu.py`
+measures the same paths' speed and memory.
+
+    pytest -m gpu tests/test_gpu.py      (on a machine with a GPU)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from simtune import cache, gradcache, heads, metrics, store
+from simtune import params as P
+from simtune.encoders import pool
+from simtune.losses import GroupLoss
+from tests.cache_helpers import make_prepared, params, sentences
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                  reason="needs a CUDA GPU")]
+
+
+def _fill(root: Path, prepared: Path, p: P.Params, device: str,
+          monkeypatch: pytest.MonkeyPatch) -> torch.Tensor:
+    monkeypatch.setenv("SIMTUNE_STORE", str(root / f"store-{device}"))  # no cache hit between
+    cp = p.cache.model_copy(update={"device": device})
+    cache.fill(prepared, root / f"cache-{device}", p.encoders, cp)
+    table = store.load(root / f"cache-{device}" / "tiny")
+    return table.vectors.float()
+
+
+def test_fill_on_gpu_equals_cpu(tmp_path: Path, tiny_bert: Path,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    prepared = make_prepared(tmp_path, sentences(300))
+    p = params(tiny_bert)
+    cpu = _fill(tmp_path, prepared, p, "cpu", monkeypatch)
+    gpu = _fill(tmp_path, prepared, p, "cuda", monkeypatch)
+    assert cpu.shape == gpu.shape and len(cpu) == 300
+    assert (cpu - gpu).abs().max() <= 1e-5  # fp32 on both (TF32 off): kernel rounding only
+
+
+def test_dense_topk_on_gpu_equals_cpu() -> None:
+    g = torch.Generator().manual_seed(0)
+    q, c = torch.randn(700, 64, generator=g), torch.randn(20_000, 64, generator=g)
+    exclude = torch.randint(-1, 20_000, (700,), generator=g)
+    want_s, want_i = metrics.topk(q, c, 10, exclude=exclude)
+    got_s, got_i = metrics.topk(q.cuda(), c.cuda(), 10, exclude=exclude.cuda())
+    assert torch.allclose(got_s.cpu(), want_s, atol=1e-5)
+    # indices equal except where two scores tie within float rounding
+    differ = got_i.cpu() != want_i
+    assert differ.float().mean() <= 1e-3
+    if differ.any():
+        assert (got_s.cpu()[differ] - want_s[differ]).abs().max() <= 1e-5
+    assert not (got_i.cpu() == exclude[:, None]).any()
+
+
+def _encoder_and_batch(tiny_bert: Path, n: int) -> tuple[torch.nn.Module, dict, torch.Tensor]:
+    import transformers
+
+    encoder = transformers.AutoModel.from_pretrained(tiny_bert, hidden_dropout_prob=0.1,
+                                                     attention_probs_dropout_prob=0.1)
+    tok = transformers.AutoTokenizer.from_pretrained(tiny_bert)
+    head = heads.build("mlp", 32, 2, 0.1)
+    model = torch.nn.ModuleDict({"encoder": encoder, "head": head}).cuda().train()
+    batch = {k: v.cuda() for k, v in tok(sentences(n), padding=True, return_tensors="pt").items()}
+    return model, batch, torch.arange(n, device="cuda") % 4
+
+
+def _grads(model: torch.nn.Module, scaler: torch.amp.GradScaler, opt: torch.optim.Optimizer
+           ) -> dict[str, torch.Tensor]:
+    scaler.unscale_(opt)  # as Lightning's precision plugin does before the optimizer step
+    return {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gradcache_under_autocast_and_loss_scaling_equals_the_full_batch(
+        tiny_bert: Path, dtype: torch.dtype) -> None:
+    """fp16 with a GradScaler (scale 2^16) and bf16: GradCache's unscaled gradients equal the
+    full batch's under the same autocast (same chunk-wise forwards and dropout draws) to within
+    a small fraction of how far autocast itself moves the gradient from fp32."""
+    torch.manual_seed(0)
+    n, chunk = 48, 8
+    model, batch, labels = _encoder_and_batch(tiny_bert, n)
+    loss_fn = GroupLoss("supcon", "cosine", 0.1, 0.2, "batch_hard", 1.0)
+    chunks = [{k: v[s : s + chunk] for k, v in batch.items()} for s in range(0, n, chunk)]
+
+    def encode(b: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = model["encoder"](**b).last_hidden_state
+        return model["head"](pool(out, b["attention_mask"], "mean").float())
+
+    def run(how: str, amp: torch.dtype | None) -> dict[str, torch.Tensor]:
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        scaler = torch.amp.GradScaler("cuda", init_scale=2.0**16,
+                                      enabled=amp is torch.float16)
+        model.zero_grad()
+        torch.manual_seed(7)
+        autocast = (torch.autocast("cuda", dtype=amp) if amp is not None
+                    else contextlib.nullcontext())
+        with autocast:
+            if how == "full":
+                loss = loss_fn(torch.cat([encode(c) for c in chunks]), labels)
+                scaler.scale(loss).backward()
+            else:
+                gradcache.step(encode, chunks, lambda reps: loss_fn(reps, labels),
+                               backward=lambda t: scaler.scale(t).backward(),
+                               devices=gradcache.cuda_devices(model))
+        return _grads(model, scaler, opt)
+
+    exact = run("full", None)
+    full, cached = run("full", dtype), run("gradcache", dtype)
+    for name, want in exact.items():
+        scale = want.norm().clamp_min(1e-12)
+        amp_err = float((full[name] - want).norm() / scale)
+        gc_err = float((cached[name] - full[name]).norm() / scale)
+        assert torch.isfinite(cached[name]).all(), name
+        # a loss scale applied twice (or never undone) would be off by a factor of 2^16
+        assert gc_err <= max(0.25 * amp_err, 1e-3), (name, gc_err, amp_err)
+
+
+def test_train_stage_gradcache_gradient_equals_plain_under_fp16(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The train stage with precision 16-mixed on the GPU, full mode, dropout off: each step's
+    gradients as the optimizer sees them (after Lightning's scaler unscaled them) are the same
+    with GradCache (chunks of 3) as with the plain step, and the scaler skips the same steps.
+    (Weights after several AdamW steps are no test under fp16: AdamW turns rounding noise in
+    near-zero gradients into +-lr steps.)"""
+    from tests.test_train import _edit
+    from tests.train_helpers import dropout_free, project, relative_errors, step_gradients
+
+    _, params_file = project(tmp_path, dropout_free(tiny_bert, tmp_path / "bert"))
+    _edit(params_file, mode="full", precision="16-mixed", accelerator="gpu",
+          encoder__max_epochs=2, encoder__batch_size=8, encoder__lr=0.001)
+    steps = step_gradients(tmp_path, params_file, monkeypatch)
+
+    def finite(step: dict[str, torch.Tensor]) -> bool:
+        return all(bool(torch.isfinite(g).all()) for g in step.values())
+
+    # a step whose scaled gradients overflowed is skipped (and the scale halved): both runs
+    # must overflow at the same steps, so their kept steps start from equal weights
+    pattern = {tag: [finite(s) for s in run] for tag, run in steps.items()}
+    assert pattern["plain"] == pattern["gc"] and True in pattern["plain"], pattern
+    at = pattern["plain"].index(True)
+    worst = relative_errors(steps["gc"][at], steps["plain"][at])
+    assert any("encoder" in n for n, _ in worst)
+    # fp16 rounding of a differently chunked forward: ~1e-3; a loss scale applied twice or
+    # never undone: 2^16
+    assert worst[0][1] <= 2e-2, (at, pattern, worst[:3])
