@@ -5,7 +5,8 @@
 
 Each benchmark runs in its own process and writes bench/<name>.json; this script adds the no-op
 `dvc repro` time of the workspace pipeline, writes bench/results.json and replaces the table
-between the README's `<!-- bench:start -->` and `<!-- bench:end -->` markers.
+between the README's `<!-- bench:start -->` and `<!-- bench:end -->` markers. `bench.gpu` runs
+where a GPU is present; elsewhere its last figures (bench/gpu.json) are shown as such.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import json
 import subprocess
 import sys
 import time
+
+import torch
 
 from bench.common import HERE, machine, table
 
@@ -38,6 +41,22 @@ def time_to_quality(layers: dict) -> str:
             f"{layers['epochs']} epoch(s)):\n\n{layers['table']}")
 
 
+def gpu(collect_only: bool) -> tuple[dict | None, str]:
+    """bench/gpu.py's results: measured now where a GPU is present, else the last ones kept in
+    bench/gpu.json (measured on a lent GPU machine), said so under their own heading."""
+    if torch.cuda.is_available() and not collect_only:
+        subprocess.run([sys.executable, "-m", "bench.gpu"], cwd=ROOT, check=True)
+        how = "measured in this run"
+    else:
+        how = "no GPU here: the figures kept in bench/gpu.json"
+    path = HERE / "gpu.json"
+    if not path.is_file():
+        return None, ""
+    results = json.loads(path.read_text())
+    return results, (f"\n\n### GPU\n\n`python -m bench.gpu` on {results['machine']} ({how}):"
+                     f"\n\n{results['table']}")
+
+
 def main() -> None:
     collect_only = "--collect-only" in sys.argv  # reuse the bench/<name>.json already written
     results = {"machine": machine()}
@@ -45,6 +64,7 @@ def main() -> None:
         if not collect_only:
             subprocess.run([sys.executable, "-m", f"bench.{name}"], cwd=ROOT, check=True)
         results[name] = json.loads((HERE / f"{name}.json").read_text())
+    results["gpu"], gpu_section = gpu(collect_only)
     results["noop_repro"] = noop_repro()
     rows = [r for name in BENCHES for r in results[name]["rows"]]
     rows.append({"measure": "no-op `dvc repro` of the whole pipeline (s)",
@@ -53,7 +73,7 @@ def main() -> None:
     (HERE / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     rendered = (f"Measured on {results['machine']} with `make bench`:\n\n"
                 + table(rows, ["measure", "ours", "peer name", "peer", "ratio", "target"])
-                + time_to_quality(results["layers"]))
+                + time_to_quality(results["layers"]) + gpu_section)
     print(rendered)
     readme = ROOT / "README.md"
     text = readme.read_text()
