@@ -268,11 +268,18 @@ def stage_rows(stage: dict) -> list[dict]:
     t_now, t_old, t_every = now[0]["test"], old[0]["test"], every[0]["test"]
     r_now, r_every = now[0]["report"], every[0]["report"]
     sec = r_now["seconds"]
+    floor = sec["train"] / w_old  # the training steps alone, validation and start-up at zero
+    met = "met" if w_now / w_old <= 0.5 else (
+        f"not met: the training steps alone take {floor:.2f} of before's stage")
     return [
         {"measure": "train stage, TREC default head mode (s, wall, best of "
                     f"{len(now)} side by side, {threads})", "ours": w_now,
          "peer name": f"before issue #13 ({before}: validation every epoch)", "peer": w_old,
-         "ratio": w_now / w_old, "target": "ours/peer <= 0.5"},
+         "ratio": w_now / w_old, "target": f"ours/peer <= 0.5 ({met})"},
+        {"measure": "training steps alone in that stage (s: forward, loss, backward, AdamW "
+                    f"of {r_now['epochs']} epochs)", "ours": sec["train"],
+         "peer name": "before's whole stage", "peer": w_old, "ratio": floor,
+         "target": "the bound on the ratio above at these epochs"},
         {"measure": f"train stage CPU time (s, user + sys, {threads})", "ours": c_now,
          "peer name": f"before ({before})", "peer": c_old, "ratio": c_now / c_old,
          "target": ""},
