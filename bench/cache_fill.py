@@ -210,7 +210,10 @@ def main() -> None:
         throughput(fill, t_ours, t_st, st, ">= 1.0"),
         throughput(fill, t_ours, t_bound, bare, ">= 0.9"),
         throughput(fill_onnx, t_onnx, t_st, st, ">= 1.0"),
-        throughput(fill_onnx, t_onnx, t_bound, bare, ">= 1.3"),
+        throughput(fill_onnx, t_onnx, t_bound, bare, ">= 1.3" + (
+            "" if t_bound / t_onnx >= 1.3 else " (not met: the same MatMul kernels dominate "
+            "both; ORT fuses LayerNorm and GELU, its BERT optimizer finds no attention to fuse "
+            "in this export and ran 0.9x)")),
         {"measure": fill_onnx, "ours": n / t_onnx,
          "peer": n / t_st_onnx if isinstance(t_st_onnx, float) else "",
          "peer name": "(d) sentence-transformers backend='onnx'" + (
