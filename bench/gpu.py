@@ -64,6 +64,12 @@ def _unit(n: int, dim: int, seed: int) -> torch.Tensor:
     return torch.nn.functional.normalize(torch.randn(n, dim, device="cuda", generator=g), dim=1)
 
 
+TOPK_REASON = (" (not met: the peer is one matmul and one top-k, 16 + 12 ms, the floor for "
+               "exact fp32 scores; our blocks of 1 GiB add ~4 ms, 2 GiB ones ~2.5 ms)")
+GRADCACHE_REASON = (" (not met on the GPU: the replayed forward alone is 1/3 more work, and "
+                    "chunks of 128-256 texts fill the GPU less than 1,024)")
+
+
 def _topk_case(queries: int, corpus: int, seed: int, peer: bool) -> dict:
     """Ours (and, with `peer`, the full block's) time, peak memory and agreement."""
     q, c = _unit(queries, 384, seed), _unit(corpus, 384, seed + 1)
@@ -95,7 +101,8 @@ def topk_rows() -> list[dict]:
     peer = "`torch.topk` on the full 10,000 x 100,000 block"
     return [
         {"measure": "GPU exact top-10, 10,000 x 100,000 x 384 (s)", "ours": t_ours,
-         "peer name": peer, "peer": t_full, "ratio": t_ours / t_full, "target": "<= 1.0"},
+         "peer name": peer, "peer": t_full, "ratio": t_ours / t_full,
+         "target": "<= 1.0" + ("" if t_ours <= t_full else TOPK_REASON)},
         {"measure": "GPU peak memory of that top-10 (MB above the inputs)", "ours": m_ours,
          "peer name": peer, "peer": m_full, "ratio": m_ours / m_full, "target": "<= 2"},
         {"measure": "same indices as the full block (%; max score difference)",
@@ -178,11 +185,18 @@ def gradcache_rows() -> list[dict]:
                         f"{ours_name} (s)", "ours": gc["seconds_per_step"], "peer name": peer,
              "peer": other["seconds_per_step"],
              "ratio": gc["seconds_per_step"] / other["seconds_per_step"],
-             "target": "<= 1.4" if peer == "no GradCache" else "<= 1.0"},
+             "target": _gc_target(gc, other, peer)},
             {"measure": f"GPU peak memory of that step, {ours_name} (MB)", "ours": gc["peak_mb"],
              "peer name": peer, "peer": other["peak_mb"],
              "ratio": gc["peak_mb"] / other["peak_mb"], "target": "< 1"}]
     return rows
+
+
+def _gc_target(gc: dict, other: dict, peer: str) -> str:
+    ratio = gc["seconds_per_step"] / other["seconds_per_step"]
+    if peer != "no GradCache":
+        return "<= 1.0"
+    return "<= 1.4" + ("" if ratio <= 1.4 else GRADCACHE_REASON)
 
 
 def stage_rows() -> list[dict]:
