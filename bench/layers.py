@@ -126,13 +126,13 @@ def child_fill(job: dict) -> dict:
     """Fill what the row needs (head: vectors; top-K: its layer cache, vectors already there)."""
     from simtune import cache, store
     from simtune import params as P
+    from simtune.views import layer_for
 
     p = P.load(job["params"])
     t0 = time.perf_counter()
-    cache.fill(Path(job["prepared"]), Path(job["cache"]), p.encoders, p.cache,
-               layer=cache.layer_for(p.encoders, p.train))
+    layer = layer_for(p.encoders, p.train)
+    cache.fill(Path(job["prepared"]), Path(job["cache"]), p.encoders, p.cache, layer=layer)
     seconds = time.perf_counter() - t0
-    layer = cache.layer_for(p.encoders, p.train)
     view = Path(job["cache"]) / (p.encoders.query + (f"@layer{layer}" if layer else ""))
     manifest = store.read_manifest(view)
     return {"fill_s": seconds, "cache_bytes": sum(s.bytes for s in manifest.shards),
@@ -178,7 +178,7 @@ def child_ours(job: dict) -> dict:
     head_dir = work / "head"
     scores = _score(p, prepared, cache_dir, lambda data: evaluate._trained(
         data, heads.load(head_dir), head_dir, p, prepared))
-    return {"train_s": result["seconds"], "epochs": result["epochs"],
+    return {"train_s": result["seconds"]["total"], "epochs": result["epochs"],
             "best_epoch": result["best_epoch"], "peak_mb": peak, **scores}
 
 

@@ -88,7 +88,7 @@ def train_and_score(p: Any, work: Path, tag: str, prepared: Path, cache_dir: Pat
                                                 ).metrics for d in DIMS}
     print(f"{tag}: test mrr@10 {res['trained']['384']['mrr@10']:.4f} (64 dims "
           f"{res['trained']['64']['mrr@10']:.4f}), {report['epochs']} epochs, "
-          f"{report['seconds']:.0f} s", flush=True)
+          f"{report['seconds']['total']:.0f} s", flush=True)
     return res
 
 
