@@ -149,3 +149,36 @@ def test_train_stage_gradcache_gradient_equals_plain_under_fp16(
     # fp16 rounding of a differently chunked forward: ~1e-3; a loss scale applied twice or
     # never undone: 2^16
     assert worst[0][1] <= 2e-2, (at, pattern, worst[:3])
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
+def test_top_layers_mode_trains_and_evaluates_on_the_gpu(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch, precision: str) -> None:
+    """Top-layers mode on the GPU (cached states of the lower layer, the top layer trained under
+    autocast): GradCache's step gradients equal the plain step's, and evaluate reads the kept
+    model (its test metrics are finite numbers in [0, 1])."""
+    import yaml
+
+    from simtune import evaluate
+    from tests.test_top_layers import _top_project
+    from tests.train_helpers import dropout_free, relative_errors, step_gradients
+
+    params_file, _ = _top_project(tmp_path, dropout_free(tiny_bert, tmp_path / "bert"),
+                                  max_epochs=1)
+    raw = yaml.safe_load(params_file.read_text())
+    raw["train"].update(precision=precision, accelerator="gpu")
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    steps = step_gradients(tmp_path, params_file, monkeypatch)
+    kept = [i for i, s in enumerate(steps["plain"])
+            if all(bool(torch.isfinite(g).all()) for g in s.values())]
+    assert kept and len(steps["plain"]) == len(steps["gc"])
+    worst = relative_errors(steps["gc"][kept[0]], steps["plain"][kept[0]])
+    assert any(n.startswith("rep.") for n, _ in worst)
+    # rounding of differently chunked forwards (bf16 keeps 8 mantissa bits to fp16's 11); a
+    # loss scale applied twice or never undone would be off by 2^16
+    assert worst[0][1] <= {"16-mixed": 5e-2, "bf16-mixed": 1e-1}[precision], (precision,
+                                                                              worst[:3])
+    p = P.load(params_file)
+    out = evaluate.run(p, tmp_path / "prepared", tmp_path / "cache", tmp_path / "gc",
+                       tmp_path / "metrics.json", tmp_path / "plot.json", tmp_path / "detail.json")
+    assert all(0.0 <= v <= 1.0 for v in out["trained"].values() if isinstance(v, float))
