@@ -205,6 +205,11 @@ def test_batch_larger_than_the_training_set_is_reduced(caplog: pytest.LogCapture
     assert [len(b) for b in batches] == [482]  # 241 per process, one example topped up
     assert caplog.messages == ["train.batch_size 1024 x 2 processes is more than the 481 "
                                "training examples: using 241 per process (one batch per epoch)"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="simtune.sampling"):  # encoder modes' own key
+        EpochBatches(10, 64, 13, key="train.encoder.batch_size")
+    assert caplog.messages == ["train.encoder.batch_size 64 is more than the 10 training "
+                               "examples: using 10 (one batch per epoch)"]
 
 
 def test_m_per_label_uses_every_example_in_runs_of_at_least_m() -> None:

@@ -23,15 +23,17 @@ import torch
 log = logging.getLogger("simtune.sampling")
 
 
-def fit_batch_size(epoch_size: int, batch_size: int, world: int, announce: bool = True) -> int:
+def fit_batch_size(epoch_size: int, batch_size: int, world: int, announce: bool = True,
+                   key: str = "train.batch_size") -> int:
     """`batch_size`, or the per-process batch that covers the whole epoch in one global batch
-    when `batch_size * world` is larger than the epoch (a warning when `announce`)."""
+    when `batch_size * world` is larger than the epoch (a warning naming the params `key` when
+    `announce`)."""
     whole = -(-epoch_size // world)
     if batch_size <= whole or not announce:
         return min(batch_size, whole)
     procs = f" x {world} processes" if world > 1 else ""
-    log.warning("train.batch_size %d%s is more than the %d training examples: using %d%s "
-                "(one batch per epoch)", batch_size, procs, epoch_size, whole,
+    log.warning("%s %d%s is more than the %d training examples: using %d%s "
+                "(one batch per epoch)", key, batch_size, procs, epoch_size, whole,
                 " per process" if world > 1 else "")
     return whole
 
@@ -42,7 +44,8 @@ class EpochBatches(torch.utils.data.Sampler[list[int]]):
     `batch_size` is per process; one larger than the epoch is reduced by `fit_batch_size`."""
 
     def __init__(self, n: int, batch_size: int, seed: int, world: int = 1, rank: int = 0,
-                 labels: torch.Tensor | None = None, m_per_label: int = 0) -> None:
+                 labels: torch.Tensor | None = None, m_per_label: int = 0,
+                 key: str = "train.batch_size") -> None:
         self.n, self.seed, self.world, self.rank, self.epoch = n, seed, world, rank, 0
         self.labels, self.m = labels, m_per_label
         if self.m:
@@ -51,7 +54,7 @@ class EpochBatches(torch.utils.data.Sampler[list[int]]):
             self.epoch_size = int(counts[counts > 0].clamp_min(self.m).sum())
         else:
             self.epoch_size = n
-        self.batch_size = fit_batch_size(self.epoch_size, batch_size, world, rank == 0)
+        self.batch_size = fit_batch_size(self.epoch_size, batch_size, world, rank == 0, key)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

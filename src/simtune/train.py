@@ -179,9 +179,10 @@ class SimilarityModule(pl.LightningModule):
 
     def train_dataloader(self) -> torch.utils.data.DataLoader:
         tr = self.data.splits["train"]
+        key = "train.batch_size" if self.t.mode == "head" else "train.encoder.batch_size"
         sampler = EpochBatches(len(tr), self.t.batch_size, self.t.seed,
                                self.trainer.world_size, self.global_rank,
-                               tr.tensors.get("labels"), self.t.m_per_label)
+                               tr.tensors.get("labels"), self.t.m_per_label, key)
         return torch.utils.data.DataLoader(
             range(len(tr)), batch_sampler=sampler, collate_fn=_Collate(self.rep, tr),
             num_workers=self.t.num_workers if self.rep.tokenizes else 0,
