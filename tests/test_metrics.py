@@ -251,7 +251,7 @@ def test_dense_topk_in_budgeted_blocks_equals_brute_force(monkeypatch: pytest.Mo
     q, c = _dyadic(50, 6), _dyadic(300, 7)
     ex = torch.randint(-1, 300, (50,), generator=torch.Generator().manual_seed(8))
     for scale in (1.0, 2.0):
-        s1, i1 = metrics._topk_dense(q * scale, c, k, 1024, ex)
+        s1, i1 = metrics._topk_dense(q * scale, c, k, ex)
         s2, i2 = _brute(q, c, k, ex)
         assert torch.equal(i1, i2)
         assert torch.equal(s1, s2)

@@ -111,12 +111,18 @@ def test_reused_vectors_give_the_recomputed_metrics(data: TrainData, corpus: str
     assert len(set(seen)) > 1  # the weights did change the metrics
 
 
+def _validator(data: TrainData, head: torch.nn.Module, rep_frozen: bool
+               ) -> tuple[Validator, list[int]]:
+    """A validator of the val split against train, and the counter of `embed_split` calls."""
+    rep, calls = _rep(data)
+    return Validator(data, retrieval_task(data, "val", "train"), rep.embed_split, head,
+                     rep_frozen=rep_frozen), calls
+
+
 def test_top10_validation_gives_the_full_metrics_but_map_at_r(data: TrainData) -> None:
     """The monitored metric from the top 10 equals the full validation's, exactly."""
-    rep, _ = _rep(data)
     head = heads.build("mlp", data.dim, 2, 0.0).eval()
-    validator = Validator(data, retrieval_task(data, "val", "train"), rep.embed_split, head,
-                          rep_frozen=True)
+    validator, _ = _validator(data, head, rep_frozen=True)
     with torch.no_grad():
         for w in head.parameters():
             w.add_(0.05 * torch.randn_like(w))
@@ -129,12 +135,10 @@ def test_top10_validation_gives_the_full_metrics_but_map_at_r(data: TrainData) -
 
 def test_a_frozen_head_reuses_its_outputs_too(data: TrainData) -> None:
     """Identity head over frozen vectors: the head runs once per split, its outputs reused."""
-    rep, calls = _rep(data)
     head = heads.build("identity", data.dim, 2, 0.0)
     runs = [0]
     head.register_forward_hook(lambda *_: runs.__setitem__(0, runs[0] + 1))
-    validator = Validator(data, retrieval_task(data, "val", "train"), rep.embed_split, head,
-                          rep_frozen=True)
+    validator, calls = _validator(data, head, rep_frozen=True)
     first, _ = validator()
     again, _ = validator()
     want, _ = split_metrics(data, "val", lambda sp, role: data.q_vectors[sp.tensors["rows"]]
@@ -143,10 +147,8 @@ def test_a_frozen_head_reuses_its_outputs_too(data: TrainData) -> None:
 
 
 def test_a_trainable_representation_is_recomputed(data: TrainData) -> None:
-    rep, calls = _rep(data)
     head = heads.build("mlp", data.dim, 2, 0.0).eval()
-    validator = Validator(data, retrieval_task(data, "val", "train"), rep.embed_split, head,
-                          rep_frozen=False)
+    validator, calls = _validator(data, head, rep_frozen=False)
     with torch.no_grad():
         validator()
         validator()

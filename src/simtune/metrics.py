@@ -40,7 +40,7 @@ def topk(queries: torch.Tensor, corpus: torch.Tensor, k: int, chunk: int = 1024,
     """
     k = max(0, min(k, corpus.shape[0] - (exclude is not None)))
     if queries.device.type != "cpu" or corpus.device.type != "cpu":
-        scores, idx = _topk_dense(queries, corpus, k, chunk, exclude)
+        scores, idx = _topk_dense(queries, corpus, k, exclude)
         return scores.cpu(), idx.cpu()
     return _topk_tiled(queries, corpus, k, chunk, exclude)
 
@@ -195,11 +195,11 @@ def _desc_key(rows: np.ndarray, v: np.ndarray) -> np.ndarray:
     return (rows.astype(np.uint64) << np.uint64(32)) | (~ascending).astype(np.uint64)
 
 
-def _topk_dense(queries: torch.Tensor, corpus: torch.Tensor, k: int, chunk: int,
+def _topk_dense(queries: torch.Tensor, corpus: torch.Tensor, k: int,
                 exclude: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k from dense (rows, N) score blocks (accelerators): as many query rows per block as
     fit `_DENSE_BLOCK_BYTES` of scores (at least 16), so memory is O(budget), not O(Q x N),
-    in few large kernels (`chunk` is the CPU path's)."""
+    in few large kernels."""
     q_all, c = _unit_rows(queries.float()), _unit_rows(corpus.float())
     rows = max(16, _DENSE_BLOCK_BYTES // (4 * max(1, c.shape[0])))
     out_s, out_i = [torch.zeros(0, k, device=c.device)], [

@@ -33,9 +33,11 @@ class Tokens:
         self.names = list(tokenizer.model_input_names)
         if not set(self.names) <= set(_FIELDS):
             raise ValueError(f"model inputs {self.names} not all known")
-        config = tokenizer.backend_tokenizer.to_str()  # private copies: transformers' calls
+        # private copies of the backend: transformers' own calls reset the shared one's
+        # truncation and padding settings
+        config = tokenizer.backend_tokenizer.to_str()
         self.padded, self.plain = Tokenizer.from_str(config), Tokenizer.from_str(config)
-        for backend in (self.padded, self.plain):  # change the shared backend's settings
+        for backend in (self.padded, self.plain):
             backend.enable_truncation(max_length, strategy="longest_first",
                                       direction=tokenizer.truncation_side)
             backend.no_padding()
