@@ -38,7 +38,10 @@ install: $(VENV)/.installed
 run: install
 	PATH="$(BIN):$$PATH" dvc repro
 
+# the tests, after the architecture's import rules (pyproject's importlinter contracts) and ruff
 test: install
+	$(BIN)/ruff check .
+	cd $(CURDIR) && $(BIN)/lint-imports
 	PATH="$(BIN):$$PATH" pytest -q
 
 # benchmarks: each prints a table and writes bench/<name>.json (peers measured in the same run)

@@ -28,9 +28,11 @@ import numpy as np
 import torch
 
 from bench.common import machine, table, write_results
-from simtune import backends, cache, prepare, shared, store
 from simtune import params as P
+from simtune.cache import backends, store, vectors
+from simtune.cache import stage as cache
 from simtune.encoders import FrozenEncoder, describe, fingerprint, model_dir, pool
+from simtune.prepare import stage as prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +48,7 @@ def ours(encoder: FrozenEncoder, texts: dict[str, str], cp: P.CacheParams
     """Seconds of one fill of every text into an empty store entry (an ONNX export already in
     the entry is kept: it is made once per encoder), and the vectors in `texts` order."""
     with tempfile.TemporaryDirectory() as d:
-        entry = shared.fingerprint_dir(shared.root(cp.store),
+        entry = store.fingerprint_dir(store.root(cp.store),
                                        fingerprint(describe(encoder.name, encoder.spec)))
         for f in entry.glob("*"):
             if f.is_file():
@@ -56,13 +58,13 @@ def ours(encoder: FrozenEncoder, texts: dict[str, str], cp: P.CacheParams
                                     cache.Dist(), encoder_factory=lambda *a: encoder)
         seconds = time.perf_counter() - t0
         assert result.embedded == len(texts)
-        table = store.load(Path(d) / "c")
+        table = vectors.load(Path(d) / "c")
         return seconds, table.vectors[table.index(list(texts))].float().clone()
 
 
 def export_seconds(encoder: FrozenEncoder, cp: P.CacheParams) -> float:
     """The one-off ONNX export of `encoder` into its store entry (pooling included)."""
-    entry = shared.fingerprint_dir(shared.root(cp.store),
+    entry = store.fingerprint_dir(store.root(cp.store),
                                    fingerprint(describe(encoder.name, encoder.spec)))
     t0 = time.perf_counter()
     backends.export(encoder, entry / backends.EXPORT_DIR / backends.MODEL_FILE)
@@ -131,10 +133,10 @@ def refill(encoder: FrozenEncoder, texts: dict[str, str], cp: P.CacheParams) -> 
 OPEN_CHILD = """
 import json, sys, time
 from bench.common import rss_mb
-from simtune import store
+from simtune.cache import vectors
 before = rss_mb()
 t0 = time.perf_counter()
-t = store.load(sys.argv[1], checksums=sys.argv[2] == "1")
+t = vectors.load(sys.argv[1], checksums=sys.argv[2] == "1")
 seconds = time.perf_counter() - t0
 after_open = rss_mb() - before
 rows = t.index(t.ids.slice(0, 1000))
@@ -150,12 +152,12 @@ def open_synthetic(rows: int, dim: int = 384) -> dict:
 
     with tempfile.TemporaryDirectory() as d:
         directory = Path(d)
-        manifest = store.Manifest("synthetic", "f" * 32, {}, "float32", dim)
+        manifest = vectors.Manifest("synthetic", "f" * 32, {}, "float32", dim)
         ids = [f"{i:032x}" for i in range(rows)]
-        vectors = np.random.default_rng(0).standard_normal((rows, dim), dtype=np.float32)
-        manifest.shards.append(store.write_shard(directory, 0, ids, ids, vectors, manifest))
-        store.write_manifest(directory, manifest)
-        del vectors, ids
+        block = np.random.default_rng(0).standard_normal((rows, dim), dtype=np.float32)
+        manifest.shards.append(vectors.write_shard(directory, 0, ids, ids, block, manifest))
+        vectors.write_manifest(directory, manifest)
+        del block, ids
         out = {"table_mb": rows * dim * 4 / 2**20}
         for label, flag in (("open", "0"), ("open_with_checksums", "1")):
             proc = subprocess.run([sys.executable, "-c", OPEN_CHILD, str(directory), flag],
@@ -171,7 +173,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=1, help="take every k-th TREC text (quick runs)")
     args = ap.parse_args()
     torch.manual_seed(0)
-    os.environ[shared.ENV] = tempfile.mkdtemp(prefix="simtune-bench-store-")  # never the user's
+    os.environ[store.ENV] = tempfile.mkdtemp(prefix="simtune-bench-store-")  # never the user's
     p = P.load(ROOT / "params.yaml")
     spec = p.encoders.models["minilm"]
     cp = p.cache.model_copy(update={"device": "cpu", "backend": "torch"})

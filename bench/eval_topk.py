@@ -58,7 +58,7 @@ def child(how: str, qfile: str, cfile: str, measured: str, k: str, out: str, mma
     kk = int(k)
     import faiss  # imported before the clock and the memory baseline, as is ours
 
-    from simtune.metrics import topk
+    from simtune.retrieval.topk import topk
 
     if how == "faiss-index":
         index = faiss.IndexFlatIP(c.shape[1])

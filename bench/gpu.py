@@ -31,9 +31,10 @@ import torch
 from bench import train_speed
 from bench.cache_fill import ours, trec_texts
 from bench.common import machine, table, write_results
-from simtune import metrics
 from simtune import params as P
 from simtune.encoders import FrozenEncoder, model_dir, pool
+from simtune.prepare.prepared import write as write_prepared
+from simtune.retrieval.topk import topk
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,7 +75,7 @@ def _topk_case(queries: int, corpus: int, seed: int, peer: bool) -> dict:
     """Ours (and, with `peer`, the full block's) time, peak memory and agreement."""
     q, c = _unit(queries, 384, seed), _unit(corpus, 384, seed + 1)
     out: dict = {}
-    fns = {"ours": lambda: metrics.topk(q, c, 10)}
+    fns = {"ours": lambda: topk(q, c, 10)}
     if peer:
         fns["full"] = lambda: torch.topk(q @ c.T, 10, dim=1)
     for name, fn in fns.items():
@@ -200,13 +201,16 @@ def _gc_target(gc: dict, other: dict, peer: str) -> str:
 
 
 def stage_rows() -> list[dict]:
-    from simtune import cache, evaluate, prepare, train
+    from simtune.cache import stage as cache
+    from simtune.evaluate import stage as evaluate
+    from simtune.prepare import stage as prepare
+    from simtune.train import stage as train
 
     p = P.load(ROOT / "params.yaml")
     rows, results = [], {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        prepare.write(prepare.build(p.prepare), tmp / "prepared", tmp / "prepare.json")
+        write_prepared(prepare.build(p.prepare), tmp / "prepared", tmp / "prepare.json")
         t0 = time.perf_counter()
         cache.fill(tmp / "prepared", tmp / "cache", p.encoders, p.cache)  # device auto: GPU
         fill_s = time.perf_counter() - t0

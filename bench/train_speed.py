@@ -36,11 +36,14 @@ import torch
 import yaml
 
 from bench.common import machine, table, write_results
-from simtune import cache, heads, prepare
+from simtune import heads
 from simtune import params as P
+from simtune.cache import stage as cache
 from simtune.encoders import FrozenEncoder, model_dir, pool, trim_padding
-from simtune.gradcache import step as gradcache_step
-from simtune.losses import GroupLoss, PairLoss
+from simtune.prepare import stage as prepare
+from simtune.prepare.prepared import write as write_prepared
+from simtune.train.gradcache import step as gradcache_step
+from simtune.train.losses import GroupLoss, PairLoss
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH = 256
@@ -232,7 +235,7 @@ def train_stage(before: str, repeats: int, threads: int) -> dict:
                                  check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
         prepared = prepare.build(p.prepare)
-        prepare.write(prepared, tmp / "prepared", tmp / "prepare.json")
+        write_prepared(prepared, tmp / "prepared", tmp / "prepare.json")
         cache.fill(tmp / "prepared", tmp / "cache", p.encoders, p.cache)  # the shared store
         every = yaml.safe_load((ROOT / "params.yaml").read_text())
         every["train"]["val_every"] = 1
@@ -342,9 +345,9 @@ def other_rows(steps: int, max_length: int) -> tuple[list[dict], dict]:
     with tempfile.TemporaryDirectory() as d:
         cp = p.cache.model_copy(update={"device": "cpu"})
         cache.fill_encoder("minilm", spec, {i: texts[i] for i in ids}, Path(d), cp, cache.Dist())
-        from simtune import store
+        from simtune.cache import vectors
 
-        loaded = store.load(Path(d))
+        loaded = vectors.load(Path(d))
         vectors = loaded.vectors[loaded.index(ids)]
         t_cached = min(epoch_cached(vectors, labels) for _ in range(3))
     encoder = FrozenEncoder("minilm", spec, torch.device("cpu"))

@@ -1,35 +1,48 @@
 """The pipeline's stage commands: `python -m stages <stage>` or `simtune <stage>`.
 
-Each stage is a thin Typer command (paths in, its `params.yaml` section, a call into the library);
-heavy libraries are imported inside the commands so `--help` stays fast.
+Each stage is a thin Typer command (paths in, its `params.yaml` section, a call into its package
+`simtune.<stage>`), in its own module here, imported only when that command runs: so a stage runs
+(and DVC tracks) its own code and the core, never another stage's command. Heavy libraries are
+imported inside the commands, so `--help` stays fast.
 """
 
 from __future__ import annotations
 
-import typer
+import importlib
 
-from stages.cache import app as cache_app
-from stages.evaluate import evaluate
-from stages.export import export
-from stages.negatives import negatives
-from stages.prepare import prepare
-from stages.search import search
-from stages.train import train
+import click
+import typer
+from typer.core import TyperGroup
+
+# command -> the module of `stages` that defines it (as that module's Typer `app`), in pipeline
+# order; `search` is a command, not a DVC stage
+COMMANDS = {"prepare": "prepare", "cache": "cache", "negatives": "negatives", "train": "train",
+            "evaluate": "evaluate", "export": "export", "search": "search"}
+
+
+class _LazyGroup(TyperGroup):
+    """Lists every command; imports a command's module only when it is asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module = importlib.import_module(f"stages.{COMMANDS[cmd_name]}")
+        command = typer.main.get_command(module.app)
+        command.name = cmd_name
+        return command
+
 
 app = typer.Typer(
     name="simtune",
+    cls=_LazyGroup,
     help="simtune: fine-tune similarity models fast on cached frozen-encoder embeddings.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.command("prepare")(prepare)
-app.add_typer(cache_app, name="cache")
-app.command("negatives")(negatives)
-app.command("train")(train)
-app.command("evaluate")(evaluate)
-app.command("export")(export)
-app.command("search")(search)
 
 
 @app.callback()

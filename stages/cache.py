@@ -25,9 +25,9 @@ def cache(ctx: typer.Context, params: Path = PARAMS, prepared: Path = PREPARED,
     """Embed every text each encoder needs, once, into cache/<encoder>/ (incremental)."""
     if ctx.invoked_subcommand:
         return
-    from simtune import cache as lib
     from simtune import params as P
-    from simtune.views import layer_for
+    from simtune.cache import stage as lib
+    from simtune.cache.views import layer_for
 
     p = P.load(params)
     lib.fill(prepared, out, p.encoders, p.cache, layer=layer_for(p.encoders, p.train))
@@ -40,8 +40,8 @@ def verify(params: Path = PARAMS, prepared: Path = PREPARED, out: Path = OUT,
                                       "(0: checksums and rows only)"),
            seed: int = typer.Option(0, help="seed of the sample")) -> None:
     """Check checksums and row counts, re-embed a random sample; exit 1 on any mismatch."""
-    from simtune import cache_admin as lib
     from simtune import params as P
+    from simtune.cache import admin as lib
     from simtune.encoders import resolve_device
 
     p = P.load(params)
@@ -66,13 +66,13 @@ def gc(params: Path = PARAMS,
        dry_run: bool = typer.Option(False, "--dry-run", help="say what would go, drop nothing")
        ) -> None:
     """Bound the shared store: drop least recently used encoder settings, never the current."""
-    from simtune import cache_admin as lib
     from simtune import params as P
-    from simtune import shared
+    from simtune.cache import admin as lib
+    from simtune.cache import store
 
     p = P.load(params)
     kept, dropped = lib.gc(p.encoders, p.cache, max_gb, dry_run)
-    print(f"store {shared.root(p.cache.store)}: kept {len(kept)} encoder settings "
+    print(f"store {store.root(p.cache.store)}: kept {len(kept)} encoder settings "
           f"({sum(e.bytes for e in kept) / 1e6:.1f} MB), "
           f"{'would drop' if dry_run else 'dropped'} {len(dropped)} "
           f"({sum(e.bytes for e in dropped) / 1e6:.1f} MB)")

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import typer
+
 from stages._common import dir_option, file_option, user_errors
 
+app = typer.Typer(add_completion=False)
 
+
+@app.command("evaluate")
 @user_errors
 def evaluate(
     params: Path = file_option("params.yaml", "params file (`evaluate`, `encoders`)"),
@@ -25,8 +30,8 @@ def evaluate(
 ) -> None:
     """P@1, Recall@k, MRR@10, nDCG@10, MAP@R of the trained head vs the frozen encoder, the
     lift's paired significance, and both rankings as TREC run files."""
-    from simtune import evaluate as lib
     from simtune import params as P
+    from simtune.evaluate import stage as lib
 
     lib.run(P.load(params), prepared, cache, head, out, plot, detail,
             (run_trained, run_baseline))

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import typer
+
 from stages._common import dir_option, file_option, user_errors
 
+app = typer.Typer(add_completion=False)
 
+
+@app.command("export")
 @user_errors
 def export(
     head: Path = dir_option("models/head", "trained head directory"),
@@ -23,9 +28,9 @@ def export(
     line says so, or says when a head needs trust_remote_code=True. README.md in it is the
     model card (Hugging Face / sentence-transformers format).
     """
-    from simtune import model
     from simtune import params as P
-    from simtune.model_card import CardInputs, read_report
+    from simtune.export import stage as lib
+    from simtune.export.model_card import CardInputs, read_report
 
     card = CardInputs(P.load(params), read_report(data_report), read_report(metrics))
-    model.export(head, out, card)
+    lib.export(head, out, card)

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import typer
+
 from stages._common import dir_option, file_option, user_errors
 
+app = typer.Typer(add_completion=False)
 
+
+@app.command("negatives")
 @user_errors
 def negatives(
     params: Path = file_option("params.yaml", "params file (`negatives`, `encoders`)"),
@@ -17,7 +22,7 @@ def negatives(
 ) -> None:
     """Mine each training query's top-ranked non-positive documents from the cache, skipping
     likely false negatives (groups data: an empty table)."""
-    from simtune import negatives as lib
     from simtune import params as P
+    from simtune.negatives import stage as lib
 
     lib.run(P.load(params), prepared, cache, out, report)

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import typer
+
 from stages._common import dir_option, file_option, user_errors
 
+app = typer.Typer(add_completion=False)
 
+
+@app.command("prepare")
 @user_errors
 def prepare(
     params: Path = file_option("params.yaml", "params file (its `prepare` section)"),
@@ -15,6 +20,6 @@ def prepare(
 ) -> None:
     """Load the data set (built-in or your file), split it, write data/prepared/."""
     from simtune import params as P
-    from simtune import prepare as lib
+    from simtune.prepare import stage as lib
 
     lib.run(P.load(params).prepare, out, report)

@@ -8,7 +8,10 @@ import typer
 
 from stages._common import dir_option, file_option, user_errors
 
+app = typer.Typer(add_completion=False)
 
+
+@app.command("search")
 @user_errors
 def search(
     query: str = typer.Argument(..., help="the text to search for"),
@@ -20,7 +23,7 @@ def search(
 ) -> None:
     """The nearest texts of the prepared corpus to QUERY, with cosine scores."""
     from simtune import params as P
-    from simtune.search import search as lib
+    from simtune.evaluate.search import search as lib
 
     for score, text in lib(P.load(params), query, k, head, prepared, cache):
         print(f"{score:.4f}  {text}")

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import typer
+
 from stages._common import dir_option, file_option, user_errors
 
+app = typer.Typer(add_completion=False)
 
+
+@app.command("train")
 @user_errors
 def train(
     params: Path = file_option("params.yaml", "params file (`train`, `encoders`)"),
@@ -20,6 +25,6 @@ def train(
 ) -> None:
     """Train a head on the cached embeddings (Lightning; AMP, DDP, GradCache, early stopping)."""
     from simtune import params as P
-    from simtune import train as lib
+    from simtune.train import stage as lib
 
     lib.run(P.load(params), prepared, cache, out, report, live, negatives)

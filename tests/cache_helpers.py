@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from simtune import params as P
-from simtune import prepare
+from simtune.prepare import stage as prepare
+from simtune.prepare.prepared import write as write_prepared
 from tests.conftest import WORDS, repo_params
 
 
@@ -36,7 +37,7 @@ def make_prepared(root: Path, texts: list[str], raw: dict[str, Any] | None = Non
     raw["prepare"]["file"]["path"] = str(data)
     raw["prepare"]["split"]["fractions"] = {"train": 0.5, "val": 0.25, "test": 0.25}
     prepared = prepare.build(P.validate(raw).prepare)
-    prepare.write(prepared, root / "prepared", root / "prepare.json")
+    write_prepared(prepared, root / "prepared", root / "prepare.json")
     return root / "prepared"
 
 

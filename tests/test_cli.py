@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import torch
 import typer
@@ -58,7 +59,9 @@ ARGS = {("search",): ["what is the capital"]}  # required arguments
 def _commands(group: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
     """(command path) -> the command object, for every command and subcommand of the app."""
     out: dict[tuple[str, ...], Any] = {}
-    for name, cmd in group.commands.items():
+    ctx = click.Context(group)  # the stage commands are registered lazily: ask the group
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
         out[(*prefix, name)] = cmd
         if hasattr(cmd, "commands"):  # a group (Typer vendors its own click classes)
             out.update(_commands(cmd, (*prefix, name)))

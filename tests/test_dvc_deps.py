@@ -2,8 +2,8 @@
 runs reruns it, and an edit to any other file reruns nothing.
 
 The closure of `python -m stages <name>`: the top-level imports of `stages/__init__.py` and
-`stages/__main__.py` (every stage module is imported, but only its top level runs), then every
-import of `stages/<name>.py` and, transitively, of each `simtune` module it reaches, imports
+`stages/__main__.py` (commands are registered lazily: only the one asked for is imported), then
+every import of `stages/<name>.py` and, transitively, of each `simtune` module it reaches, imports
 inside functions included (they may run). A package `__init__.py` counts with its top-level
 imports only (its lazy `__getattr__` imports run only when that attribute is used).
 """
@@ -69,9 +69,7 @@ def _closure(start: set[Path], top_level_only: set[Path]) -> set[Path]:
 def stage_closure(stage: str) -> set[str]:
     """Repository-relative files `python -m stages <stage>` can run."""
     entry = {ROOT / "stages" / "__init__.py", ROOT / "stages" / "__main__.py"}
-    other_stages = {p for p in (ROOT / "stages").glob("*.py") if p.stem != stage}
-    files = _closure(entry, other_stages)
-    files |= _closure({ROOT / "stages" / f"{stage}.py"}, other_stages)
+    files = _closure(entry, entry) | _closure({ROOT / "stages" / f"{stage}.py"}, set())
     return {str(f.relative_to(ROOT)) for f in files}
 
 
@@ -93,9 +91,31 @@ def test_the_closure_sees_imports_inside_functions(tmp_path: Path) -> None:
     # the train command imports simtune.train inside its function body; simtune.train imports
     # Lightning-wired code inside functions too: both must be in the closure
     closure = stage_closure("train")
-    assert "src/simtune/train.py" in closure and "stages/train.py" in closure
-    assert "stages/export.py" in closure  # imported (top level only) by stages/__init__.py
+    assert "src/simtune/train/stage.py" in closure and "stages/train.py" in closure
+    assert "src/simtune/train/module.py" in closure
     assert "src/simtune/model.py" not in stage_closure("prepare")
+
+
+@pytest.mark.parametrize("stage", sorted(_declared()))
+def test_a_stage_runs_no_other_command_and_no_later_stage(stage: str) -> None:
+    # lazy registration: `python -m stages train` imports stages/train.py alone, so editing
+    # stages/search.py (no stage) or another stage's command reruns nothing
+    closure = stage_closure(stage)
+    commands = {f for f in closure if f.startswith("stages/") and f[7:-3] not in
+                ("__init__", "__main__", "_common")}
+    assert commands == {f"stages/{stage}.py"}
+    order = list(_declared())
+    later = order[order.index(stage) + 1:]
+    assert not [f for f in closure if any(f.startswith(f"src/simtune/{s}/") for s in later)]
+
+
+def test_the_data_readers_are_prepare_s_alone() -> None:
+    # editing the BEIR or CSV reader reruns prepare only; later stages read the prepared format
+    readers = {"src/simtune/prepare/beir.py", "src/simtune/prepare/sources.py",
+               "src/simtune/prepare/stage.py", "src/simtune/prepare/split.py"}
+    assert readers <= stage_closure("prepare")
+    for stage in sorted(set(_declared()) - {"prepare"}):
+        assert not readers & stage_closure(stage), stage
 
 
 def rewrite_dvc_yaml() -> None:

@@ -14,10 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from simtune import cache, gradcache, heads, metrics, store
+from simtune import heads
 from simtune import params as P
+from simtune.cache import stage as cache
+from simtune.cache import vectors
 from simtune.encoders import pool
-from simtune.losses import GroupLoss
+from simtune.retrieval.topk import topk
+from simtune.train import gradcache
+from simtune.train.losses import GroupLoss
 from tests.cache_helpers import make_prepared, params, sentences
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
@@ -29,7 +33,7 @@ def _fill(root: Path, prepared: Path, p: P.Params, device: str,
     monkeypatch.setenv("SIMTUNE_STORE", str(root / f"store-{device}"))  # no cache hit between
     cp = p.cache.model_copy(update={"device": device})
     cache.fill(prepared, root / f"cache-{device}", p.encoders, cp)
-    table = store.load(root / f"cache-{device}" / "tiny")
+    table = vectors.load(root / f"cache-{device}" / "tiny")
     return table.vectors.float()
 
 
@@ -47,8 +51,8 @@ def test_dense_topk_on_gpu_equals_cpu() -> None:
     g = torch.Generator().manual_seed(0)
     q, c = torch.randn(700, 64, generator=g), torch.randn(20_000, 64, generator=g)
     exclude = torch.randint(-1, 20_000, (700,), generator=g)
-    want_s, want_i = metrics.topk(q, c, 10, exclude=exclude)
-    got_s, got_i = metrics.topk(q.cuda(), c.cuda(), 10, exclude=exclude.cuda())
+    want_s, want_i = topk(q, c, 10, exclude=exclude)
+    got_s, got_i = topk(q.cuda(), c.cuda(), 10, exclude=exclude.cuda())
     assert torch.allclose(got_s.cpu(), want_s, atol=1e-5)
     # indices equal except where two scores tie within float rounding
     differ = got_i.cpu() != want_i
@@ -159,7 +163,7 @@ def test_top_layers_mode_trains_and_evaluates_on_the_gpu(
     model (its test metrics are finite numbers in [0, 1])."""
     import yaml
 
-    from simtune import evaluate
+    from simtune.evaluate import stage as evaluate
     from tests.test_top_layers import _top_project
     from tests.train_helpers import dropout_free, relative_errors, step_gradients
 

@@ -6,8 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from simtune import cache, prepare
 from simtune import params as P
+from simtune.cache import stage as cache
+from simtune.prepare import stage as prepare
+from simtune.prepare.prepared import write as write_prepared
+from simtune.train.module import SimilarityModule
 from tests.cache_helpers import cache_params, encoder_params, sentences
 from tests.conftest import repo_params
 
@@ -32,7 +35,7 @@ def project(root: Path, model: Path, n: int = 80, **train: Any) -> tuple[dict[st
                             for i, t in enumerate(sentences(n))))
     raw = train_raw(model, data, **train)
     p = P.validate(raw)
-    prepare.write(prepare.build(p.prepare), root / "prepared", root / "prepare.json")
+    write_prepared(prepare.build(p.prepare), root / "prepared", root / "prepare.json")
     cache.fill(root / "prepared", root / "cache", p.encoders, p.cache)
     params_file = root / "params.yaml"
     import yaml
@@ -66,7 +69,7 @@ def step_gradients(root: Path, params_file: Path, monkeypatch: Any
     import torch
     import yaml
 
-    from simtune import train
+    from simtune.train import stage as train
 
     steps: dict[str, list[dict[str, Any]]] = {"plain": [], "gc": []}
 
@@ -74,7 +77,7 @@ def step_gradients(root: Path, params_file: Path, monkeypatch: Any
         steps[tag].append({n: p.grad.float().clone() for n, p in module.named_parameters()
                            if p.grad is not None})
 
-    monkeypatch.setattr(train.SimilarityModule, "on_before_optimizer_step", record)
+    monkeypatch.setattr(SimilarityModule, "on_before_optimizer_step", record)
     for tag, chunk in (("plain", 0), ("gc", 3)):  # `record` reads `tag`
         raw = yaml.safe_load(params_file.read_text())
         raw["train"]["gradcache"]["chunk_size"] = chunk

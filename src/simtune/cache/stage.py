@@ -1,0 +1,236 @@
+"""The `cache` stage: embed every text each frozen encoder must see, once, for good.
+
+Vectors live in the machine-wide shared store (`simtune.shared`, keyed by encoder fingerprint
+and content hash): every workspace, queued or temp experiment and data set on the machine reuses
+them, and settings switched back and forth re-embed nothing. The stage's output is a *view*,
+`cache/<encoder>/`: exactly the rows this workspace's data needs, keyed by its text ids, in the
+same Arrow format; DVC tracks it, so it can be pushed, pulled and checked out. A view pulled from
+a teammate feeds the store in turn. Fills are locked per store entry, journaled and resumable;
+under `torchrun` each rank embeds a slice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from simtune.cache import backends, batching, formats, store, vectors, views
+from simtune.cache.formats import Format
+from simtune.cache.progress import Progress
+from simtune.encoders import FrozenEncoder, describe, fingerprint, resolve_device
+from simtune.errors import UserError
+from simtune.params import CacheParams, EncoderParams, EncodersParams
+from simtune.prepare.prepared import Prepared, text_id
+from simtune.prepare.prepared import load as load_prepared
+
+log = logging.getLogger("simtune.cache")
+VECTORS = Format()
+SHARD_BYTES = 256 << 20
+
+
+@dataclass
+class Dist:
+    """This process's place in a `torchrun` launch (rank 0 of 1 when not distributed)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            torch.distributed.barrier()
+
+
+def dist_from_env() -> Dist:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1): gloo on CPU, NCCL on
+    GPUs. Ranks other than 0 log warnings only."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if not torch.distributed.is_initialized():
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(local_rank)
+        torch.distributed.init_process_group(backend="nccl" if cuda else "gloo")
+    rank = torch.distributed.get_rank()
+    if rank:
+        logging.getLogger("simtune").setLevel(logging.WARNING)
+    return Dist(rank, world, local_rank)
+
+
+@dataclass
+class FillResult:
+    encoder: str
+    needed: int
+    cached: int
+    embedded: int  # by this rank
+    model_loaded: bool
+
+
+def texts_per_encoder(prepared: Prepared, encoders: EncodersParams) -> dict[str, pa.Array]:
+    """Distinct text ids each encoder must embed: groups' texts and pairs' queries go to
+    `encoders.query`, pairs' documents to `encoders.document` (one set if they are the same)."""
+    ex = prepared.examples
+    if prepared.kind == "groups":
+        roles = {encoders.query: [ex.column("text_id")]}
+    else:
+        roles = {encoders.query: [ex.column("query_id")]}
+        roles.setdefault(encoders.document, []).append(ex.column("doc_id"))
+    return {name: pc.unique(pa.chunked_array([c for col in cols for c in col.chunks],
+                                             pa.string()))
+            for name, cols in roles.items()}
+
+
+def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParams,
+         dist: Dist | None = None, layer: int | None = None) -> list[FillResult]:
+    """Fill the view `out/<name>/` for every encoder the prepared data needs, embedding only
+    what the shared store (`cache.store`) lacks; with `layer` k, also the token states after
+    layer k (`out/<name>@layer<k>/`) of the query encoder (top-layers training)."""
+    prepared = load_prepared(prepared_dir)
+    if prepared.texts.num_rows == 0:
+        raise UserError(f"{prepared_dir}: prepared data has no texts")
+    dist = dist or dist_from_env()
+    results = []
+    for name, ids in texts_per_encoder(prepared, encoders).items():
+        texts = _texts_of(prepared, ids)
+        spec = encoders.models[name]
+        results.append(fill_encoder(name, spec, texts, Path(out) / name, cp, dist))
+        if layer is not None and name == encoders.query:
+            fmt = Format(layer)
+            views.check_layer_size(name, spec, texts, fmt, cp)
+            results.append(fill_encoder(name, spec, texts, Path(out) / f"{name}{fmt.suffix()}",
+                                        cp, dist, fmt=fmt))
+    return results
+
+
+def _texts_of(prepared: Prepared, ids: pa.Array) -> dict[str, str]:
+    t = prepared.texts.filter(pc.is_in(prepared.texts.column("text_id"), value_set=ids))
+    return dict(zip(t.column("text_id").to_pylist(), t.column("text").to_pylist(), strict=True))
+
+
+def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Path,
+                 cp: CacheParams, dist: Dist,
+                 encoder_factory: Callable[..., FrozenEncoder] = FrozenEncoder,
+                 fmt: Format = VECTORS) -> FillResult:
+    """Make `view` hold the vectors of `texts` (workspace id -> text) under the current
+    fingerprint. Texts the store lacks are embedded into it first (rank `r` of `w` embeds every
+    w-th of the length-sorted missing texts) by `cp.backend` (`simtune.backends`); nothing
+    stored is touched before the encoder has loaded, and the view is replaced only when
+    complete."""
+    description = describe(name, spec, fmt.layer)
+    fp = fingerprint(description)
+    root = store.root(cp.store)
+    directory = store.fingerprint_dir(root, fp)
+    by_hash = {text_id(t): t for t in texts.values()}
+    label = f"{name}{fmt.suffix()}"
+    with _rank0_locks(dist, root, view, directory, label):
+        if dist.rank == 0:
+            views.say_what_changed(view, root, label, description, fp)
+            manifest = store.begin_fill(directory, label, fp, description, spec.dtype)
+            views.import_view(view, directory, manifest, by_hash, fmt)
+        dist.barrier()
+        manifest = vectors.read_manifest(directory)
+        assert manifest is not None
+        have = vectors.cached_hashes(directory, manifest)
+        missing = sorted(h for h in by_hash if h not in have)
+        result = FillResult(name, len(texts), len(texts) - _count_missing(texts, missing), 0,
+                            model_loaded=False)
+        log.info("cache %s: %d cached, %d to embed", label, result.cached, len(missing))
+        if missing:
+            encoder = backends.select(encoder_factory(name, spec, _device(cp, dist)),
+                                      cp.backend, directory, fmt.layer)
+            result.model_loaded = True
+            result.embedded = _embed_missing(encoder, missing, by_hash, directory, manifest,
+                                             cp, dist, fmt)
+        dist.barrier()
+        if dist.rank == 0:
+            final = store.finish_fill(directory)
+            views.write_view(view, directory, final, {i: text_id(t) for i, t in texts.items()},
+                       cp.shard_rows, fmt)
+            log.info("cache %s: %d rows in %s (store entry %s: %d rows)", label, len(texts),
+                     view, fp, final.rows)
+            store.evict(root, int(cp.store_max_gb * 1e9), keep={fp})
+        dist.barrier()
+    return result
+
+
+def _count_missing(texts: dict[str, str], missing: list[str]) -> int:
+    """Workspace ids whose text is among the `missing` content hashes."""
+    if not missing:
+        return 0
+    gone = set(missing)
+    return sum(text_id(t) in gone for t in texts.values())
+
+
+@contextlib.contextmanager
+def _rank0_locks(dist: Dist, root: Path, view: Path, directory: Path, name: str
+                 ) -> Iterator[None]:
+    """Rank 0 holds the view's lock, then the store entry's (always in that order): one fill
+    per store entry and per view at a time, on this machine."""
+    if dist.rank != 0:
+        yield
+        return
+    key = hashlib.blake2b(str(view.resolve()).encode(), digest_size=8).hexdigest()
+    with store.locked(root / "views" / key, f"cache {name}"), \
+            store.locked(directory, f"cache {name}"):
+        yield
+
+
+def _device(cp: CacheParams, dist: Dist) -> torch.device:
+    device = resolve_device(cp.device)
+    if device.type == "cuda" and dist.world > 1:
+        return torch.device("cuda", dist.local_rank)
+    return device
+
+
+Encoder = FrozenEncoder | backends.OnnxEncoder
+
+
+def _embed_missing(encoder: Encoder, missing: list[str], texts: dict[str, str],
+                   directory: Path, manifest: vectors.Manifest, cp: CacheParams,
+                   dist: Dist, fmt: Format) -> int:
+    mine = batching.rank_order(encoder, missing, texts, dist.rank, dist.world)
+    loader = batching.tokenised([texts[t] for t in mine], cp.batch_size, encoder,
+                                cp.num_workers)
+    journal = store.Journal(directory, dist.rank, manifest.fingerprint)
+    buf_ids: list[str] = []
+    buf: list[formats.Rows] = []
+    held = [0]  # bytes buffered
+
+    def flush(rows: int) -> None:
+        """Write the first `rows` buffered rows as one shard, keep the rest buffered."""
+        head, rest = formats.split(formats.cat(buf), rows)
+        ids = buf_ids[:rows]  # store rows are keyed by their content hash
+        journal.add(fmt.write(directory, dist.rank, ids, ids, head, manifest))
+        del buf_ids[:rows]
+        buf[:] = [rest]
+        held[0] = fmt.nbytes(rest)
+
+    with Progress(len(mine), f"embedding with {encoder.name}") as progress, torch.inference_mode():
+        # the ONNX backend runs `streams` batches at once (one thread each); torch one at a time
+        computed = batching.ordered_map(lambda item: (item[0], fmt.compute(encoder, item[1])),
+                                        loader, getattr(encoder, "streams", 1))
+        for idx, out in computed:
+            buf.append(out)
+            held[0] += fmt.nbytes(out)
+            buf_ids.extend(mine[j] for j in idx)
+            progress.update(len(idx))
+            while len(buf_ids) >= cp.shard_rows:
+                flush(cp.shard_rows)
+            if held[0] >= SHARD_BYTES:  # layer states are large: memory stays bounded
+                flush(len(buf_ids))
+        if buf_ids:
+            flush(len(buf_ids))
+    return len(mine)
+
+

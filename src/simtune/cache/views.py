@@ -1,0 +1,165 @@
+"""Views: the workspace side of the cache (`cache/<encoder>[@layer<k>]/`), written from and
+feeding the shared store; and what a fill says before it starts (what changed, how big).
+
+A view holds exactly the rows one workspace's data needs, keyed by its text ids, sorted, in
+`part-NNNNN.arrow` shards: the same inputs give the same bytes on any machine (stable DVC hashes).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+
+from simtune.atomic import atomic_dir
+from simtune.cache import formats, states, store, vectors
+from simtune.cache.formats import Format
+from simtune.cache.states import StatesTable
+from simtune.encoders import changes, describe, fingerprint
+from simtune.errors import UserError
+from simtune.params import CacheParams, EncoderParams, EncodersParams, TrainParams
+
+log = logging.getLogger("simtune.cache")
+VECTORS = Format()
+
+
+def say_what_changed(view: Path, root: Path, name: str, description: dict, fp: str) -> None:
+    """Log why the vectors are about to change encoder settings, against the view's settings,
+    or (the view is gone: DVC removes outputs before rerunning a stage) the store entry of this
+    encoder used last. Nothing is dropped: earlier settings' vectors stay in the store."""
+    try:
+        old = vectors.read_manifest(view)
+    except UserError:
+        old = None
+    if old is None:
+        last = [e for e in store.entries(root) if e.encoder == name and e.fingerprint != fp]
+        old = vectors.read_manifest(last[-1].path) if last else None
+    if old is not None and old.fingerprint != fp:
+        log.warning("cache %s: encoder changed (%s); vectors under the previous settings stay "
+                    "in the store", name, changes(old.description, description))
+
+
+def import_view(view: Path, directory: Path, manifest: vectors.Manifest,
+                 by_hash: dict[str, str], fmt: Format) -> None:
+    """Rows of an existing view with the same fingerprint that the store lacks (a teammate's
+    `dvc pull`, a cache from before the store existed) go into the store: no re-embedding.
+    Only intact shards are taken."""
+    try:
+        old = vectors.read_manifest(view)
+    except UserError:
+        return
+    if old is None or old.fingerprint != manifest.fingerprint:
+        return
+    have = vectors.cached_hashes(directory, manifest)
+    for s in old.shards:
+        try:
+            if vectors.sha256_of(view / s.file) != s.sha256:
+                continue
+            hashes = vectors.open_shard(view, s, old).column("text_hash").to_pylist()
+            take = [i for i, h in enumerate(hashes) if h not in have and h in by_hash]
+            if not take:
+                continue
+            rows = formats.take(fmt.shard_rows(view, s, old), take)
+        except (UserError, OSError):
+            continue
+        picked = [hashes[i] for i in take]
+        manifest.shards.append(fmt.write(directory, 0, picked, picked, rows, manifest))
+        vectors.write_manifest(directory, manifest)
+        have.update(dict.fromkeys(picked, ""))
+        log.info("cache %s: took %d vectors from %s into the store", manifest.encoder,
+                 len(take), view / s.file)
+
+
+def write_view(view: Path, directory: Path, manifest: vectors.Manifest, ids: dict[str, str],
+               shard_rows: int, fmt: Format = VECTORS) -> None:
+    """Write `view` (atomically replaced): the rows `ids` (workspace id -> content hash) taken
+    from the store entry `directory`, sorted by id, in `part-NNNNN.arrow` shards of
+    `shard_rows`. Same inputs give the same bytes on any machine (stable DVC hashes)."""
+    table = fmt.load(directory)
+    keys = sorted(ids)
+    hashes = [ids[k] for k in keys]
+    rows = fmt.gather(table, table.index(hashes)) if keys else []
+    out = vectors.Manifest(manifest.encoder, manifest.fingerprint, manifest.description,
+                         manifest.dtype, manifest.dim)
+    with atomic_dir(view) as tmp:
+        for n, i in enumerate(range(0, len(keys), shard_rows)):
+            j = i + shard_rows
+            out.shards.append(fmt.write(tmp, 0, keys[i:j], hashes[i:j], rows[i:j], out,
+                                        name=f"part-{n:05d}.arrow"))
+        vectors.write_manifest(tmp, out)
+
+
+def layer_for(encoders: EncodersParams, train: TrainParams) -> int | None:
+    """The layer whose token states top-layers training reads: k = L - top_layers of the
+    query encoder's L layers (None in the other modes)."""
+    if train.mode != "top_layers":
+        return None
+    import transformers
+
+    from simtune.encoders import model_dir
+
+    name = encoders.query
+    if encoders.document != name:
+        raise UserError("train.mode top_layers: needs one shared encoder (encoders.query == "
+                        "encoders.document)")
+    config = transformers.AutoConfig.from_pretrained(model_dir(name, encoders.models[name]),
+                                                     local_files_only=True)
+    total = int(config.num_hidden_layers)
+    top = train.encoder.top_layers
+    if top > total:
+        raise UserError(f"train.encoder.top_layers: {top}, but encoder '{name}' has {total} "
+                        "layers")
+    return total - top
+
+
+def check_layer_size(name: str, spec: EncoderParams, texts: dict[str, str], fmt: Format,
+                      cp: CacheParams) -> None:
+    """Estimate the layer cache (texts x mean tokens x hidden x bytes, tokens counted on a
+    sample), log it, and refuse it above `cache.max_layer_gb` before embedding anything."""
+    import transformers
+
+    from simtune.encoders import model_dir
+
+    path = model_dir(name, spec)
+    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    sample = random.Random(0).sample(sorted(texts.values()), min(2000, len(texts)))
+    lengths = tokenizer(sample, truncation=True, max_length=spec.max_length)["input_ids"]
+    mean = sum(map(len, lengths)) / max(len(lengths), 1)
+    size = len(texts) * mean * int(config.hidden_size) * (2 if spec.dtype == "float16" else 4)
+    log.info("cache %s%s: ~%.2f GB (%d texts x %.1f tokens x %d x %s)", name, fmt.suffix(),
+             size / 1e9, len(texts), mean, config.hidden_size, spec.dtype)
+    if size > cp.max_layer_gb * 1e9:
+        raise UserError(f"cache.max_layer_gb: the layer cache of '{name}' would take "
+                        f"~{size / 1e9:.1f} GB, over the limit of {cp.max_layer_gb:g} GB (raise "
+                        "it, use dtype float16, a lower max_length, or train.mode head)")
+
+
+def open_cache(out: Path, name: str, spec: EncoderParams, cp: CacheParams,
+               placed: bool = True) -> vectors.CacheTable:
+    """Load `out/<name>/` for training or evaluation: fingerprint must match the current encoder
+    settings, every shard's checksum must match, then (with `placed`) the table is placed per
+    `cache_type` (or its `mapping` entry). Hashing the model files here loads no weights."""
+    fp = fingerprint(describe(name, spec))
+    table = vectors.load(Path(out) / name, fingerprint=fp, checksums=True)
+    return vectors.place(table, cp.mapping.get(name, cp.cache_type)) if placed else table
+
+
+def open_pair(out: Path, encoders: EncodersParams, cp: CacheParams, placed: bool = True
+              ) -> tuple[vectors.CacheTable, vectors.CacheTable]:
+    """(query table, document table) of `encoders` (one table when they are one encoder); one
+    head reads both, so they must give one dim."""
+    q = open_cache(out, encoders.query, encoders.models[encoders.query], cp, placed)
+    d = q if encoders.document == encoders.query else open_cache(
+        out, encoders.document, encoders.models[encoders.document], cp, placed)
+    if q.dim != d.dim:
+        raise UserError(f"encoders: '{encoders.query}' gives {q.dim}-d and "
+                        f"'{encoders.document}' {d.dim}-d vectors; one head needs one dim")
+    return q, d
+
+
+def open_states(out: Path, name: str, spec: EncoderParams, layer: int) -> StatesTable:
+    """Load the layer cache `out/<name>@layer<k>/` (fingerprint and checksums checked)."""
+    fp = fingerprint(describe(name, spec, layer))
+    return states.load(Path(out) / f"{name}{Format(layer).suffix()}", fingerprint=fp,
+                       checksums=True)

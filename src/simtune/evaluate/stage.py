@@ -1,0 +1,242 @@
+"""The `evaluate` stage: retrieval metrics of the trained model against the frozen baseline.
+
+Everything runs under `torch.inference_mode()`. Test vectors come from the cache through the
+trained head; the baseline is the same computation through the identity head (the frozen
+encoder). In full mode the trained vectors come from the fine-tuned encoder saved with the head.
+
+Two reports: the headline (`trained`, `baseline`, `lift`, the lift's paired `significance`,
+counts; for a head trained with `matryoshka_dims`, `matryoshka`: P@1, MRR@10, nDCG@10 and MAP@R
+of both models with their vectors cut to each dim and re-normalised; a DVC metrics file, one
+column each in `dvc exp show`) and the detail (groups: the same
+metrics per test label; not DVC metrics, so 50 labels do not add hundreds of columns). The
+rankings of both models also go to TREC run files (`runs`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import torch
+
+from simtune import examples, heads
+from simtune.atomic import write_json
+from simtune.cache.views import open_pair
+from simtune.errors import UserError
+from simtune.evaluate import report, runs
+from simtune.examples import Data, first_positions
+from simtune.params import Params
+from simtune.prepare.prepared import load as load_prepared
+from simtune.retrieval import metrics, significance
+from simtune.retrieval.metrics import HEADLINE
+
+log = logging.getLogger("simtune.evaluate")
+Vectors = Callable[[torch.Tensor, str], torch.Tensor]  # (cache rows, role) -> (n, D)
+
+
+@dataclass
+class Scored:
+    """One model on the task: mean metrics, queries without a relevant item, class index ->
+    metrics of that label's queries (groups), and the ranking (per-query metrics, top lists)."""
+
+    metrics: dict[str, float]
+    no_relevant: int
+    per_label: dict[int, dict[str, float]]
+    ranked: metrics.Ranked
+
+
+def _cached(data: Data, head: torch.nn.Module) -> Vectors:
+    def vectors(rows: torch.Tensor, role: str) -> torch.Tensor:
+        table = data.d_vectors if role == "doc" else data.q_vectors
+        assert table is not None
+        return torch.cat([head(table[rows[i : i + 8192].to(table.device)].float())
+                          for i in range(0, len(rows), 8192)]) if len(rows) else torch.empty(
+                              0, data.dim)
+    return vectors
+
+
+def _task(data: Data, corpus: str, prepared_dir: Path) -> dict[str, Any]:
+    """What to rank: query rows, corpus rows, and how relevance is decided (pairs: the positive
+    pairs and, when any score is not 1, their scores as graded gains)."""
+    test = data.splits["test"].tensors
+    if data.kind == "groups":
+        source = data.splits[corpus].tensors
+        return {"q_rows": test["rows"], "q_labels": test["labels"],
+                "c_rows": None if corpus == "test" else source["rows"],
+                "c_labels": None if corpus == "test" else source["labels"]}
+    docs = {}  # every document of every split, once
+    for sp in data.splits.values():
+        for did, row in zip(sp.tensors["d_ids"].tolist(), sp.tensors["d_rows"].tolist(),
+                            strict=True):
+            docs.setdefault(did, row)
+    doc_index = {did: i for i, did in enumerate(docs)}
+    q_u, q_inv = torch.unique(test["q_ids"], return_inverse=True)
+    first = first_positions(q_inv, len(q_u))
+    positive = test["scores"] > 0
+    pairs = torch.stack([q_inv[positive], torch.tensor(
+        [doc_index[d] for d in test["d_ids"][positive].tolist()], dtype=torch.long)], 1)
+    gains = test["scores"][positive]
+    c_rows = list(docs.values()) + _corpus_only_rows(data, prepared_dir)
+    return {"q_rows": test["q_rows"][first], "c_rows": torch.tensor(c_rows, dtype=torch.long),
+            "pairs": pairs, "gains": gains if bool((gains != 1).any()) else None}
+
+
+def _corpus_only_rows(data: Data, prepared_dir: Path) -> list[int]:
+    """Cache rows of the documents that are in no example (BEIR's unjudged documents: the
+    prepared `corpus` rows): they are ranked like every other document."""
+    ex = pq.read_table(Path(prepared_dir) / "examples.parquet", columns=["split", "doc_id"],
+                       filters=[("split", "=", "corpus")])
+    if ex.num_rows == 0:
+        return []
+    row_of = {tid: r for r, tid in enumerate(data.row_ids["doc"])}
+    return [row_of[d] for d in ex.column("doc_id").to_pylist()]
+
+
+def score(data: Data, task: dict[str, Any], vectors: Vectors, ks: tuple[int, ...],
+          depth: int = 0) -> Scored:
+    """Metrics of one model on the task (`depth` > 0: also keep each query's top `depth`)."""
+    if data.kind == "pairs":
+        ranked = metrics.pair_ranked(vectors(task["q_rows"], "query"),
+                                     vectors(task["c_rows"], "doc"), task["pairs"], ks,
+                                     gains=task["gains"], depth=depth)
+        return Scored(metrics.scores(ranked, ks), int((ranked.n_relevant == 0).sum()), {},
+                      ranked)
+    # metrics.group_scores, keeping the ranking so each label's queries can be scored too
+    q_labels, leave_one_out = task["q_labels"], task["c_rows"] is None
+    q = vectors(task["q_rows"], "text")
+    c = q if leave_one_out else vectors(task["c_rows"], "text")
+    c_labels = q_labels if leave_one_out else task["c_labels"]
+    counts = torch.bincount(c_labels, minlength=int(max(q_labels.max(), c_labels.max())) + 1)
+    n_rel = counts[q_labels] - (1 if leave_one_out else 0)
+    ranked = metrics.rank(q, c, lambda qi, idx: c_labels[idx] == q_labels[qi][:, None], n_rel,
+                          max(*ks, 10, int(n_rel.max())),
+                          torch.arange(len(q)) if leave_one_out else None, depth=depth)
+    per_label = {lab: metrics.scores(metrics.Ranked(ranked.rel[q_labels == lab],
+                                                    n_rel[q_labels == lab]), ks)
+                 for lab in torch.unique(q_labels).tolist()}
+    return Scored(metrics.scores(ranked, ks), int((n_rel == 0).sum()), per_label, ranked)
+
+
+@torch.inference_mode()
+def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Path,
+        plot: Path, detail: Path, run_files: tuple[Path, Path] | None = None) -> dict[str, Any]:
+    """Evaluate trained vs baseline on the test split; write the headline metrics (`out`,
+    returned), the Recall@k plot, the detail report (per test label, groups) and, given
+    `run_files` (trained, baseline), both rankings as TREC run files."""
+    head = heads.load(head_dir)
+    prepared = load_prepared(prepared_dir)
+    q_table, d_table = open_pair(cache_dir, p.encoders, p.cache, placed=False)
+    data = examples.load(prepared.kind, prepared.examples, q_table, d_table)
+    if len(data.splits["test"]) == 0:
+        raise UserError(f"{prepared_dir}: the test split is empty")
+    if head.config["dim"] != data.dim:
+        raise UserError(f"{head_dir}: head expects {head.config['dim']}-d vectors, the cache "
+                        f"holds {data.dim}-d (encoder changed since training? rerun train)")
+    ks = tuple(sorted(set(p.evaluate.ks)))
+    task = _task(data, p.evaluate.corpus, prepared_dir)
+    corpus_size = len(task["c_rows"]) if task.get("c_rows") is not None else len(
+        task["q_rows"]) - 1
+    if max(ks) > corpus_size:
+        log.warning("Recall@k for k > %d (the corpus size) equals Recall@%d", corpus_size,
+                    corpus_size)
+    ids = _run_ids(data, task, prepared_dir) if run_files else None
+    depth = p.evaluate.run_depth if run_files else 0
+    trained_vectors = _finite(_trained(data, head, head_dir, p, prepared_dir), head_dir)
+    baseline_vectors = _cached(data, heads.build("identity", data.dim, 1, 0.0))
+    dims = _matryoshka_dims(head_dir)
+    if dims:  # every prefix reuses each model's full test vectors
+        trained_vectors = report.remember(trained_vectors)
+        baseline_vectors = report.remember(baseline_vectors)
+    t = score(data, task, trained_vectors, ks, depth)
+    b = score(data, task, baseline_vectors, ks, depth)
+    sig = p.evaluate.significance
+    t_q, b_q = metrics.per_query(t.ranked, ks), metrics.per_query(b.ranked, ks)
+    result = {"trained": t.metrics, "baseline": b.metrics, "lift": _lift(t.metrics, b.metrics),
+              "significance": {m: significance.paired(t_q[m].numpy(), b_q[m].numpy(),
+                                                      sig.resamples, sig.seed)
+                               for m in HEADLINE},
+              "queries": len(task["q_rows"]), "corpus": corpus_size,
+              "queries_without_relevant": t.no_relevant}
+    if dims:
+        result["matryoshka"] = report.matryoshka(
+            dims, lambda v: score(data, task, v, ks).metrics, trained_vectors, baseline_vectors,
+            HEADLINE)
+    per_label = {str(data.label_names[lab]): {
+        "queries": int((task["q_labels"] == lab).sum()), "trained": t.per_label[lab],
+        "baseline": b.per_label[lab], "lift": _lift(t.per_label[lab], b.per_label[lab])}
+        for lab in t.per_label}  # class indices follow the sorted label names
+    write_json(out, result)
+    write_json(detail, {"kind": data.kind, "per_label": per_label})
+    write_json(plot, [{"k": k, "trained": t.metrics[f"recall@{k}"],
+                       "baseline": b.metrics[f"recall@{k}"]} for k in ks])
+    if run_files is not None and ids is not None:
+        for path, scored, tag in zip(run_files, (t, b), ("trained", "baseline"), strict=True):
+            assert scored.ranked.top is not None
+            runs.write_run(path, *ids, scored.ranked.top, f"simtune-{tag}")
+    no_rel = t.no_relevant
+    log.info("test: %d queries, corpus %d%s; trained p@1 %.4f mrr@10 %.4f; baseline p@1 %.4f "
+             "mrr@10 %.4f; lift of mrr@10 %+.4f, p = %.4f", result["queries"], corpus_size,
+             f", {no_rel} queries without a relevant item" if no_rel else "",
+             t.metrics["p@1"], t.metrics["mrr@10"], b.metrics["p@1"], b.metrics["mrr@10"],
+             result["lift"]["mrr@10"], result["significance"]["mrr@10"]["p_value"])
+    return result
+
+
+def _run_ids(data: Data, task: dict[str, Any], prepared_dir: Path
+             ) -> tuple[list[str], list[str]]:
+    """(query ids, corpus ids) for the run files: original ids where the data has them."""
+    original = runs.source_ids(prepared_dir)
+    doc_role = "doc" if data.kind == "pairs" else "query"  # groups: one table for all texts
+    c_rows = task["q_rows"] if task["c_rows"] is None else task["c_rows"]
+    q_ids = [data.row_ids["query"][r] for r in task["q_rows"].tolist()]
+    d_ids = [data.row_ids[doc_role][r] for r in c_rows.tolist()]
+    q_ids, d_ids = [original.get(i, i) for i in q_ids], [original.get(i, i) for i in d_ids]
+    runs.check_ids(q_ids, "query")
+    runs.check_ids(d_ids, "document")
+    return q_ids, d_ids
+
+
+def _matryoshka_dims(head_dir: Path) -> list[int]:
+    """The prefixes the head was trained at (`train.loss.matryoshka_dims`; [] for none)."""
+    meta = head_dir / "training.json"
+    return list(json.loads(meta.read_text()).get("matryoshka_dims", [])) if meta.is_file() else []
+
+
+def _lift(trained: dict[str, float], baseline: dict[str, float]) -> dict[str, float]:
+    return {k: trained[k] - baseline[k] for k in trained}
+
+
+def _finite(vectors: Vectors, head_dir: Path) -> Vectors:
+    """`vectors`, refusing inf/NaN ones: they would be ranked into meaningless metrics."""
+    def checked(rows: torch.Tensor, role: str) -> torch.Tensor:
+        out = vectors(rows, role)
+        if not bool(torch.isfinite(out).all()):
+            raise UserError(f"{head_dir}: the trained model gives non-finite test vectors "
+                            "(training diverged?); rerun train")
+        return out
+    return checked
+
+
+def _trained(data: Data, head: heads.Head, head_dir: Path, p: Params,
+             prepared_dir: Path) -> Vectors:
+    if not (head_dir / "encoder").is_dir():
+        return _cached(data, head)
+    # full mode: the fine-tuned encoder (saved with the head) embeds the test texts
+    from simtune.model import load_model
+    from simtune.prepare.prepared import load as load_prepared
+
+    model = load_model(head_dir, p.cache.device)
+    prepared = load_prepared(prepared_dir)
+    texts = dict(zip(prepared.texts.column("text_id").to_pylist(),
+                     prepared.texts.column("text").to_pylist(), strict=True))
+
+    def vectors(rows: torch.Tensor, role: str) -> torch.Tensor:
+        ids = data.row_ids["doc" if role == "doc" else "query"]
+        return model.encode([texts[ids[r]] for r in rows.tolist()])
+
+    return vectors

@@ -1,0 +1,1 @@
+"""The `export` stage: a plain sentence-transformers folder with a model card."""

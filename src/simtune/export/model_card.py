@@ -1,0 +1,193 @@
+"""The export's model card: `README.md` as the Hugging Face Hub and sentence-transformers read it.
+
+YAML front matter (`library_name: sentence-transformers`, `pipeline_tag: sentence-similarity`,
+`tags`, `base_model` when the encoder is a Hub model, `metrics` and a `model-index` with the
+trained model's test metrics), then a body: the encoder, pooling, head and training mode, the
+data set and its size, the params that matter, the test metrics of the trained model against the
+frozen encoder, and the command that reproduces the model.
+
+Every input beyond the training record is optional: a card written without `params.yaml`, the
+prepare report or the metrics says so instead of inventing values.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from simtune.errors import UserError
+from simtune.params import Params
+
+HUB_IDS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}  # bundled encoders on the Hub
+LOSS_KEYS = {"supcon": ("temperature",), "triplet": ("margin", "mining"),
+             "contrastive": ("margin",), "arcface": ("margin", "scale"),
+             "mnrl": ("scale", "symmetric")}
+MODE_KEYS = {"head": ("lr", "batch_size", "max_epochs", "patience"),
+             "top_layers": ("encoder.top_layers", "encoder.lr", "encoder.head_lr",
+                            "encoder.batch_size", "encoder.max_epochs", "encoder.patience"),
+             "full": ("encoder.lr", "encoder.head_lr", "encoder.batch_size",
+                      "encoder.max_epochs", "encoder.patience")}
+MODES = {"head": "encoder frozen; the head trained on cached embeddings",
+         "top_layers": "the encoder's top layers and the head trained (lower layers frozen)",
+         "full": "the whole encoder fine-tuned with the head"}
+
+
+@dataclass
+class CardInputs:
+    """What the card reports beyond the export itself: the params the model was trained with,
+    `reports/prepare.json` (data set size) and `reports/metrics.json` (test metrics); each
+    None when not available."""
+
+    params: Params | None = None
+    data_report: dict[str, Any] | None = None
+    metrics: dict[str, Any] | None = None
+
+
+def read_report(path: Path | None) -> dict[str, Any] | None:
+    """A JSON report as a dict; None when `path` is None or absent; `UserError` when it is not a
+    JSON object."""
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object")
+    return data
+
+
+def _value(p: Params, dotted: str) -> Any:
+    obj: Any = p
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _show(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def key_params(p: Params, kind: str) -> list[tuple[str, Any]]:
+    """(dotted params.yaml key, value) of the settings that make this model: data, encoder,
+    mode, head, loss and the mode's schedule."""
+    keys = ["prepare.source"]
+    keys += {"trec": ["prepare.trec_labels"], "file": ["prepare.file.path"]}.get(
+        p.prepare.source, [])
+    keys += ["prepare.split.by", "prepare.split.seed", "encoders.query"]
+    if kind == "pairs" and p.encoders.document != p.encoders.query:
+        keys.append("encoders.document")
+    keys += ["train.mode", "train.head.type"]
+    if p.train.head.type == "mlp":
+        keys += ["train.head.expansion", "train.head.dropout"]
+    keys += ["train.loss.name", "train.loss.distance"]
+    keys += [f"train.loss.{k}" for k in LOSS_KEYS[p.train.loss.name]]
+    keys += [f"train.{k}" for k in MODE_KEYS[p.train.mode]] + ["train.seed"]
+    return [(k, _value(p, k)) for k in keys]
+
+
+def _dataset(p: Params | None, kind: str) -> str:
+    if p is None:
+        return f"{kind} data"
+    if p.prepare.source == "trec":
+        n = 50 if p.prepare.trec_labels == "fine" else 6
+        return f"TREC question classification ({p.prepare.trec_labels} labels, {n} classes)"
+    if p.prepare.source == "news_pairs":
+        return "news article title -> body pairs"
+    return f"{Path(str(p.prepare.file.path)).name} ({kind})"
+
+
+def _front_matter(meta: dict[str, Any], head: dict[str, Any], title: str, dataset: str,
+                  metrics: dict[str, Any] | None) -> dict[str, Any]:
+    front: dict[str, Any] = {
+        "library_name": "sentence-transformers", "pipeline_tag": "sentence-similarity",
+        "tags": ["sentence-transformers", "sentence-similarity", "feature-extraction",
+                 "simtune", f"{head['type']}-head", f"{meta['mode']}-training"]}
+    if meta["encoder"]["model"] in HUB_IDS:
+        front["base_model"] = HUB_IDS[meta["encoder"]["model"]]
+    if metrics is not None:
+        trained = metrics["trained"]
+        front["metrics"] = list(trained)
+        front["model-index"] = [{"name": title, "results": [{
+            "task": {"type": "information-retrieval", "name": "Information Retrieval"},
+            "dataset": {"name": dataset, "type": "simtune", "split": "test"},
+            "metrics": [{"type": k, "value": float(v), "name": f"{k} (test)"}
+                        for k, v in trained.items()]}]}]
+    return front
+
+
+def _metrics_table(m: dict[str, Any]) -> list[str]:
+    no_rel = m.get("queries_without_relevant", 0)
+    rows = [f"Test split: {m['queries']} queries against a corpus of {m['corpus']}"
+            + (f"; {no_rel} queries without a relevant item." if no_rel else "."), "",
+            "| metric | trained | frozen encoder | lift | p-value |", "|---|---|---|---|---|"]
+    for k, v in m["trained"].items():
+        sig = m.get("significance", {}).get(k)
+        p_value = f"{sig['p_value']:.4g}" if sig else ""
+        rows.append(f"| {k} | {v:.4f} | {m['baseline'][k]:.4f} | {m['lift'][k]:+.4f} | "
+                    f"{p_value} |")
+    rows += ["", "p-value: paired randomization test of the lift over the same queries."]
+    return rows
+
+
+def render(meta: dict[str, Any], head: dict[str, Any], plain: bool, modules: list[str],
+           inputs: CardInputs) -> str:
+    """The card's text. `meta`: the head's `training.json`; `head`: its `config.json`;
+    `plain`: True when plain `SentenceTransformer(dir)` loads it; `modules`: the
+    sentence-transformers module names of `modules.json`, in order."""
+    p, report, metrics = inputs.params, inputs.data_report, inputs.metrics
+    enc = meta["encoder"]
+    name = meta["query_encoder"]
+    title = f"simtune {name} + {head['type']} head"
+    dataset = _dataset(p, meta["kind"])
+    front = _front_matter(meta, head, title, dataset, metrics)
+    hub = f" ({HUB_IDS[enc['model']]})" if enc["model"] in HUB_IDS else ""
+    head_desc = head["type"] + (f" (expansion {head['expansion']}, dropout {head['dropout']})"
+                                if head["type"] == "mlp" else "")
+    output = ("unit vectors (compare by cosine or dot product)" if meta.get("normalize_output")
+              else "unnormalised vectors")
+    load = ('SentenceTransformer("path/to/export")' if plain else
+            'SentenceTransformer("path/to/export", trust_remote_code=True)  # head: simtune code')
+    lines = ["---", yaml.safe_dump(front, sort_keys=False).rstrip(), "---", "", f"# {title}", "",
+             f"A sentence-transformers model trained with simtune: {head['dim']}-dimensional "
+             f"{output}.", "", "## Usage", "", "```python",
+             "from sentence_transformers import SentenceTransformer", "",
+             f"model = {load}", 'vectors = model.encode(["how far is the moon ?"])', "```", "",
+             "or `simtune.load_model(\"path/to/export\").encode([...])` (the same vectors).", "",
+             "## Model", "", "| | |", "|---|---|",
+             f"| base encoder | {name}{hub} |",
+             f"| pooling | {enc['pooling']}{', L2-normalised' if enc['normalize'] else ''}, "
+             f"max {enc['max_length']} tokens |",
+             f"| head | {head_desc} |",
+             f"| training mode | {meta['mode']}: {MODES[meta['mode']]} |",
+             f"| modules | {' -> '.join(modules)} |", ""]
+    if not plain:
+        lines += ["The head has no plain sentence-transformers form: loading it needs "
+                  "`trust_remote_code=True` and simtune installed.", ""]
+    lines += ["## Data", "", f"{dataset}, {meta['kind']}."]
+    if report is not None:
+        ex = report.get("examples", {})
+        lines[-1] += (f" {report.get('texts', '?')} distinct texts; examples: "
+                      + ", ".join(f"{s} {ex[s]}" for s in ("train", "val", "test") if s in ex)
+                      + ".")
+    lines.append("")
+    params = key_params(p, meta["kind"]) if p is not None else []
+    if params:
+        lines += ["## Training parameters", "", "| params.yaml key | value |", "|---|---|",
+                  *(f"| `{k}` | {_show(v)} |" for k, v in params), ""]
+    lines += ["## Evaluation", ""]
+    lines += _metrics_table(metrics) if metrics is not None else [
+        "No evaluation report was available when this model was exported."]
+    lines += ["", "## Reproduce", "", "In the simtune project this model was trained in:", "",
+              "```bash", "dvc repro"]
+    if params:  # the same settings as an experiment, one per line
+        lines += ["dvc exp run \\", *(f"  -S {shlex.quote(f'{k}={_show(v)}')} \\"
+                                       for k, v in params)]
+        lines[-1] = lines[-1].removesuffix(" \\")
+    lines += ["```", ""]
+    return "\n".join(lines)

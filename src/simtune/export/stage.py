@@ -1,0 +1,83 @@
+"""The `export` stage: a trained head directory -> a self-contained servable model folder."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from simtune import heads
+from simtune.atomic import atomic_dir, write_json
+from simtune.encoders import model_dir
+from simtune.errors import UserError
+from simtune.export import st_layout
+from simtune.export.model_card import CardInputs, render
+from simtune.model import FORMAT_VERSION, _trained_as
+from simtune.params import EncoderParams
+
+log = logging.getLogger("simtune.export")
+
+# files of sentence-transformers' own layout in an encoder directory (the bundled minilm has
+# them): not copied, the export writes its own
+_ST_FILES = ("modules.json", "config_sentence_transformers.json", "sentence_*_config.json",
+             "README.md", ".gitattributes", "[0-9]_[A-Z]*")
+
+
+
+def export(head_dir: Path, out: Path, card: CardInputs | None = None) -> bool:
+    """Write a self-contained servable model from a trained head directory (atomically), with
+    its model card (`card`: what it reports beyond the head; nothing more when None).
+
+    Returns True when plain `SentenceTransformer(out)` loads it, False when the head needs
+    `trust_remote_code=True` (a head type with no `Dense` form; see `simtune.st_layout`)."""
+    head_dir, card = Path(head_dir), card or CardInputs()
+    meta_path = head_dir / "training.json"
+    if not meta_path.is_file():
+        raise UserError(f"{head_dir}: no trained head here (run the train stage)")
+    meta = json.loads(meta_path.read_text())
+    spec = meta["encoder"]
+    name, normalize_output = _trained_as(meta)
+    head = heads.load(head_dir)
+    source = head_dir / "encoder" if (head_dir / "encoder").is_dir() else model_dir(
+        "encoder", EncoderParams(**spec))
+    similarity = None
+    if card.params is not None:
+        loss = card.params.train.loss
+        similarity = "cosine" if loss.name == "arcface" else loss.distance
+    with atomic_dir(Path(out)) as tmp:
+        _copy_tree(source, tmp / "encoder")
+        spec = {**spec, "model": "encoder"}
+        shutil.copytree(head_dir, tmp / "head", ignore=shutil.ignore_patterns("encoder"))
+        plain = st_layout.write(tmp, spec, head, normalize_output, similarity)
+        write_json(tmp / "simtune.json", {
+            "format_version": FORMAT_VERSION, "encoder_name": name, "encoder": spec,
+            "head": "head", "normalize_output": normalize_output,
+            "sentence_transformers": "plain" if plain else "trust_remote_code"})
+        modules = [m["type"].rsplit(".", 1)[-1]
+                   for m in json.loads((tmp / "modules.json").read_text())]
+        (tmp / "README.md").write_text(render(meta, head.config, plain, modules, card),
+                                       encoding="utf-8")
+    if plain:
+        log.info("exported %s: loads with plain SentenceTransformer(%r) (head '%s' as %s)", out,
+                 str(out), head.config["type"], " -> ".join(modules))
+    else:
+        log.warning("exported %s: head '%s' has no plain sentence-transformers form; "
+                    "SentenceTransformer(%r, trust_remote_code=True) loads it (simtune installed)",
+                    out, head.config["type"], str(out))
+    return plain
+
+
+
+def _copy_tree(src: Path, dest: Path) -> None:
+    """Hard-link files when possible (same filesystem: no copy of the weights), else copy;
+    sentence-transformers' own files of `src` are left out."""
+    def link_or_copy(s: str, d: str) -> None:
+        try:
+            os.link(s, d)
+        except OSError:
+            shutil.copy2(s, d)
+
+    shutil.copytree(src, dest, copy_function=link_or_copy,
+                    ignore=shutil.ignore_patterns(*_ST_FILES))

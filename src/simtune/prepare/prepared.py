@@ -1,0 +1,79 @@
+"""The prepared data: the format the prepare stage writes and every later stage reads.
+
+Outputs (a directory, written atomically):
+
+- `texts.parquet`    — `text_id` (string), `text` (string): every distinct text once.
+- `examples.parquet` — groups: `split`, `text_id`, `label`;
+                       pairs:  `split`, `query_id`, `doc_id`, `score` (float32). A BEIR folder
+                       adds one `corpus` row (null query and score) per unjudged document.
+- `meta.json`        — `{"kind": "groups" | "pairs", "format_version": 1}`.
+- `labels.json`      — groups: examples of each label in each split (pairs: `{}`).
+
+`text_id` is the blake2b-128 hash of the normalised text, so equal texts share one id across splits
+and runs (the cache embeds each once) — or, with `prepare.file.columns.key`, the user's own id; for
+a BEIR folder `q:<_id>` / `d:<_id>`, with the original `_id` in the texts' `source_id` column.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from simtune.atomic import atomic_dir, read_meta, write_json
+
+FORMAT_VERSION = 1
+
+
+
+def normalize(text: str) -> str:
+    """Unicode NFC, whitespace runs collapsed to one space, stripped."""
+    return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+
+def text_id(text: str) -> str:
+    """Stable content id of an already normalised text: blake2b-128, hex."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+
+
+
+@dataclass
+class Prepared:
+    """The prepared data set: `kind`, the texts and examples tables, and the counts report."""
+
+    kind: str
+    texts: pa.Table
+    examples: pa.Table
+    report: dict[str, Any]
+
+
+
+def write(prepared: Prepared, out: Path, report_path: Path) -> None:
+    """Write the tables to `out` and the counts to `report_path`, each atomically."""
+    with atomic_dir(Path(out)) as tmp:
+        pq.write_table(prepared.texts, tmp / "texts.parquet")
+        pq.write_table(prepared.examples, tmp / "examples.parquet")
+        meta = {"kind": prepared.kind, "format_version": FORMAT_VERSION}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        # per-label counts are data, not metrics: in the report they would make `dvc exp show`
+        # one column per label and split
+        report = dict(prepared.report)
+        write_json(tmp / "labels.json", report.pop("per_label", {}))
+        write_json(report_path, report)
+
+
+
+def load(out: Path) -> Prepared:
+    """Read a prepared directory back (for the later stages); the report is not re-read."""
+    out = Path(out)
+    meta = read_meta(out, FORMAT_VERSION, "prepare", "prepared data")
+    texts = pq.read_table(out / "texts.parquet")
+    examples = pq.read_table(out / "examples.parquet")
+    return Prepared(meta["kind"], texts, examples, {})

@@ -1,0 +1,129 @@
+"""Training data without Lightning: the examples of each split as tensors (cache rows, labels,
+pair ids), the loss for the data kind, and retrieval metrics of a split for any embedding function.
+
+Head mode reads only the cache and the examples table, never raw texts or a tokenizer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from simtune import examples
+from simtune.cache.views import open_pair
+from simtune.errors import UserError
+from simtune.examples import Data
+from simtune.negatives import mined
+from simtune.params import Params, TrainParams
+from simtune.prepare.prepared import load as load_prepared
+from simtune.train import matryoshka
+
+GROUP_LOSSES, PAIR_LOSSES = {"supcon", "triplet", "contrastive", "arcface"}, {"mnrl", "contrastive"}
+
+
+def check_compatible(kind: str, t: TrainParams) -> None:
+    """The loss must fit the data kind; raised before any training starts."""
+    allowed = GROUP_LOSSES if kind == "groups" else PAIR_LOSSES
+    if t.loss.name not in allowed:
+        other = "pairs" if kind == "groups" else "groups"
+        raise UserError(f"train.loss.name: '{t.loss.name}' needs {other} data, the prepared "
+                        f"data is {kind} (use one of {', '.join(sorted(allowed))})")
+    if kind == "pairs" and t.m_per_label:
+        raise UserError("train.m_per_label: only for groups data; set it to 0")
+
+
+def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool = True,
+              negatives_dir: Path | None = None) -> Data:
+    """Examples of every split as index tensors into the resident cache (head mode), or with
+    their texts (full mode); given `negatives_dir` and `train.hard_negatives` > 0, the training
+    rows' mined negatives too (`mined.attach`)."""
+    prepared = load_prepared(prepared_dir)
+    if check_loss:
+        check_compatible(prepared.kind, p.train)
+        if p.train.hard_negatives:
+            mined.check(prepared.kind, p.train)
+            if negatives_dir is None:
+                raise UserError("train.hard_negatives: no mined negatives given (the train "
+                                "stage's --negatives directory)")
+    full = p.train.mode == "full"
+    enc = p.encoders
+    if full and enc.query != enc.document:
+        raise UserError("train.mode full: needs one shared encoder (encoders.query == "
+                        "encoders.document)")
+    q_table = d_table = None
+    tables: dict[str, Any] = {}
+    if not full:
+        # placed later, by each process on its own device (represent.Representation.place)
+        q_table, d_table = open_pair(cache_dir, enc, p.cache, placed=False)
+        tables = {"query": q_table, "doc": d_table}
+    if p.train.mode == "top_layers":
+        tables.update(_states_tables(p, cache_dir, q_table))
+    texts = dict(zip(prepared.texts.column("text_id").to_pylist(),
+                     prepared.texts.column("text").to_pylist(), strict=True)) if full else {}
+    hook = None
+    if negatives_dir is not None and p.train.hard_negatives and q_table is not None:
+        hook = _negatives_hook(negatives_dir, q_table, d_table, p.train.hard_negatives)
+    data = examples.load(prepared.kind, prepared.examples, q_table, d_table, texts, hook,
+                         dim=None if q_table is not None else _encoder_dim(p))
+    data.tables = tables
+    for name in ("train", "val"):
+        if len(data.splits[name]) == 0:
+            raise UserError(f"{prepared_dir}: the {name} split is empty")
+    return data
+
+
+def _states_tables(p: Params, cache_dir: Path, q_table: Any) -> dict[str, Any]:
+    """Top-layers mode: the layer cache of the query encoder, row for row the vector cache's
+    (both views hold the same ids, sorted), so the splits' cache rows index both."""
+    from simtune.cache.views import layer_for, open_states
+
+    layer = layer_for(p.encoders, p.train)
+    assert layer is not None
+    name = p.encoders.query
+    table = open_states(cache_dir, name, p.encoders.models[name], layer)
+    if not table.ids.equals(q_table.ids):
+        raise UserError(f"{table.directory}: the layer cache holds other texts than "
+                        f"{q_table.directory}; run the cache stage")
+    return {"states": table, "layer": layer}
+
+
+def _encoder_dim(p: Params) -> int:
+    import transformers
+
+    from simtune.encoders import model_dir
+
+    name = p.encoders.query
+    return int(transformers.AutoConfig.from_pretrained(
+        model_dir(name, p.encoders.models[name]), local_files_only=True).hidden_size)
+
+
+def check_trainable(data: Data, t: TrainParams, world: int) -> None:
+    """Refuse, before any training, a set-up that cannot train or can never see a positive."""
+    matryoshka.check_dims(t.loss.matryoshka_dims, data.dim)  # heads keep the input dim
+    n = len(data.splits["train"])
+    if n < world:  # a larger batch_size is reduced to the training set (sampling)
+        raise UserError(f"train: {n} training examples for {world} processes (each process "
+                        "needs at least one)")
+    if t.head.type == "identity" and t.loss.name != "arcface" and t.mode == "head":
+        # in top_layers and full modes the encoder's layers train: no head is a sound choice
+        raise UserError("train.head.type: 'identity' has nothing to train in head mode (it is "
+                        "the frozen baseline that evaluate compares against); use it with "
+                        "train.mode top_layers or full")
+    if data.kind == "groups" and t.loss.name != "arcface":
+        counts = torch.bincount(data.splits["train"].tensors["labels"])
+        if int(counts.max()) < 2:
+            raise UserError("train: every label has a single training example, so a batch can "
+                            "never hold a positive pair")
+
+
+def _negatives_hook(directory: Path, q_table: Any, d_table: Any, n: int) -> examples.PairHook:
+    """Attaches each training row's first `n` mined negatives (`mined.attach`) as it is built."""
+    negatives = mined.load(directory, q_table, d_table, n)
+
+    def hook(split: str, tensors: dict[str, torch.Tensor], queries: list[str],
+             intern: dict[str, int]) -> None:
+        if split == "train":
+            mined.attach(tensors, queries, negatives, n, intern, d_table, directory)
+    return hook

@@ -1,0 +1,105 @@
+"""The train stage's epoch loop around Lightning's: validation, early stopping, the kept
+weights, the training curves and the time split (imported by `simtune.train` only).
+
+Lightning runs no validation loop of its own: after each training epoch this callback checks
+the weights, validates (in eval mode, without gradients, in the precision plugin's validation
+context: as Lightning's loop would; the monitored metric every epoch, every metric when
+`validation.Schedule.full`) and stops training early; at the end it computes every metric of
+the kept epoch from its kept weights when that epoch computed only the monitored one.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from simtune.train.validation import Schedule, Validator
+
+
+class EpochLoop(pl.Callback):
+    """Validation on `schedule` with `validator`, early stopping on `monitor`, the kept
+    weights (head and representation state dicts, `state`), the per-epoch training seconds and
+    the validation seconds, and (on rank 0, when `live_dir` is given) the curves with dvclive:
+    one point per epoch at step = epoch number (1, 2, ...; the metrics other than the monitored
+    one at the epochs that compute them), so x only increases. `history`: epoch -> its
+    validation metrics ("val/<name>"; without MAP@R where only the top 10 was ranked); the
+    kept epoch's has every metric."""
+
+    def __init__(self, schedule: Schedule, validator: Validator, monitor: str,
+                 live_dir: Path | None) -> None:
+        self.schedule, self.validator, self.monitor = schedule, validator, monitor
+        self.history: dict[int, dict[str, float]] = {}
+        self.state: Any = None
+        self.train_seconds: list[float] = []
+        self.validation_seconds = 0.0
+        self.full_validations = 0  # validations that computed every metric
+        self._start = 0.0
+        self.live_dir, self.live = live_dir, None  # a dvclive.Live on rank 0 while training
+
+    @property
+    def best_epoch(self) -> int:
+        return self.schedule.best_epoch
+
+    def on_train_start(self, trainer: pl.Trainer, module: Any) -> None:
+        if self.live_dir is not None and trainer.is_global_zero:
+            from dvclive import Live
+
+            self.live = Live(str(self.live_dir), save_dvc_exp=False, dvcyaml=False)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, module: Any) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, module: Any) -> None:
+        self.train_seconds.append(time.perf_counter() - self._start)
+        start, epoch = time.perf_counter(), trainer.current_epoch + 1
+        # weights (and the vectors they give) are checked before they can be kept as the best
+        module._stop_if(not all(bool(torch.isfinite(w).all()) for w in module.parameters()),
+                        "the weights are no longer finite")
+        # MAP@R needs each query's top R: monitored, it is computed every epoch
+        full = self.schedule.full(epoch) or self.monitor == "map@r"
+        scores, finite = self._validate(trainer, module, full)
+        self.full_validations += full
+        module._stop_if(not finite, "the validation vectors are no longer finite")
+        self.history[epoch] = scores
+        better, stop = self.schedule.record(epoch, scores[f"val/{self.monitor}"])
+        if better:
+            self.state = {k: copy.deepcopy(m.state_dict()) for k, m in (
+                ("head", module.head), ("rep", module.rep))}
+        if trainer.strategy.reduce_boolean_decision(stop, all=False):
+            trainer.should_stop = True
+        self.validation_seconds += time.perf_counter() - start
+        if self.live is not None:
+            self.live.step = epoch
+            loss = trainer.callback_metrics.get("train/loss")
+            for name, value in sorted({**scores, **({"train/loss": loss} if loss is not None
+                                                    else {})}.items()):
+                self.live.log_metric(name, float(value))
+            self.live.sync()
+
+    def on_train_end(self, trainer: pl.Trainer, module: Any) -> None:
+        best = self.best_epoch
+        if best and "val/map@r" not in self.history[best]:
+            start = time.perf_counter()  # the kept epoch computed the top-10 metrics only
+            module.head.load_state_dict(self.state["head"])
+            module.rep.load_state_dict(self.state["rep"])
+            self.history[best], _ = self._validate(trainer, module, True)
+            self.full_validations += 1
+            self.validation_seconds += time.perf_counter() - start
+        if self.live is not None:
+            self.live.end()
+
+    def _validate(self, trainer: pl.Trainer, module: Any, full: bool
+                  ) -> tuple[dict[str, float], bool]:
+        training = module.training
+        module.eval()
+        try:
+            with torch.inference_mode(), trainer.precision_plugin.val_step_context():
+                scores, finite = self.validator(full)
+        finally:
+            module.train(training)
+        return {f"val/{k}": v for k, v in scores.items()}, finite

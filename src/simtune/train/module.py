@@ -1,0 +1,201 @@
+"""The LightningModule: the representation, the head and the loss; one training step (GradCache
+when chunked) and the validation metric each epoch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from simtune import heads
+from simtune.encoders import trim_padding
+from simtune.errors import UserError
+from simtune.examples import Data, Split
+from simtune.params import Params, TrainParams
+from simtune.train import represent
+from simtune.train.gradcache import cuda_devices
+from simtune.train.gradcache import step as gradcache_step
+from simtune.train.losses import build_loss
+from simtune.train.sampling import EpochBatches
+
+
+def _slice(batch: Any, s: int, e: int) -> Any:
+    """Rows s:e of a batch; token dicts are trimmed to the chunk's own longest text."""
+    if isinstance(batch, dict):
+        part = {k: _slice(v, s, e) for k, v in batch.items()}
+        return trim_padding(part) if "attention_mask" in part else part
+    return batch[s:e]
+
+
+
+class SimilarityModule(pl.LightningModule):
+    """A representation (`simtune.represent`: cached vectors, cached layer states + top
+    layers, or the live encoder), a head and a similarity loss over `Data`."""
+
+    def __init__(self, data: Data, p: Params) -> None:
+        super().__init__()
+        self.data, self.t, self.p = data, p.train, p
+        t = self.t
+        self.rep = represent.build(t.mode, p, data.tables)
+        self.head = heads.build(t.head.type, data.dim, t.head.expansion, t.head.dropout)
+        self.loss_fn = build_loss(data.kind, t, data.num_classes, data.dim)
+        self.automatic_optimization = t.gradcache.chunk_size == 0
+        self._step = 0  # 1-based step within the current epoch, for the divergence message
+
+    def setup(self, stage: str) -> None:
+        # each process (DDP rank) puts the cached tables on its own device, once
+        cp = self.p.cache
+        self.rep.place(self.device, lambda name: cp.mapping.get(name, cp.cache_type))
+
+    # --- representations -------------------------------------------------------------------
+
+    def encode_role(self, part: dict[str, Any], role: str) -> torch.Tensor:
+        """Training batch part -> (c, D) head outputs for `role`: text | query | doc | neg
+        (neg: (c * n, D), each row's n mined negatives)."""
+        return self.head(self.rep(self.data.splits["train"], part, role))
+
+    def roles(self) -> list[str]:
+        """What a training row is made of: text; or query, doc (and its mined negatives)."""
+        if self.data.kind == "groups":
+            return ["text"]
+        return ["query", "doc"] + (["neg"] if "neg_ids" in self.data.splits["train"].tensors
+                                   else [])
+
+    def encode(self, part: dict[str, Any]) -> torch.Tensor:
+        """Training batch part -> representations: groups (c, D); pairs (c, 2 [+ n], D)."""
+        if self.data.kind == "groups":
+            return self.encode_role(part, "text")
+        return self.rows_of([self.encode_role(part, role) for role in self.roles()])
+
+    @staticmethod
+    def rows_of(parts: list[torch.Tensor]) -> torch.Tensor:
+        """Per role (c, D) or, negatives, (c * n, D) -> (c, 2 [+ n], D)."""
+        c = parts[0].shape[0]
+        return torch.cat([x.reshape(c, -1, x.shape[-1]) for x in parts], 1)
+
+    def loss_of(self, reps: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        tr, dev = self.data.splits["train"].tensors, self.device
+        if self.data.kind == "groups":
+            return self.loss_fn(reps, tr["labels"][idx].to(dev))
+        negs = (reps[:, 2:], tr["neg_ids"][idx].to(dev)) if "neg_ids" in tr else ()
+        return self.loss_fn(reps[:, 0], reps[:, 1], tr["q_ids"][idx].to(dev),
+                            tr["d_ids"][idx].to(dev), tr["scores"][idx].to(dev), *negs)
+
+    # --- training ------------------------------------------------------------------------------
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor | None:
+        idx = batch["idx"]
+        self._step = batch_idx + 1
+        if self.automatic_optimization:
+            loss = self.loss_of(self.encode(batch), idx)
+        else:
+            loss = self._gradcache_step(batch, idx)
+        finite = bool(torch.isfinite(loss.detach()))  # before backward: no step on a NaN loss
+        self._stop_if(not finite, f"the loss is {float(loss.detach())}" if not finite else
+                      "the loss is not finite in another process")
+        self.log("train/loss", loss, on_step=False, on_epoch=True, prog_bar=True,
+                 batch_size=len(idx), sync_dist=True)
+        return loss if self.automatic_optimization else None
+
+    def _gradcache_step(self, batch: dict[str, Any], idx: torch.Tensor) -> torch.Tensor:
+        """GradCache over chunks of `gradcache.chunk_size` texts; for pairs the query chunks, the
+        document chunks and the negatives' chunks are separate (one role's activations in memory
+        at a time; a negatives chunk holds the negatives of chunk_size / n rows)."""
+        opt = self.optimizers()
+        opt.zero_grad()  # type: ignore[union-attr]
+        c, n, roles = self.t.gradcache.chunk_size, len(idx), self.roles()
+        step = {r: max(1, c // self.t.hard_negatives) if r == "neg" else c for r in roles}
+        chunks = [(r, _slice(batch, s, s + step[r])) for r in roles for s in range(0, n, step[r])]
+
+        def loss_fn(reps: torch.Tensor) -> torch.Tensor:
+            if self.data.kind == "pairs":  # rows: all queries, all documents, all negatives
+                reps = self.rows_of([reps[:n], reps[n : 2 * n], reps[2 * n :]][: len(roles)])
+            return self.loss_of(reps, idx)
+
+        loss = gradcache_step(lambda chunk: self.encode_role(chunk[1], chunk[0]), chunks,
+                              loss_fn, backward=self.manual_backward,
+                              devices=cuda_devices(self))
+        self._all_reduce_grads()
+        opt.step()  # type: ignore[union-attr]
+        return loss
+
+    # --- divergence ----------------------------------------------------------------------------
+
+    def _stop_if(self, bad: bool, what: str) -> None:
+        """Stop the run with one line when any process saw a non-finite value (all processes
+        decide together, so none waits forever in a collective)."""
+        if self.trainer.strategy.reduce_boolean_decision(bad, all=False):
+            raise UserError(diverged(self.t, self.current_epoch + 1, self._step, what))
+
+    def on_train_start(self) -> None:
+        if not self.automatic_optimization and self.trainer.world_size > 1:
+            # GradCache reduces gradients itself, once per step (after the last chunk)
+            self.trainer.model.require_backward_grad_sync = False  # type: ignore[union-attr]
+
+    def _all_reduce_grads(self) -> None:
+        world = self.trainer.world_size
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if world == 1 or not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        torch.distributed.all_reduce(flat)
+        flat /= world
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        groups = [{"params": [*self.head.parameters(), *self.loss_fn.parameters()],
+                   "lr": self.t.lr}]
+        trainable = list(self.rep.parameters())  # top layers or the encoder; none in head mode
+        if trainable:
+            groups.append({"params": trainable, "lr": self.t.encoder.lr})
+        return torch.optim.AdamW(groups, weight_decay=self.t.weight_decay)
+
+    # --- data ----------------------------------------------------------------------------------
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        tr = self.data.splits["train"]
+        key = "train.batch_size" if self.t.mode == "head" else "train.encoder.batch_size"
+        sampler = EpochBatches(len(tr), self.t.batch_size, self.t.seed,
+                               self.trainer.world_size, self.global_rank,
+                               tr.tensors.get("labels"), self.t.m_per_label, key)
+        return torch.utils.data.DataLoader(
+            range(len(tr)), batch_sampler=sampler, collate_fn=_Collate(self.rep, tr),
+            num_workers=self.t.num_workers if self.rep.tokenizes else 0,
+            pin_memory=self.rep.tokenizes and torch.cuda.is_available())
+
+    def transfer_batch_to_device(self, batch: dict[str, Any], device: torch.device,
+                                 dataloader_idx: int) -> dict[str, Any]:
+        """Tokens go to the device; the row indices stay on the CPU: they index the split's
+        CPU tensors (labels, ids, cached rows), which CUDA indices cannot."""
+        rest = super().transfer_batch_to_device(
+            {k: v for k, v in batch.items() if k != "idx"}, device, dataloader_idx)
+        return {**rest, "idx": batch["idx"]}
+
+
+
+class _Collate:
+    """Example indices -> batch ({idx}, plus tokenised texts in full mode): runs in DataLoader
+    workers, off the training thread. A class, so workers can pickle it."""
+
+    def __init__(self, rep: represent.Representation, split: Split) -> None:
+        self.rep, self.split = rep, split
+
+    def __call__(self, idx: list[int]) -> dict[str, Any]:
+        return self.rep.collate(self.split, idx)
+
+
+
+def diverged(t: TrainParams, epoch: int, step: int, what: str) -> str:
+    """The one line for a run that diverged: where, what, and the likely cause (`t`: the
+    effective params, see `params.effective`)."""
+    if t.mode == "head":
+        key, rate = "train.lr", f"the learning rate {t.lr:g}"
+    else:
+        key = "train.encoder.lr"
+        rate = f"the learning rate {t.encoder.lr:g} (head {t.lr:g})"
+    return (f"{key}: training diverged at epoch {epoch}, step {step}: {what}; {rate} is "
+            "likely too high; nothing saved")

@@ -1,0 +1,257 @@
+"""What turns a batch of example indices into vectors: one small interface, three ways.
+
+| class            | mode         | what it reads                        | what trains            |
+|------------------|--------------|--------------------------------------|------------------------|
+| `CachedVectors`  | `head`       | pooled vectors of the frozen encoder | nothing (the head)     |
+| `CachedStates`   | `top_layers` | token states after layer k = L - K   | the top K layers       |
+| `LiveEncoder`    | `full`       | tokenised texts                      | the whole encoder      |
+
+All give (n, D) pooled (and, per the encoder's settings, normalised) vectors *before* the head,
+for a training batch part (`forward`) or a whole split (`embed_split`); `collate` prepares a batch
+in DataLoader workers (tokenising in full mode); `place` puts cached tables on the device once
+(Lightning's `setup()`, so each DDP rank uses its own device); `save` writes the fine-tuned
+encoder (top layers merged into an ordinary transformers model). Lightning-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from simtune.cache import vectors
+from simtune.encoders import model_dir, pool, trim_padding
+from simtune.params import EncoderParams, Params
+
+ROWS = {"text": "rows", "query": "q_rows", "doc": "d_rows", "neg": "neg_rows"}
+TEXTS = {"text": "texts", "query": "q_texts", "doc": "d_texts"}
+TOKENS = {"text": "tokens", "query": "q_tokens", "doc": "d_tokens"}
+CHUNK = 1024
+# padded tokens one more forward is worth (small GEMMs run slower on CPU; launches on GPU)
+GROUP_OVERHEAD = {"cpu": 64, "other": 8192}  # TREC top-2 step, 64 rows: 2.79 s one group,
+# 1.61 s at 256, 1.24 s at 64 (fwd+bwd, 2 CPU cores at load 7; bench/layers.py measures epochs)
+TOKENS_PER_CHUNK = 4096  # top_layers embed_split: padded tokens per forward (bounds memory;
+# TREC val+train at load 6: 32768 -> 4096 tokens took 23.0 -> 14.0 s, sorting alone 37 -> 23 s)
+
+
+class Representation(torch.nn.Module):
+    """Base: example indices of a split -> (n, D) vectors before the head."""
+
+    tokenizes = False  # whether `collate` does real work (worth DataLoader workers)
+
+    def collate(self, split: Any, idx: list[int]) -> dict[str, Any]:
+        return {"idx": torch.tensor(idx, dtype=torch.long)}
+
+    def forward(self, split: Any, part: dict[str, Any], role: str) -> torch.Tensor:
+        raise NotImplementedError
+
+    def embed_split(self, split: Any, role: str) -> torch.Tensor:
+        """(n, D) vectors of every example of `split` for `role`, in chunks."""
+        n = len(split)
+        parts = [self.forward(split, self.collate(split, list(range(i, min(i + CHUNK, n)))),
+                              role) for i in range(0, n, CHUNK)]
+        return torch.cat(parts) if parts else torch.empty(0, self.dim)
+
+    def place(self, device: torch.device, cache_type: Callable[[str], str]) -> None:
+        """Put cached tables where training reads them (called once per process);
+        `cache_type(encoder)` is `cache.cache_type` or the encoder's `cache.mapping` entry."""
+
+    def save(self, directory: Path) -> None:
+        """Write the fine-tuned encoder (nothing in head mode)."""
+
+    @property
+    def device(self) -> torch.device:
+        for p in self.parameters():
+            return p.device
+        return self._device
+
+    _device = torch.device("cpu")
+
+
+class CachedVectors(Representation):
+    """Head mode: rows of the resident vector cache tables (query/text and document)."""
+
+    def __init__(self, q_table: vectors.CacheTable, d_table: vectors.CacheTable) -> None:
+        super().__init__()
+        self.q_table, self.d_table, self.dim = q_table, d_table, q_table.dim
+
+    def forward(self, split: Any, part: dict[str, Any], role: str) -> torch.Tensor:
+        table = self.d_table if role in ("doc", "neg") else self.q_table
+        # "neg": each row's mined negatives (c, n) flattened, row-major; -1 (none) reads row 0,
+        # which the loss masks
+        rows = split.tensors[ROWS[role]][part["idx"]].reshape(-1).clamp_min(0)
+        rows = rows.to(table.vectors.device)
+        return table.vectors[rows].to(self._device, non_blocking=True).float()
+
+    def place(self, device: torch.device, cache_type: Callable[[str], str]) -> None:
+        self._device = device
+        same = self.d_table is self.q_table
+        self.q_table = vectors.place(self.q_table, cache_type(self.q_table.manifest.encoder))
+        self.d_table = self.q_table if same else vectors.place(
+            self.d_table, cache_type(self.d_table.manifest.encoder))
+
+
+class _PassThrough(torch.nn.Module):
+    """Stands in for the embedding layer: the cached states are the input."""
+
+    def forward(self, inputs_embeds: torch.Tensor, **_: Any) -> torch.Tensor:
+        return inputs_embeds
+
+
+def length_groups(lengths: torch.Tensor, overhead: int) -> list[torch.Tensor]:
+    """Partition of a batch's rows (by their (n,) token `lengths`) into groups that minimise the
+    padded tokens computed, sum over groups of (longest x rows), plus `overhead` tokens per
+    group (the cost of one more, smaller forward). Exact dynamic programme over the rows sorted
+    by length (an optimal group is a run of them). Returns index tensors into the batch."""
+    n = len(lengths)
+    order = torch.argsort(lengths, descending=True, stable=True)
+    if n <= 1:
+        return [order]
+    sl = lengths[order].to(torch.float64).numpy()
+    best = np.zeros(n + 1)  # best[i]: cost of the i longest rows
+    cut = np.zeros(n + 1, dtype=np.int64)
+    j = np.arange(n)
+    for i in range(1, n + 1):  # last group = sorted rows j..i-1, padded to sl[j]
+        cost = best[:i] + sl[:i] * (i - j[:i]) + overhead
+        cut[i] = int(np.argmin(cost))
+        best[i] = cost[cut[i]]
+    bounds, i = [], n
+    while i > 0:
+        bounds.append((int(cut[i]), i))
+        i = int(cut[i])
+    return [order[a:b] for a, b in reversed(bounds)]
+
+
+def top_model(path: Path, layer: int) -> Any:
+    """The encoder at `path` minus its embeddings and first `layer` layers: it maps the token
+    states after layer `layer` (as `inputs_embeds`) to the last hidden states. BERT-family
+    encoders (an `embeddings` module and `encoder.layer` list)."""
+    import transformers
+
+    from simtune.errors import UserError
+
+    model = transformers.AutoModel.from_pretrained(path, local_files_only=True)
+    layers = getattr(getattr(model, "encoder", None), "layer", None)
+    if not hasattr(model, "embeddings") or not isinstance(layers, torch.nn.ModuleList):
+        raise UserError(f"train.mode top_layers: {path}: a {type(model).__name__} has no "
+                        "`encoder.layer` list (BERT-family encoders only); use head or full")
+    model.encoder.layer = torch.nn.ModuleList(list(layers)[layer:])
+    model.embeddings = _PassThrough()
+    if hasattr(model, "pooler"):
+        model.pooler = None  # unused (we pool ourselves): no parameter without a gradient
+    return model
+
+
+class CachedStates(Representation):
+    """Top-layers mode: cached token states after layer k through the trainable top layers."""
+
+    def __init__(self, table: Any, path: Path, layer: int, spec: EncoderParams) -> None:
+        super().__init__()
+        self.table, self.path, self.layer, self.spec = table, path, layer, spec
+        self.top = top_model(path, layer).train()  # from_pretrained leaves eval mode: dropout on
+        self.dim = int(self.top.config.hidden_size)
+
+    def forward(self, split: Any, part: dict[str, Any], role: str) -> torch.Tensor:
+        """(n, D): each text's vector depends only on its own tokens, so the batch runs as
+        groups of similar length (`length_groups`), each padded to its own longest."""
+        rows = split.tensors[ROWS[role]][part["idx"]]
+        groups = length_groups(self.table.lengths(rows.to(self.table.offsets.device)).cpu(),
+                               GROUP_OVERHEAD.get(self.device.type, GROUP_OVERHEAD["other"]))
+        if len(groups) == 1:
+            return self._run(rows)
+        outs = [self._run(rows[g]) for g in groups]
+        vectors = torch.empty(len(rows), outs[0].shape[1], dtype=outs[0].dtype,
+                              device=outs[0].device)
+        vectors[torch.cat(groups).to(vectors.device)] = torch.cat(outs)
+        return vectors
+
+    def _run(self, rows: torch.Tensor) -> torch.Tensor:
+        states, mask = self.table.batch(rows, self.device)
+        hidden = self.top(inputs_embeds=states, attention_mask=mask).last_hidden_state
+        vec = pool(hidden, mask, self.spec.pooling).float()
+        return torch.nn.functional.normalize(vec, dim=-1) if self.spec.normalize else vec
+
+    def embed_split(self, split: Any, role: str) -> torch.Tensor:
+        """(n, D) vectors of every example of `split`, in its order. Rows run length-sorted in
+        chunks of about TOKENS_PER_CHUNK padded tokens: padding to a random chunk's longest text
+        costs ~2x the compute on short texts, and a fixed row count would bound nothing."""
+        n = len(split)
+        if n == 0:
+            return torch.empty(0, self.dim)
+        lengths = self.table.lengths(split.tensors[ROWS[role]].to(self.table.offsets.device))
+        order = torch.argsort(lengths.cpu(), descending=True, stable=True)
+        out, s = [], 0
+        while s < n:  # sorted descending: the chunk's first row is its longest
+            e = min(n, s + max(1, TOKENS_PER_CHUNK // max(1, int(lengths[order[s]]))))
+            out.append(self.forward(split, {"idx": order[s:e]}, role))
+            s = e
+        vectors = torch.empty(n, out[0].shape[1], dtype=out[0].dtype, device=out[0].device)
+        vectors[order.to(vectors.device)] = torch.cat(out)
+        return vectors
+
+    def place(self, device: torch.device, cache_type: Callable[[str], str]) -> None:
+        kind = cache_type(self.table.manifest.encoder.split("@")[0])
+        if kind == "gpu" or (kind == "auto" and device.type == "cuda"):
+            self.table = self.table.to(device)
+
+    def save(self, directory: Path) -> None:
+        """The frozen bottom + the trained top layers as one ordinary transformers model."""
+        import transformers
+
+        full = transformers.AutoModel.from_pretrained(self.path, local_files_only=True)
+        for i, trained in enumerate(self.top.encoder.layer):
+            full.encoder.layer[self.layer + i].load_state_dict(trained.state_dict())
+        full.save_pretrained(directory)
+        transformers.AutoTokenizer.from_pretrained(self.path, local_files_only=True
+                                                   ).save_pretrained(directory)
+
+
+class LiveEncoder(Representation):
+    """Full mode: the whole encoder in the loop; batches are tokenised in DataLoader workers."""
+
+    tokenizes = True
+
+    def __init__(self, path: Path, spec: EncoderParams) -> None:
+        super().__init__()
+        import transformers
+
+        self.spec = spec
+        self.encoder = transformers.AutoModel.from_pretrained(path, local_files_only=True).train()
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.dim = int(self.encoder.config.hidden_size)
+
+    def collate(self, split: Any, idx: list[int]) -> dict[str, Any]:
+        out = super().collate(split, idx)
+        for role, name in TEXTS.items():
+            if name in split.texts:
+                texts = [split.texts[name][i] for i in idx]
+                out[TOKENS[role]] = dict(self.tokenizer(
+                    texts, padding=True, truncation=True, max_length=self.spec.max_length,
+                    return_tensors="pt"))
+        return out
+
+    def forward(self, split: Any, part: dict[str, Any], role: str) -> torch.Tensor:
+        tokens = trim_padding(part[TOKENS[role]])
+        tokens = {k: v.to(self.device, non_blocking=True) for k, v in tokens.items()}
+        hidden = self.encoder(**tokens).last_hidden_state
+        vec = pool(hidden, tokens["attention_mask"], self.spec.pooling).float()
+        return torch.nn.functional.normalize(vec, dim=-1) if self.spec.normalize else vec
+
+    def save(self, directory: Path) -> None:
+        self.encoder.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+
+
+def build(mode: str, p: Params, tables: dict[str, Any]) -> Representation:
+    """The representation of `mode` over the loaded cache `tables` (`query`, `doc`, `states`)."""
+    name = p.encoders.query
+    spec = p.encoders.models[name]
+    if mode == "head":
+        return CachedVectors(tables["query"], tables["doc"])
+    path = model_dir(name, spec)
+    if mode == "top_layers":
+        return CachedStates(tables["states"], path, tables["layer"], spec)
+    return LiveEncoder(path, spec)

@@ -1,0 +1,140 @@
+"""The `train` stage, wired with PyTorch Lightning (imported here only, lazily by the stage).
+
+A batch is a tensor of example indices; a `simtune.represent.Representation` turns them into
+vectors (head mode: rows of the resident cache table; top_layers: cached layer states through the
+trainable top layers; full: the DataLoader tokenises in workers and the whole encoder learns),
+then the head. GradCache switches to manual optimisation.
+A non-finite loss, weights or validation vectors stop the run with one line (`UserError`,
+raised through Lightning, which re-raises it) before anything is saved.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from simtune import heads
+from simtune import params as P
+from simtune.atomic import atomic_dir, write_json
+from simtune.errors import UserError
+from simtune.params import Params, TrainParams
+from simtune.retrieval.task import retrieval_task
+from simtune.train.data import check_trainable, load_data
+from simtune.train.epochs import EpochLoop
+from simtune.train.module import SimilarityModule, diverged
+from simtune.train.validation import Schedule, Validator, frozen
+
+log = logging.getLogger("simtune.train")
+
+
+def _accelerator(t: TrainParams) -> str:
+    gpu = t.accelerator == "gpu" or (t.accelerator == "auto" and torch.cuda.is_available())
+    if gpu and not torch.cuda.is_available():
+        raise UserError("train.accelerator: 'gpu' requested but CUDA is not available")
+    if not gpu and t.precision == "16-mixed":
+        raise UserError("train.precision: '16-mixed' needs a GPU (on CPU Lightning would switch "
+                        "to bf16, ~7x slower here); use 32-true")
+    available = torch.cuda.device_count() if gpu else (os.cpu_count() or 1)
+    if t.devices > available:
+        raise UserError(f"train.devices: {t.devices} requested, {available} "
+                        f"{'GPUs' if gpu else 'CPU cores'} available")
+    if not gpu and t.precision == "bf16-mixed":
+        log.warning("bf16-mixed on CPU is much slower than 32-true here")
+    return "gpu" if gpu else "cpu"
+
+
+def _quiet_lightning() -> None:
+    """Lightning's tips and deprecation notes are not the user's business."""
+    import warnings
+
+    logging.getLogger("pytorch_lightning.utilities.rank_zero").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+
+
+def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
+        live_dir: Path, negatives_dir: Path | None = None) -> dict[str, Any]:
+    """Train, early-stop on the validation metric, save the best head (and report) atomically;
+    `negatives_dir`: the negatives stage's output (read when `train.hard_negatives` > 0)."""
+    _quiet_lightning()
+    t = P.effective(p.train)
+    p = p.model_copy(update={"train": t})
+    accelerator = _accelerator(t)
+    pl.seed_everything(t.seed, workers=True, verbose=False)
+    data = load_data(p, prepared_dir, cache_dir, negatives_dir=negatives_dir)
+    check_trainable(data, t, t.devices * t.num_nodes)
+    module = SimilarityModule(data, p)
+    # the same task as the test evaluation: against the train texts, or leave-one-out
+    task = retrieval_task(data, "val", "train" if p.evaluate.corpus == "train" else None)
+    validator = Validator(data, task, module.rep.embed_split, module.head, frozen(module.rep))
+    loop = EpochLoop(Schedule(t.val_every, t.patience, t.max_epochs), validator, t.monitor,
+                     live_dir)
+    trainer = pl.Trainer(
+        accelerator=accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
+        precision=t.precision, max_epochs=t.max_epochs, num_sanity_val_steps=0,
+        callbacks=[loop], logger=False, enable_checkpointing=False, enable_model_summary=False,
+        use_distributed_sampler=False, deterministic="warn" if accelerator == "gpu" else True)
+    start = time.perf_counter()
+    try:
+        trainer.fit(module)
+    except RuntimeError as e:  # torch refuses an optimizer scalar beyond float32 (lr: 1e40)
+        if "without overflow" not in str(e):
+            raise
+        raise UserError(diverged(t, trainer.current_epoch + 1, module._step,
+                                 "the update overflows float32")) from None
+    if trainer.global_rank != 0:
+        return {}
+    result = report_of(loop, time.perf_counter() - start, len(data.splits["train"]))
+    save(module, loop, p, out)
+    write_json(report, result)
+    sec = result["seconds"]
+    log.info("trained %d epochs (best %d: val %s = %.4f), %.2f s/epoch training + %.2f "
+             "s/epoch validation (%d of every metric)", result["epochs"], loop.best_epoch,
+             t.monitor, loop.schedule.best_value, sec["per_epoch_train"],
+             sec["per_epoch_validation"], result["full_validations"])
+    return result
+
+
+def report_of(loop: EpochLoop, total: float, n_train: int) -> dict[str, Any]:
+    """`reports/train.json`: epochs, the kept epoch and its validation metrics, the
+    validations that computed every metric, and seconds: `total` (trainer.fit), `train` (the
+    training epochs), `validation` (every epoch's and the kept epoch's at the end),
+    `per_epoch_*` (each / epochs); train + validation <= total (the rest: set-up, curves,
+    Lightning between epochs)."""
+    epochs = len(loop.train_seconds)
+    train_s, val_s = sum(loop.train_seconds), loop.validation_seconds
+    return {
+        "epochs": epochs, "best_epoch": loop.best_epoch,
+        "best_val": loop.history[loop.best_epoch], "full_validations": loop.full_validations,
+        "seconds": {"total": total, "train": train_s, "validation": val_s,
+                    "per_epoch_train": train_s / max(epochs, 1),
+                    "per_epoch_validation": val_s / max(epochs, 1)},
+        "samples_per_s": epochs * n_train / max(train_s, 1e-9),
+    }
+
+
+def save(module: SimilarityModule, loop: EpochLoop, p: Params, out: Path) -> None:
+    """The best head (safetensors + config.json) and, in full mode, the fine-tuned encoder."""
+    best = loop.state
+    assert best is not None
+    module.head.load_state_dict(best["head"])
+    with atomic_dir(out) as tmp:
+        heads.save(module.head, tmp)
+        if p.train.mode != "head":  # the fine-tuned encoder, an ordinary transformers model
+            module.rep.load_state_dict(best["rep"])
+            module.rep.save(tmp / "encoder")
+        enc, loss = p.encoders, p.train.loss
+        # trained on angles (cosine, or arcface, which is cosine whatever the distance): the
+        # servable model normalises its output (unit vectors, the same cosine ranking)
+        angular = loss.distance == "cosine" or loss.name == "arcface"
+        meta = {"mode": p.train.mode, "kind": module.data.kind, "query_encoder": enc.query,
+                "document_encoder": enc.document,
+                "encoder": enc.models[enc.query].model_dump(), "normalize_output": angular,
+                "matryoshka_dims": loss.matryoshka_dims}  # evaluate scores each prefix too
+        write_json(tmp / "training.json", meta)

@@ -1,0 +1,83 @@
+"""The layer cache: each text's token states after layer k, exact, incremental, shared, bounded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from simtune.cache import stage as cache
+from simtune.cache import states
+from simtune.errors import UserError
+from simtune.prepare.prepared import text_id
+from tests.cache_helpers import count_forward, make_prepared, params, sentences
+
+
+def _direct(model_dir: Path, texts: list[str], layer: int) -> list[torch.Tensor]:
+    """Independent reference: one text at a time (no padding), plain transformers."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.AutoModel.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        return [model(**tok(t, return_tensors="pt", truncation=True, max_length=32),
+                      output_hidden_states=True).hidden_states[layer][0] for t in texts]
+
+
+def _fill(prepared: Path, out: Path, p, layer: int) -> list[cache.FillResult]:
+    return cache.fill(prepared, out, p.encoders, p.cache, layer=layer)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-5), ("float16", 3e-3)])
+def test_states_equal_a_direct_computation(tmp_path: Path, tiny_bert: Path, dtype: str,
+                                           tol: float) -> None:
+    texts = sentences(25)
+    prepared = make_prepared(tmp_path, texts)
+    results = _fill(prepared, tmp_path / "cache", params(tiny_bert, {"dtype": dtype},
+                                                         shard_rows=10), layer=1)
+    assert [(r.encoder, r.embedded) for r in results] == [("tiny", 25), ("tiny", 25)]
+    table = states.load(tmp_path / "cache" / "tiny@layer1", checksums=True)
+    want = _direct(tiny_bert, texts, 1)
+    rows = table.index([text_id(t) for t in texts])
+    assert table.lengths(rows).tolist() == [len(w) for w in want]
+    padded, mask = table.batch(rows)
+    assert padded.shape == (25, max(len(w) for w in want), 32)
+    for i, w in enumerate(want):
+        n = len(w)
+        assert torch.allclose(padded[i, :n], w, atol=tol * max(1.0, float(w.abs().max())))
+        assert mask[i].tolist() == [1] * n + [0] * (padded.shape[1] - n)
+        assert bool((padded[i, n:] == 0).all())
+
+
+def test_layer_states_refill_nothing_and_are_keyed_by_layer(tmp_path: Path,
+                                                            tiny_bert: Path) -> None:
+    prepared = make_prepared(tmp_path, sentences(20))
+    p = params(tiny_bert)
+    _fill(prepared, tmp_path / "cache", p, layer=1)
+    with count_forward() as counts:
+        again = _fill(prepared, tmp_path / "cache", p, layer=1)
+    assert [r.embedded for r in again] == [0, 0] and counts["calls"] == 0
+    other = _fill(prepared, tmp_path / "cache", p, layer=0)  # another layer: its own entry
+    assert [r.embedded for r in other] == [0, 20]
+    first = states.load(tmp_path / "cache" / "tiny@layer0")
+    assert torch.allclose(first.batch(torch.tensor([0]))[0][0],
+                          _direct(tiny_bert, [_text_of(tmp_path, first, 0)], 0)[0], atol=1e-5)
+
+
+def _text_of(tmp_path: Path, table: states.StatesTable, row: int) -> str:
+    from simtune.prepare.prepared import load
+
+    prepared = load(tmp_path / "prepared")
+    texts = dict(zip(prepared.texts.column("text_id").to_pylist(),
+                     prepared.texts.column("text").to_pylist(), strict=True))
+    return texts[table.ids[row].as_py()]
+
+
+def test_a_layer_cache_over_the_limit_is_refused_before_embedding(tmp_path: Path,
+                                                                  tiny_bert: Path) -> None:
+    prepared = make_prepared(tmp_path, sentences(20))
+    with count_forward() as counts, pytest.raises(
+            UserError, match=r"cache.max_layer_gb: the layer cache of 'tiny' would take ~0.0 GB"):
+        _fill(prepared, tmp_path / "cache", params(tiny_bert, max_layer_gb=1e-9), layer=1)
+    assert counts["calls"] == 20 // 8 + 1  # only the vector cache was filled

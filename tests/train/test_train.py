@@ -1,0 +1,437 @@
+"""The train stage: batches, curves, early stopping, reload, determinism, GradCache, DDP, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from itertools import chain, groupby
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from simtune import heads
+from simtune import params as P
+from simtune.retrieval.task import split_metrics
+from simtune.train.data import load_data
+from simtune.train.sampling import EpochBatches
+from stages import app
+from tests.conftest import ROOT
+from tests.train_helpers import project, stage_args
+
+
+def _train(root: Path, params_file: Path, tag: str = "") -> dict[str, Any]:
+    result = CliRunner().invoke(app, stage_args(root, params_file, tag))
+    assert result.exit_code == 0, result.output
+    return json.loads((root / f"train{tag}.json").read_text())
+
+
+def _weights(root: Path, tag: str = "") -> dict[str, torch.Tensor]:
+    return load_file(str(root / f"head{tag}" / "model.safetensors"))
+
+
+def _edit(params_file: Path, **train: Any) -> None:
+    raw = yaml.safe_load(params_file.read_text())
+    for key, value in train.items():
+        section = raw["train"]
+        *path, last = key.split("__")
+        for part in path:
+            section = section[part]
+        section[last] = value
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+
+@pytest.fixture
+def small(tmp_path: Path, tiny_bert: Path) -> tuple[Path, Path]:
+    _, params_file = project(tmp_path, tiny_bert)
+    return tmp_path, params_file
+
+
+def test_train_saves_a_head_that_reloads_to_the_reported_metric(small: tuple[Path, Path]
+                                                                ) -> None:
+    root, params_file = small
+    report = _train(root, params_file)
+    assert 1 <= report["best_epoch"] <= report["epochs"] <= 3
+    sec = report["seconds"]  # the time split adds up
+    assert sec["train"] > 0 and sec["validation"] > 0
+    assert sec["train"] + sec["validation"] <= sec["total"]
+    assert sec["per_epoch_train"] * report["epochs"] == pytest.approx(sec["train"])
+    assert sec["per_epoch_validation"] * report["epochs"] == pytest.approx(sec["validation"])
+    assert report["samples_per_s"] == pytest.approx(40 * report["epochs"] / sec["train"])
+    # val_every 5 > max_epochs 3: every metric at epoch 3 (the last), and at the kept epoch
+    # when it is another one (the monitored metric only was computed there)
+    assert report["full_validations"] == 1 + (report["best_epoch"] != 3)
+    assert set(report["best_val"]) == {f"val/{m}" for m in (
+        "p@1", "recall@1", "recall@5", "recall@10", "mrr@10", "ndcg@10", "map@r")}
+    head = heads.load(root / "head")
+    p = P.load(params_file)
+    data = load_data(p, root / "prepared", root / "cache")
+    with torch.inference_mode():
+        got, _ = split_metrics(data, "val", lambda sp, role: head(
+            data.q_vectors[sp.tensors["rows"]].float()), corpus="train")
+    assert got["mrr@10"] == pytest.approx(report["best_val"]["val/mrr@10"], abs=1e-6)
+    assert (root / "live" / "plots" / "metrics").is_dir()
+
+
+def test_same_params_and_seed_give_identical_weights(small: tuple[Path, Path]) -> None:
+    root, params_file = small
+    a = _train(root, params_file, "a")
+    b = _train(root, params_file, "b")
+    wa, wb = _weights(root, "a"), _weights(root, "b")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert a["best_val"] == b["best_val"]
+    _edit(params_file, seed=99)
+    _train(root, params_file, "c")
+    wc = _weights(root, "c")
+    assert not all(torch.equal(wa[k], wc[k]) for k in wa)
+
+
+def test_early_stopping_stops(small: tuple[Path, Path]) -> None:
+    root, params_file = small
+    _edit(params_file, lr=1e-12, max_epochs=20, patience=2, val_every=1)  # nothing can improve
+    report = _train(root, params_file)
+    assert report["epochs"] == 3 and report["best_epoch"] == 1
+    assert report["full_validations"] == 3
+
+
+def test_early_stopping_counts_epochs_whatever_val_every(small: tuple[Path, Path]) -> None:
+    """val_every 3: the monitored metric is still checked every epoch, so patience 2 stops at
+    epoch 3 again; every metric at epoch 3 and, at the end, at the kept epoch 1."""
+    root, params_file = small
+    _edit(params_file, lr=1e-12, max_epochs=20, patience=2, val_every=3)
+    report = _train(root, params_file)
+    assert report["epochs"] == 3 and report["best_epoch"] == 1
+    assert report["full_validations"] == 2 and "val/map@r" in report["best_val"]
+
+
+def test_gradcache_training_equals_plain_training(small: tuple[Path, Path]) -> None:
+    root, params_file = small
+    _edit(params_file, max_epochs=2, patience=5)
+    _train(root, params_file, "plain")
+    _edit(params_file, gradcache__chunk_size=3)
+    _train(root, params_file, "gc")
+    plain, gc = _weights(root, "plain"), _weights(root, "gc")
+    for k in plain:
+        assert torch.allclose(plain[k], gc[k], atol=1e-5), k
+
+
+def test_full_mode_gradcache_gradients_equal_plain(tmp_path: Path, tiny_bert: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Full mode through the stage (dropout off, fp32): every step's gradient with GradCache
+    (chunks of 3) equals the plain step's."""
+    from tests.train_helpers import dropout_free, relative_errors, step_gradients
+
+    _, params_file = project(tmp_path, dropout_free(tiny_bert, tmp_path / "bert"))
+    _edit(params_file, mode="full", encoder__max_epochs=1, encoder__batch_size=8)
+    steps = step_gradients(tmp_path, params_file, monkeypatch)
+    assert len(steps["plain"]) == len(steps["gc"]) == 5  # 40 training examples / 8
+    for got, want in zip(steps["gc"], steps["plain"], strict=True):
+        worst = relative_errors(got, want)
+        assert any(n.startswith("rep.encoder") for n, _ in worst)
+        assert worst[0][1] <= 1e-4, worst[:3]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("chunk", [0, 3])
+def test_ddp_two_cpu_processes_equal_one_with_double_batch(small: tuple[Path, Path],
+                                                          chunk: int) -> None:
+    """gloo DDP, batch 8 x 2 processes (with GradCache: chunks of 3, one all-reduce per step)
+    == 1 process, batch 16, no GradCache."""
+    root, params_file = small
+    _edit(params_file, max_epochs=2, patience=5, batch_size=16)
+    _train(root, params_file, "one")
+    _edit(params_file, batch_size=8, devices=2, strategy="ddp", accelerator="cpu",
+          gradcache__chunk_size=chunk)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
+    proc = subprocess.run([sys.executable, "-m", "stages", *stage_args(root, params_file, "two")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = _weights(root, "one"), _weights(root, "two")
+    for k in one:
+        assert torch.allclose(one[k], two[k], atol=1e-5), (k, (one[k] - two[k]).abs().max())
+
+
+# --- batches: every example every epoch, equal for any number of processes -------------------
+
+
+def _epoch(n: int, batch: int, world: int = 1, epoch: int = 0, **kw: Any) -> list[list[int]]:
+    """The global batches of one epoch: each the concatenation of every process's part."""
+    samplers = [EpochBatches(n, batch, 13, world, rank, **kw) for rank in range(world)]
+    for s in samplers:
+        s.set_epoch(epoch)
+    parts = [list(s) for s in samplers]
+    assert all(len(p) == len(s) for p, s in zip(parts, samplers, strict=True))
+    for b in range(len(parts[0])):  # processes always hold equal shares
+        assert len({len(p[b]) for p in parts}) == 1
+    return [list(chain(*(p[b] for p in parts))) for b in range(len(parts[0]))]
+
+
+def test_every_example_once_per_epoch_last_batch_smaller() -> None:
+    for epoch in (0, 1):
+        batches = _epoch(1701, 1024, epoch=epoch)
+        assert [len(b) for b in batches] == [1024, 677]  # was: 1 batch, 677 dropped
+        assert sorted(chain(*batches)) == list(range(1701))
+    assert _epoch(1701, 1024, epoch=0) != _epoch(1701, 1024, epoch=1)  # reshuffled
+
+
+def test_two_processes_see_the_batches_of_one_with_double_batch() -> None:
+    for n in (40, 1700):  # n divisible by the processes (else see below)
+        for epoch in (0, 3):
+            assert _epoch(n, 8, world=2, epoch=epoch) == _epoch(n, 16, epoch=epoch)
+    # an odd remainder is topped up from the epoch's first examples: one example twice
+    batches = _epoch(41, 8, world=2)
+    assert [len(b) for b in batches] == [16, 16, 10]
+    flat = list(chain(*batches))
+    assert sorted(set(flat)) == list(range(41)) and len(flat) == 42
+    assert batches[-1][-1] == batches[0][0]
+
+
+def test_batch_larger_than_the_training_set_is_reduced(caplog: pytest.LogCaptureFixture
+                                                       ) -> None:
+    with caplog.at_level("WARNING", logger="simtune.sampling"):
+        batches = _epoch(481, 1024)
+    assert [len(b) for b in batches] == [481] and sorted(batches[0]) == list(range(481))
+    assert caplog.messages == ["train.batch_size 1024 is more than the 481 training examples: "
+                               "using 481 (one batch per epoch)"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="simtune.sampling"):
+        batches = _epoch(481, 1024, world=2)
+    assert [len(b) for b in batches] == [482]  # 241 per process, one example topped up
+    assert caplog.messages == ["train.batch_size 1024 x 2 processes is more than the 481 "
+                               "training examples: using 241 per process (one batch per epoch)"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="simtune.sampling"):  # encoder modes' own key
+        EpochBatches(10, 64, 13, key="train.encoder.batch_size")
+    assert caplog.messages == ["train.encoder.batch_size 64 is more than the 10 training "
+                               "examples: using 10 (one batch per epoch)"]
+
+
+def test_m_per_label_uses_every_example_in_runs_of_at_least_m() -> None:
+    labels = torch.tensor([0] * 7 + [1] * 5 + [2] * 2 + [3] * 4)
+    sampler = EpochBatches(len(labels), 6, 13, labels=labels, m_per_label=4)
+    order = sampler._m_per_label(torch.Generator().manual_seed(0))
+    assert sampler.epoch_size == len(order) == 7 + 5 + 4 + 4  # label 2 repeated to one run of 4
+    counts = torch.bincount(order, minlength=len(labels))
+    assert counts[labels != 2].tolist() == [1] * 16 and counts[labels == 2].tolist() == [2, 2]
+    run_lengths = [len(list(g)) for _, g in groupby(labels[order].tolist())]
+    assert min(run_lengths) >= 4
+    batches = _epoch(len(labels), 6, labels=labels, m_per_label=4)
+    assert [len(b) for b in batches] == [6, 6, 6, 2]
+
+
+def test_training_curves_have_one_increasing_step_per_epoch(small: tuple[Path, Path]) -> None:
+    """dvclive's files: steps 1, 2, ... (the epoch) for the loss and every val metric; with
+    val_every 2, MAP@R (which needs the top R) at epochs 2, 4 and the last only."""
+    root, params_file = small
+    _edit(params_file, max_epochs=4, patience=10, val_every=1)
+    report = _train(root, params_file)
+    metrics_dir = root / "live" / "plots" / "metrics"
+
+    def rows(name: str) -> list[tuple[int, float]]:
+        lines = (metrics_dir / f"{name}.tsv").read_text().splitlines()
+        assert lines[0].split("\t") == ["step", name.rsplit("/", 1)[1]]
+        return [(int(s), float(v)) for s, v in (line.split("\t") for line in lines[1:])]
+
+    for name in ("train/loss", "val/mrr@10", "val/p@1", "val/map@r"):
+        assert [step for step, _ in rows(name)] == [1, 2, 3, 4], name
+    val = dict(rows("val/mrr@10"))
+    assert val[report["best_epoch"]] == pytest.approx(report["best_val"]["val/mrr@10"])
+    assert max(val.values()) == pytest.approx(report["best_val"]["val/mrr@10"])
+
+    _edit(params_file, max_epochs=5, patience=10, val_every=2)  # map@r at 2, 4 and 5 only
+    report = _train(root, params_file, "2")
+    metrics_dir = root / "live2" / "plots" / "metrics"
+    assert [step for step, _ in rows("val/mrr@10")] == [1, 2, 3, 4, 5]
+    assert [step for step, _ in rows("val/map@r")] == [2, 4, 5]
+    val = dict(rows("val/mrr@10"))
+    assert max(val.values()) == pytest.approx(report["best_val"]["val/mrr@10"])
+
+
+def test_stage_reduces_a_too_large_batch_and_trains(small: tuple[Path, Path]) -> None:
+    root, params_file = small
+    _edit(params_file, batch_size=64, max_epochs=1)
+    result = CliRunner().invoke(app, stage_args(root, params_file))
+    assert result.exit_code == 0, result.output
+    assert ("train.batch_size 64 is more than the 40 training examples: using 40 (one batch "
+            "per epoch)") in result.output
+    assert json.loads((root / "train.json").read_text())["epochs"] == 1
+
+
+# --- bad input: one line, before any training --------------------------------------------------
+
+
+def _error(root: Path, params_file: Path) -> str:
+    result = CliRunner().invoke(app, stage_args(root, params_file))
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert not (root / "head").exists()
+    return lines[0]
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    ({"loss__name": "mnrl"}, "train.loss.name: 'mnrl' needs pairs data, the prepared data is "
+                             "groups"),
+    ({"gradcache__chunk_size": 9}, "gradcache.chunk_size (9) is larger than the batch size (8)"),
+    ({"devices": 512, "accelerator": "cpu"}, "train.devices: 512 requested"),
+    ({"precision": "16-mixed", "accelerator": "cpu"}, "'16-mixed' needs a GPU"),
+    ({"head__type": "identity"}, "'identity' has nothing to train"),
+    ({"m_per_label": 1}, "a batch can never hold a positive"),
+])
+def test_bad_training_setups(small: tuple[Path, Path], edit: dict[str, Any],
+                             message: str) -> None:
+    root, params_file = small
+    _edit(params_file, **edit)
+    assert message in _error(root, params_file)
+
+
+def test_identity_head_trains_the_layers_in_full_mode(small: tuple[Path, Path]) -> None:
+    """No head (identity) is refused in head mode only: with the encoder training, the saved
+    model is the fine-tuned encoder alone."""
+    root, params_file = small
+    _edit(params_file, mode="full", head__type="identity", encoder__max_epochs=1,
+          encoder__batch_size=8)
+    _train(root, params_file)
+    assert (root / "head" / "encoder" / "config.json").is_file()
+    assert _weights(root) == {}
+
+
+def test_cache_missing_or_stale(small: tuple[Path, Path]) -> None:
+    root, params_file = small
+    raw = yaml.safe_load(params_file.read_text())
+    raw["encoders"]["models"]["tiny"]["pooling"] = "cls"  # not what the cache was filled with
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert "does not match the current encoder settings" in _error(root, params_file)
+    import shutil
+
+    shutil.rmtree(root / "cache")
+    assert "no cache here (run the cache stage)" in _error(root, params_file)
+
+
+def test_full_mode_trains_the_encoder_and_evaluate_uses_it(small: tuple[Path, Path]) -> None:
+    """full mode: texts tokenised by the DataLoader, encoder trainable and saved with the head;
+    evaluate embeds the test texts with that fine-tuned encoder (not the frozen cache)."""
+    root, params_file = small
+    _edit(params_file, mode="full", encoder__max_epochs=1, encoder__lr=0.001,
+          encoder__batch_size=8, gradcache__chunk_size=4)
+    _train(root, params_file)
+    encoder_dir = root / "head" / "encoder"
+    assert (encoder_dir / "config.json").is_file()
+    from simtune.model import load_model
+
+    tuned = load_model(root / "head", "cpu")
+    p = P.load(params_file)
+    frozen = load_model(root / "head", "cpu")
+    frozen.encoder.model = __import__("transformers").AutoModel.from_pretrained(
+        p.encoders.models["tiny"].model).eval()
+    texts = ["what is the largest city", "who wrote the book"]
+    assert not torch.allclose(tuned.encode(texts), frozen.encode(texts), atol=1e-4)
+    result = CliRunner().invoke(app, [
+        "evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
+        "--cache", str(root / "cache"), "--head", str(root / "head"),
+        "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json"),
+        "--detail", str(root / "detail.json"), "--run-trained", str(root / "trained.trec"),
+        "--run-baseline", str(root / "baseline.trec")])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((root / "metrics.json").read_text())
+    assert metrics["trained"] != metrics["baseline"]
+
+
+# --- divergence: one line, nothing saved -------------------------------------------------------
+
+
+def _diverged(root: Path, params_file: Path) -> str:
+    """Run the stage expecting divergence; return the error line after checking that nothing
+    (head, report) was written and the previous head is untouched."""
+    (root / "head").mkdir()
+    (root / "head" / "previous").write_text("kept")
+    result = CliRunner().invoke(app, stage_args(root, params_file))
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and result.output.count("error: ") == 1, result.output
+    assert sorted(p.name for p in (root / "head").iterdir()) == ["previous"]
+    assert not (root / "train.json").exists()
+    assert not [p for p in root.iterdir() if p.name.startswith(".head")]  # no temp dir left
+    return last
+
+
+def test_non_finite_loss_stops_training(small: tuple[Path, Path]) -> None:
+    """lr 1e8 (AdamW's decay multiplies the weights by 1 - 1e8 * 0.01 each step) overflows to a
+    NaN loss within the first epoch: stop there, name the epoch, step and likely cause."""
+    root, params_file = small
+    _edit(params_file, lr=1e8, max_epochs=3)
+    line = _diverged(root, params_file)
+    assert re.fullmatch(r"error: train\.lr: training diverged at epoch 1, step [2-5]: the loss "
+                        r"is (nan|inf); the learning rate 1e\+08 is likely too high; nothing "
+                        r"saved", line), line
+
+
+def test_weights_that_turn_non_finite_on_the_last_step_are_caught(small: tuple[Path, Path]
+                                                                  ) -> None:
+    """One step per epoch and one epoch: the loss of that step is finite, the weights after it
+    give inf/NaN vectors (lr 1e36); they are checked before they are kept as the best."""
+    root, params_file = small
+    _edit(params_file, lr=1e36, max_epochs=1, batch_size=100000)  # clamped: 1 step
+    line = _diverged(root, params_file)
+    assert line == ("error: train.lr: training diverged at epoch 1, step 1: the validation "
+                    "vectors are no longer finite; the learning rate 1e+36 is likely too high; "
+                    "nothing saved")
+
+
+def test_an_update_beyond_float32_is_divergence_not_a_traceback(small: tuple[Path, Path]
+                                                                ) -> None:
+    """lr 1e40 is a finite float, but AdamW's step (10 x lr at step 1) overflows float32."""
+    root, params_file = small
+    _edit(params_file, lr=1e40, max_epochs=1)
+    line = _diverged(root, params_file)
+    assert line == ("error: train.lr: training diverged at epoch 1, step 1: the update "
+                    "overflows float32; the learning rate 1e+40 is likely too high; nothing saved")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_evaluate_refuses_a_head_with_non_finite_weights(small: tuple[Path, Path], bad: float
+                                                         ) -> None:
+    """A diverged head (as saved before training checked for it) is refused, naming the file;
+    no metrics are written."""
+    root, params_file = small
+    head = heads.build("mlp", 32, 2, 0.0)
+    with torch.no_grad():
+        head.net[0].weight[3, 5] = bad
+    heads.save(head, root / "head")
+    result = CliRunner().invoke(app, [
+        "evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
+        "--cache", str(root / "cache"), "--head", str(root / "head"),
+        "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json")])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines() == [
+        f"error: {root / 'head' / 'model.safetensors'}: weight net.0.weight is not finite "
+        "(training diverged?); rerun train"]
+    assert not (root / "metrics.json").exists() and not (root / "recall.json").exists()
+
+
+def test_evaluate_refuses_a_head_whose_vectors_are_not_finite(small: tuple[Path, Path]) -> None:
+    """Finite but huge weights (1e30) overflow to inf/NaN vectors: refused, not ranked."""
+    root, params_file = small
+    head = heads.build("mlp", 32, 2, 0.0)
+    with torch.no_grad():
+        head.net[0].weight.fill_(1e30)
+        head.net[3].weight.fill_(1e30)
+    heads.save(head, root / "head")
+    result = CliRunner().invoke(app, [
+        "evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
+        "--cache", str(root / "cache"), "--head", str(root / "head"),
+        "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json")])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: {root / 'head'}: the trained model gives non-finite test vectors (training "
+        "diverged?); rerun train")
+    assert not (root / "metrics.json").exists()
