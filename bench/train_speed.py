@@ -216,6 +216,7 @@ def _evaluate(data: Path, params: Path, out: Path) -> dict:
     subprocess.run([sys.executable, "-m", "stages", "evaluate", "--params", str(params),
                     "--prepared", str(data / "prepared"), "--cache", str(data / "cache"),
                     "--head", str(out / "head"), "--out", str(r / "metrics.json"),
+                    "--metrics", str(r / "headline.json"),
                     "--plot", str(r / "plot.json"), "--detail", str(r / "detail.json"),
                     "--run-trained", str(r / "trained.trec"), "--run-baseline",
                     str(r / "baseline.trec")], cwd=ROOT, env=env, check=True,

@@ -18,8 +18,10 @@ def evaluate(
     prepared: Path = dir_option("data/prepared", "prepared data directory"),
     cache: Path = dir_option("cache", "embedding cache root"),
     head: Path = dir_option("models/head", "trained head directory"),
-    out: Path = file_option("reports/metrics.json",
-                            "headline metrics (trained, baseline, lift, counts)"),
+    out: Path = file_option("reports/evaluate.json", "the report: every metric of trained and "
+                            "baseline, the lift and its significance, counts"),
+    metrics: Path = file_option("reports/metrics.json", "DVC metrics: the headline metrics of "
+                                "the trained model and their lift"),
     plot: Path = file_option("reports/recall_at_k.json", "Recall@k plot data"),
     detail: Path = file_option("reports/metrics_detail.json",
                                "detail report: metrics per test label (groups)"),
@@ -31,7 +33,10 @@ def evaluate(
     """P@1, Recall@k, MRR@10, nDCG@10, MAP@R of the trained head vs the frozen encoder, the
     lift's paired significance, and both rankings as TREC run files."""
     from simtune import params as P
+    from simtune.atomic import write_json
+    from simtune.evaluate import report
     from simtune.evaluate import stage as lib
 
-    lib.run(P.load(params), prepared, cache, head, out, plot, detail,
-            (run_trained, run_baseline))
+    result = lib.run(P.load(params), prepared, cache, head, out, plot, detail,
+                     (run_trained, run_baseline))
+    write_json(metrics, report.headline(result))

@@ -17,8 +17,8 @@ def export(
     head: Path = dir_option("models/head", "trained head directory"),
     out: Path = dir_option("models/export", "servable model directory"),
     params: Path = file_option("params.yaml", "params file (the model card's training settings)"),
-    metrics: Path = file_option("reports/metrics.json",
-                                "evaluate's headline metrics for the model card (optional)"),
+    metrics: Path = file_option("reports/evaluate.json",
+                                "evaluate's report: the model card's test metrics (optional)"),
     data_report: Path = file_option("reports/prepare.json",
                                     "prepare's report: data set size for the card (optional)"),
 ) -> None:

@@ -18,13 +18,19 @@ def train(
     prepared: Path = dir_option("data/prepared", "prepared data directory"),
     cache: Path = dir_option("cache", "embedding cache root"),
     out: Path = dir_option("models/head", "output directory of the trained head"),
-    report: Path = file_option("reports/train.json", "training report (metrics)"),
+    report: Path = file_option("reports/train.json", "training report: epochs, validation "
+                               "detail, the time split"),
+    metrics: Path = file_option("reports/train_metrics.json",
+                                "DVC metrics: the kept epoch and the training seconds"),
     live: Path = dir_option("reports/train_live", "dvclive curves directory"),
     negatives: Path = dir_option("negatives", "mined negatives (read when "
                                  "train.hard_negatives > 0)"),
 ) -> None:
     """Train a head on the cached embeddings (Lightning; AMP, DDP, GradCache, early stopping)."""
     from simtune import params as P
+    from simtune.atomic import write_json
     from simtune.train import stage as lib
 
-    lib.run(P.load(params), prepared, cache, out, report, live, negatives)
+    result = lib.run(P.load(params), prepared, cache, out, report, live, negatives)
+    if result:  # the first process writes the reports (the others return {})
+        write_json(metrics, lib.headline(result))

@@ -115,8 +115,23 @@ def test_experiments_and_identical_reruns(tmp_path: Path) -> None:
         data = exp["revs"][0]["data"]
         lrs.add(data["params"]["params.yaml"]["data"]["train"]["lr"])
         metric_files = data["metrics"]
-        assert "trained" in metric_files["reports/metrics.json"]["data"]
+        assert set(metric_files["reports/metrics.json"]["data"]) == {"trained", "lift"}
+        assert set(metric_files["reports/train_metrics.json"]["data"]) == {"kept_epoch",
+                                                                         "train_s"}
     assert lrs == {0.004, 0.02}
+
+    # what users compare experiments with fits a screen: the changed param, the headline
+    # metrics (trained and lift), the kept epoch, the training time and the changed outputs
+    header = project.dvc("exp", "show", "--only-changed", "--csv").stdout.splitlines()[0]
+    columns = header.split(",")
+    assert len(columns) <= 20, columns
+    assert "train.lr" in columns and "train_s" in columns, columns
+    headline = {f"{part}.{m}" for part in ("trained", "lift")
+                for m in ("p@1", "mrr@10", "ndcg@10", "map@r")}
+    listing = {"Experiment", "rev", "typ", "Created", "parent", "State", "Executor"}
+    outputs = {"models/head", "reports/evaluate.json"}  # deps of evaluate and export
+    assert set(columns) <= listing | {"train.lr", "kept_epoch", "train_s"} | headline | outputs, (
+        columns)
 
 
 def _embedded(text: str) -> list[str]:
@@ -220,3 +235,25 @@ def test_a_failing_stage_loses_nothing_dvc_checkout_restores(tmp_path: Path) -> 
     assert (project.path / "cache" / "tiny" / "manifest.json").read_bytes() == good[outputs[-1]]
     project.dvc("checkout", "--force")
     assert {o: (project.path / o).read_bytes() for o in outputs} == good
+
+
+def test_a_stage_reruns_for_its_own_code_only(tmp_path: Path) -> None:
+    project, *_ = _small_project(tmp_path)
+    project.dvc("repro")
+    project.git("add", "-A")
+    project.git("commit", "-q", "-m", "baseline run")
+
+    def edit(rel: str) -> set[str]:
+        path = project.path / rel
+        path.write_text(path.read_text() + "# an edit\n")
+        return _ran(project.dvc("repro"))
+
+    # the search command is no stage: nothing reruns
+    assert edit("stages/search.py") == set()
+    # the BEIR reader is prepare's alone; the prepared data comes out the same, so every later
+    # stage is skipped
+    assert edit("src/simtune/prepare/beir.py") == {"prepare"}
+    # evaluate's run-file writer: evaluate reruns, its outputs are the same, export skips
+    assert edit("src/simtune/evaluate/runs.py") == {"evaluate"}
+    # the core reruns every stage that runs it
+    assert {"cache", "train", "evaluate"} <= edit("src/simtune/encoders.py")

@@ -43,7 +43,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path) -> tuple[
 def _evaluate_args(root: Path, params_file: Path, head: Path | None = None) -> list[str]:
     return ["evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
             "--cache", str(root / "cache"), "--head", str(head or root / "head"),
-            "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json"),
+            "--out", str(root / "metrics.json"),
+            "--metrics", str(root / "headline.json"), "--plot", str(root / "recall.json"),
             "--detail", str(root / "detail.json"), "--run-trained", str(root / "trained.trec"),
             "--run-baseline", str(root / "baseline.trec")]
 

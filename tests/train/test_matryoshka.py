@@ -1,6 +1,7 @@
-"""Matryoshka: the loss at dims [m] is the plain loss on the first m coordinates (hand values of
-tests/train/test_losses.py, with a third coordinate that must be ignored), weights sum, GradCache keeps
-the full-batch gradient, and evaluate's per-dim metrics equal metrics of truncated vectors."""
+"""Matryoshka: the loss at dims [m] is the plain loss on the first m coordinates (hand values
+of tests/train/test_losses.py, with a third coordinate that must be ignored), weights sum,
+GradCache keeps the full-batch gradient, and evaluate's per-dim metrics equal metrics of
+truncated vectors."""
 
 from __future__ import annotations
 
@@ -151,7 +152,8 @@ def test_evaluate_reports_each_dim_as_metrics_of_truncated_vectors(tmp_path: Pat
     assert result.exit_code == 0, result.output
     args = ["evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
             "--cache", str(root / "cache"), "--head", str(root / "head"),
-            "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json"),
+            "--out", str(root / "metrics.json"),
+            "--metrics", str(root / "headline.json"), "--plot", str(root / "recall.json"),
             "--detail", str(root / "detail.json"), "--run-trained", str(root / "t.trec"),
             "--run-baseline", str(root / "b.trec")]
     result = CliRunner().invoke(app, args)

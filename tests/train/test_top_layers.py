@@ -129,7 +129,8 @@ def _evaluate(root: Path, params_file: Path) -> dict:
     result = CliRunner().invoke(app, [
         "evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
         "--cache", str(root / "cache"), "--head", str(root / "head"),
-        "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json"),
+        "--out", str(root / "metrics.json"),
+        "--metrics", str(root / "headline.json"), "--plot", str(root / "recall.json"),
         "--detail", str(root / "detail.json"), "--run-trained", str(root / "trained.trec"),
         "--run-baseline", str(root / "baseline.trec")])
     assert result.exit_code == 0, result.output

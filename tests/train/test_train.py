@@ -336,7 +336,8 @@ def test_full_mode_trains_the_encoder_and_evaluate_uses_it(small: tuple[Path, Pa
     result = CliRunner().invoke(app, [
         "evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
         "--cache", str(root / "cache"), "--head", str(root / "head"),
-        "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json"),
+        "--out", str(root / "metrics.json"),
+        "--metrics", str(root / "headline.json"), "--plot", str(root / "recall.json"),
         "--detail", str(root / "detail.json"), "--run-trained", str(root / "trained.trec"),
         "--run-baseline", str(root / "baseline.trec")])
     assert result.exit_code == 0, result.output
@@ -410,7 +411,8 @@ def test_evaluate_refuses_a_head_with_non_finite_weights(small: tuple[Path, Path
     result = CliRunner().invoke(app, [
         "evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
         "--cache", str(root / "cache"), "--head", str(root / "head"),
-        "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json")])
+        "--out", str(root / "metrics.json"),
+        "--metrics", str(root / "headline.json"), "--plot", str(root / "recall.json")])
     assert result.exit_code == 1, result.output
     assert result.output.strip().splitlines() == [
         f"error: {root / 'head' / 'model.safetensors'}: weight net.0.weight is not finite "
@@ -429,7 +431,8 @@ def test_evaluate_refuses_a_head_whose_vectors_are_not_finite(small: tuple[Path,
     result = CliRunner().invoke(app, [
         "evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
         "--cache", str(root / "cache"), "--head", str(root / "head"),
-        "--out", str(root / "metrics.json"), "--plot", str(root / "recall.json")])
+        "--out", str(root / "metrics.json"),
+        "--metrics", str(root / "headline.json"), "--plot", str(root / "recall.json")])
     assert result.exit_code == 1, result.output
     assert result.output.strip().splitlines()[-1] == (
         f"error: {root / 'head'}: the trained model gives non-finite test vectors (training "

@@ -1,11 +1,16 @@
-"""The evaluate report's parts beyond the headline: matryoshka prefixes of each model's vectors."""
+"""What evaluate reports: the headline (`reports/metrics.json`, the DVC metrics `dvc exp show`
+lists) cut from the full report (`reports/evaluate.json`), and the matryoshka prefixes of each
+model's vectors."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from simtune.retrieval.metrics import HEADLINE
 
 Vectors = Callable[[torch.Tensor, str], torch.Tensor]  # (rows, role) -> (n, D)
 
@@ -41,3 +46,10 @@ def matryoshka(dims: Sequence[int], metrics_of: Callable[[Vectors], dict[str, fl
         out[str(m)] = {"trained": {k: t[k] for k in names}, "baseline": {k: b[k] for k in names},
                        "lift": {k: t[k] - b[k] for k in names}}
     return out
+
+
+def headline(result: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The DVC metrics of a full evaluate report: the trained model's `HEADLINE` metrics and
+    their lift over the frozen baseline (p-values, recall@k, counts: the full report only), so
+    `dvc exp show` stays one screen wide."""
+    return {part: {m: result[part][m] for m in HEADLINE} for part in ("trained", "lift")}

@@ -119,6 +119,12 @@ def report_of(loop: EpochLoop, total: float, n_train: int) -> dict[str, Any]:
     }
 
 
+def headline(result: dict[str, Any]) -> dict[str, Any]:
+    """The DVC metrics of a training report: the kept epoch and the seconds of `trainer.fit`
+    (the validation detail, the time split and the throughput stay in the full report)."""
+    return {"kept_epoch": result["best_epoch"], "train_s": result["seconds"]["total"]}
+
+
 def save(module: SimilarityModule, loop: EpochLoop, p: Params, out: Path) -> None:
     """The best head (safetensors + config.json) and, in full mode, the fine-tuned encoder."""
     best = loop.state
