@@ -64,7 +64,9 @@ def test_the_edit_rerun_loop(tmp_path: Path) -> None:
     assert _ran(first) == set(STAGES)
     assert "cache tiny: 0 cached, 60 to embed" in first.stderr
     metrics = json.loads((project.path / "reports" / "metrics.json").read_text())
-    assert set(metrics) >= {"trained", "baseline", "lift"}
+    assert set(metrics) == {"trained", "lift"}
+    report = json.loads((project.path / "reports" / "evaluate.json").read_text())
+    assert set(report) >= {"trained", "baseline", "lift", "significance"}
     assert _ran(project.dvc("repro")) == set()
 
     # a train key: train, evaluate and export rerun; no encoder is loaded
@@ -97,9 +99,9 @@ def test_the_edit_rerun_loop(tmp_path: Path) -> None:
 def test_experiments_and_identical_reruns(tmp_path: Path) -> None:
     project, *_ = _small_project(tmp_path)
     project.dvc("repro")
-    before = (project.path / "reports" / "metrics.json").read_bytes()
+    before = (project.path / "reports" / "evaluate.json").read_bytes()
     project.dvc("repro", "-f", "train", "evaluate")  # same params again
-    assert (project.path / "reports" / "metrics.json").read_bytes() == before
+    assert (project.path / "reports" / "evaluate.json").read_bytes() == before
     project.git("add", "-A")
     project.git("commit", "-q", "-m", "baseline run")
 
