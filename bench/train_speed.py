@@ -57,8 +57,7 @@ def _setup() -> tuple[P.Params, dict, torch.Tensor, torch.Tensor, list[str]]:
     ids = ex.column("text_id").to_pylist()
     labels = ex.column("label").to_pylist()
     classes = {lab: i for i, lab in enumerate(sorted(set(labels)))}
-    texts = dict(zip(prepared.texts.column("text_id").to_pylist(),
-                     prepared.texts.column("text").to_pylist(), strict=True))
+    texts = prepared.text_map()
     return p, texts, torch.tensor([classes[x] for x in labels]), ids, [texts[i] for i in ids]
 
 
@@ -109,8 +108,7 @@ def news_batch(n: int) -> tuple[list[str], list[str]]:
     p = P.load(ROOT / "params.yaml")
     raw = p.prepare.model_copy(update={"source": "news_pairs"})
     prepared = prepare.build(raw)
-    texts = dict(zip(prepared.texts.column("text_id").to_pylist(),
-                     prepared.texts.column("text").to_pylist(), strict=True))
+    texts = prepared.text_map()
     ex = prepared.examples.to_pydict()
     seen, q, d = set(), [], []
     for qi, di in zip(ex["query_id"], ex["doc_id"], strict=True):

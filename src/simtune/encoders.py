@@ -54,19 +54,28 @@ def _model_files(path: Path) -> list[Path]:
                   if p.is_file() and not p.name.startswith(".") and p.suffix != ".md")
 
 
+def sha256_of(path: Path) -> str:
+    """Hex sha256 of a file's bytes, read in 4 MiB chunks (model files, cache shards)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def model_config(name: str, spec: EncoderParams) -> Any:
+    """The transformers config of encoder `name` (`config.json` only: no weights loaded)."""
+    import transformers
+
+    return transformers.AutoConfig.from_pretrained(model_dir(name, spec), local_files_only=True)
+
+
 def describe(name: str, spec: EncoderParams, layer: int | None = None) -> dict[str, Any]:
     """Everything the fingerprint covers, as a readable dict (kept in the manifest so a rebuild
     can say what changed). `layer` k: the token states after layer k instead of the pooled
     vector (pooling and normalisation then change nothing stored, but stay in the description:
     one setting, one fingerprint)."""
-    path = model_dir(name, spec)
-    files = {}
-    for f in _model_files(path):
-        h = hashlib.sha256()
-        with f.open("rb") as fh:
-            while chunk := fh.read(1 << 22):
-                h.update(chunk)
-        files[f.name] = h.hexdigest()
+    files = {f.name: sha256_of(f) for f in _model_files(model_dir(name, spec))}
     out = {"format_version": CACHE_FORMAT_VERSION, "pooling": spec.pooling,
            "normalize": spec.normalize, "max_length": spec.max_length, "dtype": spec.dtype,
            "model_files": files}
@@ -109,6 +118,16 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
     if mode == "max":
         return hidden.masked_fill(m == 0, torch.finfo(hidden.dtype).min).amax(1)
     raise ValueError(f"unknown pooling {mode!r}")
+
+
+def pooled(hidden: torch.Tensor, mask: torch.Tensor, spec: EncoderParams) -> torch.Tensor:
+    """The one way token states become a text's vector (fill, ONNX export, top_layers, full):
+    `pool` by `spec.pooling`, in float32, then L2-normalised when `spec.normalize`.
+
+    hidden: (B, T, H) last hidden states (any float dtype); mask: (B, T) attention mask
+    (1 = real token). Returns (B, H) float32."""
+    vec = pool(hidden, mask, spec.pooling).float()
+    return torch.nn.functional.normalize(vec, dim=-1) if spec.normalize else vec
 
 
 def trim_padding(tokens: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -183,14 +202,7 @@ class FrozenEncoder:
         """Tokenised batch -> (B, dim) float32 vectors. Caller chooses grad/inference mode."""
         batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         hidden = self.model(**batch).last_hidden_state
-        vec = pool(hidden, batch["attention_mask"], self.spec.pooling).float()
-        if self.spec.normalize:
-            vec = torch.nn.functional.normalize(vec, dim=-1)
-        return vec
-
-    @property
-    def num_layers(self) -> int:
-        return int(self.model.config.num_hidden_layers)
+        return pooled(hidden, batch["attention_mask"], self.spec)
 
     def states(self, batch: dict[str, torch.Tensor], layer: int) -> list[np.ndarray]:
         """Tokenised batch -> each text's (T_i, H) float32 token states after layer `layer`

@@ -2,7 +2,9 @@
 
 Every value lives in `params.yaml`; the models here only say what is allowed (no defaults), so there
 is never a second set of values hidden in code. Unknown keys are rejected naming key and section; a
-wrong type names the key, the expected type and the value given. Each stage takes only its section.
+wrong type names the key, the expected type and the value given. Stages are given the whole
+`Params` (training reads the encoder and cache sections too); what each stage's DVC `params:` lists
+is in `dvc.yaml`.
 """
 
 from __future__ import annotations

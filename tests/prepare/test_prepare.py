@@ -613,3 +613,10 @@ def test_beir_params_and_a_folder_without_format(tmp_path: Path,
     raw["prepare"]["file"]["columns"].update(query="q", positive="d")
     assert _one_line(tmp_path, raw) == (f"error: {folder}: a directory; for a BEIR folder set "
                                         "prepare.file.format: beir")
+
+
+def test_text_map_is_every_text_or_the_given_ids() -> None:
+    texts = pa.table({"text_id": ["b", "a", "c"], "text": ["bee", "ay", "sea"]})
+    prepared = Prepared("groups", texts, pa.table({"x": [1]}), {})
+    assert list(prepared.text_map().items()) == [("b", "bee"), ("a", "ay"), ("c", "sea")]
+    assert prepared.text_map(pa.array(["c", "b", "zz"])) == {"b": "bee", "c": "sea"}

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from simtune.cache import store, vectors
-from simtune.cache.stage import _texts_of, texts_per_encoder
+from simtune.cache.stage import texts_per_encoder
 from simtune.encoders import FrozenEncoder, changes, describe, fingerprint
 from simtune.errors import UserError
 from simtune.params import CacheParams, EncodersParams
@@ -46,7 +46,7 @@ def verify(prepared_dir: Path, out: Path, encoders: EncodersParams, sample: int,
             results.append(VerifyResult(name, 0, problems, 0, float("nan")))
             continue
         table = vectors.load(directory)
-        texts = _texts_of(prepared, ids)
+        texts = prepared.text_map(ids)
         pool = sorted(set(table.ids.to_pylist()) & texts.keys())
         picked = random.Random(seed).sample(pool, min(sample, len(pool)))
         diff = 0.0

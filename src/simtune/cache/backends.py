@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from simtune.encoders import FrozenEncoder, pool
+from simtune.encoders import FrozenEncoder, pooled
 from simtune.errors import UserError
 
 log = logging.getLogger("simtune.backends")
@@ -83,9 +83,7 @@ class _Pooled(torch.nn.Module):
 
     def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
         batch = dict(zip(self.names, tensors, strict=True))
-        hidden = self.model(**batch).last_hidden_state
-        vec = pool(hidden, batch["attention_mask"], self.spec.pooling).float()
-        return torch.nn.functional.normalize(vec, dim=-1) if self.spec.normalize else vec
+        return pooled(self.model(**batch).last_hidden_state, batch["attention_mask"], self.spec)
 
 
 def export(encoder: FrozenEncoder, path: Path) -> None:

@@ -102,7 +102,7 @@ def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParam
     dist = dist or dist_from_env()
     results = []
     for name, ids in texts_per_encoder(prepared, encoders).items():
-        texts = _texts_of(prepared, ids)
+        texts = prepared.text_map(ids)
         spec = encoders.models[name]
         results.append(fill_encoder(name, spec, texts, Path(out) / name, cp, dist))
         if layer is not None and name == encoders.query:
@@ -111,11 +111,6 @@ def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParam
             results.append(fill_encoder(name, spec, texts, Path(out) / f"{name}{fmt.suffix()}",
                                         cp, dist, fmt=fmt))
     return results
-
-
-def _texts_of(prepared: Prepared, ids: pa.Array) -> dict[str, str]:
-    t = prepared.texts.filter(pc.is_in(prepared.texts.column("text_id"), value_set=ids))
-    return dict(zip(t.column("text_id").to_pylist(), t.column("text").to_pylist(), strict=True))
 
 
 def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Path,

@@ -23,15 +23,13 @@ import torch
 from simtune.cache import vectors
 from simtune.errors import UserError
 
-_DTYPES = {"float32": (pa.float32(), np.float32), "float16": (pa.float16(), np.float16)}
-
 
 def write_shard(directory: Path, rank: int, ids: list[str], hashes: list[str],
                 states: list[np.ndarray], manifest: vectors.Manifest, name: str | None = None
                 ) -> vectors.Shard:
     """Write one shard atomically. `states[i]`: (T_i, H) array of text i (cast to the
     manifest's dtype)."""
-    arrow_type, np_type = _DTYPES[manifest.dtype]
+    arrow_type, np_type = vectors.DTYPES[manifest.dtype]
     hidden = int(states[0].shape[1]) if states else int(manifest.dim or 0)
     lengths = np.array([s.shape[0] for s in states], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths * hidden)]).astype(np.int64)
@@ -50,13 +48,6 @@ def write_shard(directory: Path, rank: int, ids: list[str], hashes: list[str],
                              batch)
 
 
-def hidden_of(path: Path) -> int:
-    """H of a states shard, from its schema metadata."""
-    with pa.memory_map(str(path), "r") as f:
-        meta = pa.ipc.open_file(f).schema.metadata or {}
-    return int(meta.get(b"simtune.hidden", b"0"))
-
-
 class StatesTable:
     """A loaded layer cache: `flat` (sum T_i, H) in the stored dtype, `offsets` (N + 1,) token
     offsets (int64), `ids` (N,) text ids. Zero-copy for a single-shard view."""
@@ -68,10 +59,6 @@ class StatesTable:
 
     def __len__(self) -> int:
         return len(self.ids)
-
-    @property
-    def hidden(self) -> int:
-        return int(self.flat.shape[1])
 
     def index(self, text_ids: list[str]) -> torch.Tensor:
         """Row numbers (int64) of `text_ids`; every id must be cached."""

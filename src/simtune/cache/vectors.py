@@ -17,7 +17,6 @@ pipeline reads; a DVC output) and each fingerprint directory of the machine-wide
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -34,13 +33,14 @@ import pyarrow.compute as pc
 import torch
 
 from simtune.atomic import write_json
+from simtune.encoders import sha256_of
 from simtune.errors import UserError
 
 log = logging.getLogger("simtune.store")
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 _SHARD_NAME = re.compile(r"^(shard-[0-9a-f]{12}-r\d{1,5}|part-\d{5})\.arrow$")
-_DTYPES = {"float32": (pa.float32(), np.float32), "float16": (pa.float16(), np.float16)}
+DTYPES = {"float32": (pa.float32(), np.float32), "float16": (pa.float16(), np.float16)}
 
 
 @dataclass
@@ -100,20 +100,12 @@ def write_manifest(directory: Path, manifest: Manifest) -> None:
     write_json(Path(directory) / MANIFEST, manifest.to_json())
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def write_shard(directory: Path, rank: int, ids: list[str], hashes: list[str],
                 vectors: np.ndarray, manifest: Manifest, name: str | None = None) -> Shard:
     """Write one shard atomically. `ids`, `hashes`: (n,) keys and content hashes;
     `vectors`: (n, dim) array, cast to the manifest's dtype. `name`: the file name (default: a
     fresh random store shard name of `rank`)."""
-    arrow_type, np_type = _DTYPES[manifest.dtype]
+    arrow_type, np_type = DTYPES[manifest.dtype]
     dim = vectors.shape[1]
     flat = pa.array(np.ascontiguousarray(vectors, dtype=np_type).reshape(-1), arrow_type)
     schema = pa.schema([("text_id", pa.string()), ("text_hash", pa.string()),

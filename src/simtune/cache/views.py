@@ -15,7 +15,7 @@ from simtune.atomic import atomic_dir
 from simtune.cache import formats, states, store, vectors
 from simtune.cache.formats import Format
 from simtune.cache.states import StatesTable
-from simtune.encoders import changes, describe, fingerprint
+from simtune.encoders import changes, describe, fingerprint, model_config, model_dir
 from simtune.errors import UserError
 from simtune.params import CacheParams, EncoderParams, EncodersParams, TrainParams
 
@@ -94,17 +94,11 @@ def layer_for(encoders: EncodersParams, train: TrainParams) -> int | None:
     query encoder's L layers (None in the other modes)."""
     if train.mode != "top_layers":
         return None
-    import transformers
-
-    from simtune.encoders import model_dir
-
     name = encoders.query
     if encoders.document != name:
         raise UserError("train.mode top_layers: needs one shared encoder (encoders.query == "
                         "encoders.document)")
-    config = transformers.AutoConfig.from_pretrained(model_dir(name, encoders.models[name]),
-                                                     local_files_only=True)
-    total = int(config.num_hidden_layers)
+    total = int(model_config(name, encoders.models[name]).num_hidden_layers)
     top = train.encoder.top_layers
     if top > total:
         raise UserError(f"train.encoder.top_layers: {top}, but encoder '{name}' has {total} "
@@ -118,11 +112,9 @@ def check_layer_size(name: str, spec: EncoderParams, texts: dict[str, str], fmt:
     sample), log it, and refuse it above `cache.max_layer_gb` before embedding anything."""
     import transformers
 
-    from simtune.encoders import model_dir
-
-    path = model_dir(name, spec)
-    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    config = model_config(name, spec)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir(name, spec),
+                                                           local_files_only=True)
     sample = random.Random(0).sample(sorted(texts.values()), min(2000, len(texts)))
     lengths = tokenizer(sample, truncation=True, max_length=spec.max_length)["input_ids"]
     mean = sum(map(len, lengths)) / max(len(lengths), 1)

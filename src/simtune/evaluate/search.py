@@ -30,8 +30,8 @@ def search(p: Params, query: str, k: int, head_dir: Path, prepared_dir: Path,
         raise UserError("--k must be at least 1")
     model = load_model(head_dir, p.cache.device)
     prepared = load_prepared(prepared_dir)
-    ids = prepared.texts.column("text_id").to_pylist()
-    texts = dict(zip(ids, prepared.texts.column("text").to_pylist(), strict=True))
+    texts = prepared.text_map()
+    ids = list(texts)
     if prepared.kind == "pairs":
         ids = sorted(set(prepared.examples.column("doc_id").to_pylist()))
     name = p.encoders.document if prepared.kind == "pairs" else p.encoders.query

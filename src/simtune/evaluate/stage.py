@@ -232,8 +232,7 @@ def _trained(data: Data, head: heads.Head, head_dir: Path, p: Params,
 
     model = load_model(head_dir, p.cache.device)
     prepared = load_prepared(prepared_dir)
-    texts = dict(zip(prepared.texts.column("text_id").to_pylist(),
-                     prepared.texts.column("text").to_pylist(), strict=True))
+    texts = prepared.text_map()
 
     def vectors(rows: torch.Tensor, role: str) -> torch.Tensor:
         ids = data.row_ids["doc" if role == "doc" else "query"]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from simtune.atomic import atomic_dir, read_meta, write_json
@@ -52,6 +53,14 @@ class Prepared:
     texts: pa.Table
     examples: pa.Table
     report: dict[str, Any]
+
+    def text_map(self, ids: pa.Array | None = None) -> dict[str, str]:
+        """text_id -> text of every text (or only of `ids`), in the texts table's order."""
+        t = self.texts
+        if ids is not None:
+            t = t.filter(pc.is_in(t.column("text_id"), value_set=ids))
+        return dict(zip(t.column("text_id").to_pylist(), t.column("text").to_pylist(),
+                        strict=True))
 
 
 

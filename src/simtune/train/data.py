@@ -13,6 +13,7 @@ import torch
 
 from simtune import examples
 from simtune.cache.views import open_pair
+from simtune.encoders import model_config
 from simtune.errors import UserError
 from simtune.examples import Data
 from simtune.negatives import mined
@@ -60,13 +61,12 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool =
         tables = {"query": q_table, "doc": d_table}
     if p.train.mode == "top_layers":
         tables.update(_states_tables(p, cache_dir, q_table))
-    texts = dict(zip(prepared.texts.column("text_id").to_pylist(),
-                     prepared.texts.column("text").to_pylist(), strict=True)) if full else {}
+    texts = prepared.text_map() if full else {}
     hook = None
     if negatives_dir is not None and p.train.hard_negatives and q_table is not None:
         hook = _negatives_hook(negatives_dir, q_table, d_table, p.train.hard_negatives)
     data = examples.load(prepared.kind, prepared.examples, q_table, d_table, texts, hook,
-                         dim=None if q_table is not None else _encoder_dim(p))
+                         dim=None if q_table is not None else _query_dim(p))
     data.tables = tables
     for name in ("train", "val"):
         if len(data.splits[name]) == 0:
@@ -89,14 +89,10 @@ def _states_tables(p: Params, cache_dir: Path, q_table: Any) -> dict[str, Any]:
     return {"states": table, "layer": layer}
 
 
-def _encoder_dim(p: Params) -> int:
-    import transformers
-
-    from simtune.encoders import model_dir
-
+def _query_dim(p: Params) -> int:
+    """Full mode (no cache to read it from): the query encoder's hidden size."""
     name = p.encoders.query
-    return int(transformers.AutoConfig.from_pretrained(
-        model_dir(name, p.encoders.models[name]), local_files_only=True).hidden_size)
+    return int(model_config(name, p.encoders.models[name]).hidden_size)
 
 
 def check_trainable(data: Data, t: TrainParams, world: int) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from simtune.cache import vectors
-from simtune.encoders import model_dir, pool, trim_padding
+from simtune.encoders import model_dir, pooled, trim_padding
 from simtune.params import EncoderParams, Params
 
 ROWS = {"text": "rows", "query": "q_rows", "doc": "d_rows", "neg": "neg_rows"}
@@ -171,8 +171,7 @@ class CachedStates(Representation):
     def _run(self, rows: torch.Tensor) -> torch.Tensor:
         states, mask = self.table.batch(rows, self.device)
         hidden = self.top(inputs_embeds=states, attention_mask=mask).last_hidden_state
-        vec = pool(hidden, mask, self.spec.pooling).float()
-        return torch.nn.functional.normalize(vec, dim=-1) if self.spec.normalize else vec
+        return pooled(hidden, mask, self.spec)
 
     def embed_split(self, split: Any, role: str) -> torch.Tensor:
         """(n, D) vectors of every example of `split`, in its order. Rows run length-sorted in
@@ -237,8 +236,7 @@ class LiveEncoder(Representation):
         tokens = trim_padding(part[TOKENS[role]])
         tokens = {k: v.to(self.device, non_blocking=True) for k, v in tokens.items()}
         hidden = self.encoder(**tokens).last_hidden_state
-        vec = pool(hidden, tokens["attention_mask"], self.spec.pooling).float()
-        return torch.nn.functional.normalize(vec, dim=-1) if self.spec.normalize else vec
+        return pooled(hidden, tokens["attention_mask"], self.spec)
 
     def save(self, directory: Path) -> None:
         self.encoder.save_pretrained(directory)
