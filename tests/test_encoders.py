@@ -1,4 +1,6 @@
-"""The core encoder helpers: the one pooling function, the file hash, the config helper."""
+"""The core encoder helpers: the one pooling function (equal to sentence-transformers' Pooling,
+lasttoken and include_prompt included, either padding side), prompts and the fingerprint, the
+file hash, the config helper."""
 
 from __future__ import annotations
 
@@ -8,14 +10,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from simtune.encoders import model_config, pooled, sha256_of
+from simtune.encoders import (
+    FrozenEncoder,
+    describe,
+    fingerprint,
+    model_config,
+    pooled,
+    prompt_skip,
+    sha256_of,
+    trim_padding,
+)
 from simtune.params import EncoderParams
 
 
-def _spec(pooling: str = "mean", normalize: bool = True, model: str = "unused"
-          ) -> EncoderParams:
+def _spec(pooling: str = "mean", normalize: bool = True, model: str = "unused",
+          prompts: dict | None = None) -> EncoderParams:
     return EncoderParams(model=model, pooling=pooling, normalize=normalize, max_length=8,
-                         dtype="float32")
+                         dtype="float32", prompts=prompts)
 
 
 def test_pooled_pools_then_normalises_by_hand() -> None:
@@ -51,3 +62,71 @@ def test_unknown_pooling_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown pooling"):
         pooled(torch.zeros(1, 1, 2), torch.ones(1, 1), _spec().model_copy(
             update={"pooling": "median"}))
+
+
+def _mask(lengths: list[int], width: int, side: str) -> torch.Tensor:
+    real = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+    return (real if side == "right" else real.flip(1)).long()
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("include_prompt", [True, False])
+@pytest.mark.parametrize("mode", ["mean", "cls", "max", "lasttoken"])
+def test_pooled_equals_sentence_transformers_pooling(mode: str, side: str,
+                                                     include_prompt: bool) -> None:
+    """Bit for bit, every pooling, right and left padding, the prompt's first 2 tokens
+    pooled or not (`prompt_length` 2 as sentence-transformers passes it)."""
+    st = pytest.importorskip("sentence_transformers.models")
+    hidden = torch.randn(4, 7, 5, generator=torch.Generator().manual_seed(0))
+    mask = _mask([7, 3, 5, 4], 7, side)
+    theirs = st.Pooling(5, pooling_mode=mode, include_prompt=include_prompt)(
+        {"token_embeddings": hidden, "attention_mask": mask.clone(), "prompt_length": 2}
+    )["sentence_embedding"]
+    ours = pooled(hidden, mask, _spec(mode, normalize=False), 0 if include_prompt else 2)
+    assert torch.equal(ours, theirs)
+
+
+def test_lasttoken_and_cls_by_hand_on_both_padding_sides() -> None:
+    hidden = torch.tensor([[[1.0], [2.0], [3.0]], [[4.0], [5.0], [6.0]]])
+    right, left = torch.tensor([[1, 1, 0], [1, 1, 1]]), torch.tensor([[0, 1, 1], [1, 1, 1]])
+    assert pooled(hidden, right, _spec("lasttoken", False)).tolist() == [[2.0], [6.0]]
+    assert pooled(hidden, left, _spec("lasttoken", False)).tolist() == [[3.0], [6.0]]
+    assert pooled(hidden, left, _spec("cls", False)).tolist() == [[2.0], [4.0]]
+    # the first real token left out (include_prompt false, 1 prompt token)
+    assert pooled(hidden, right, _spec("mean", False), 1).tolist() == [[2.0], [5.5]]
+    assert pooled(hidden, left, _spec("cls", False), 1).tolist() == [[3.0], [5.0]]
+
+
+def test_trim_padding_keeps_the_used_columns_on_either_side() -> None:
+    ids = torch.arange(10).reshape(2, 5)
+    right = {"input_ids": ids, "attention_mask": torch.tensor([[1, 1, 0, 0, 0], [1, 0, 0, 0, 0]])}
+    left = {"input_ids": ids, "attention_mask": torch.tensor([[0, 0, 0, 1, 1], [0, 0, 0, 0, 1]])}
+    assert trim_padding(right)["input_ids"].tolist() == [[0, 1], [5, 6]]
+    assert trim_padding(left)["input_ids"].tolist() == [[3, 4], [8, 9]]
+    assert trim_padding(left)["attention_mask"].tolist() == [[1, 1], [0, 1]]
+
+
+def test_prompt_skip_is_the_prompt_with_its_first_token(tiny_bert: Path) -> None:
+    """sentence-transformers' prompt length: [CLS] what is the [SEP] less the trailing [SEP]."""
+    encoder = FrozenEncoder("tiny", _spec(model=str(tiny_bert), prompts={
+        "query": "what is the ", "document": "", "include_prompt": False}), torch.device("cpu"))
+    assert prompt_skip(encoder.tokenizer, encoder.spec, "query") == 4
+    assert prompt_skip(encoder.tokenizer, encoder.spec, "document") == 0  # no prompt
+    kept = encoder.spec.model_copy(update={"prompts": encoder.spec.prompts.model_copy(
+        update={"include_prompt": True})})
+    assert prompt_skip(encoder.tokenizer, kept, "query") == 0
+    assert encoder.tokenize(["city"])["input_ids"].tolist() == (
+        encoder.as_role("document").tokenize(["what is the city"])["input_ids"].tolist())
+
+
+def test_prompts_enter_the_fingerprint_only_when_set(tiny_bert: Path) -> None:
+    plain = describe("tiny", _spec(model=str(tiny_bert)))
+    assert "prompt" not in plain and "include_prompt" not in plain  # old caches stay valid
+    empty = _spec(model=str(tiny_bert), prompts={"query": "", "document": "",
+                                                  "include_prompt": False})
+    assert fingerprint(describe("tiny", empty)) == fingerprint(plain)
+    e5 = _spec(model=str(tiny_bert), prompts={"query": "query: ", "document": "passage: ",
+                                               "include_prompt": True})
+    q, d = describe("tiny", e5), describe("tiny", e5, role="document")
+    assert (q["prompt"], d["prompt"], q["include_prompt"]) == ("query: ", "passage: ", True)
+    assert len({fingerprint(plain), fingerprint(q), fingerprint(d)}) == 3

@@ -8,6 +8,7 @@ under one fingerprint is never served to another.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import json
@@ -70,15 +71,20 @@ def model_config(name: str, spec: EncoderParams) -> Any:
     return transformers.AutoConfig.from_pretrained(model_dir(name, spec), local_files_only=True)
 
 
-def describe(name: str, spec: EncoderParams, layer: int | None = None) -> dict[str, Any]:
+def describe(name: str, spec: EncoderParams, layer: int | None = None,
+             role: str = "query") -> dict[str, Any]:
     """Everything the fingerprint covers, as a readable dict (kept in the manifest so a rebuild
-    can say what changed). `layer` k: the token states after layer k instead of the pooled
-    vector (pooling and normalisation then change nothing stored, but stay in the description:
-    one setting, one fingerprint)."""
+    can say what changed), for the `role` texts (`query` | `document`: its prompt). `layer` k:
+    the token states after layer k instead of the pooled vector (pooling, normalisation and
+    `include_prompt` then change nothing stored, but stay in the description: one setting, one
+    fingerprint). A prompt enters only when set: caches filled without prompts stay valid."""
     files = {f.name: sha256_of(f) for f in _model_files(model_dir(name, spec))}
-    out = {"format_version": CACHE_FORMAT_VERSION, "pooling": spec.pooling,
-           "normalize": spec.normalize, "max_length": spec.max_length, "dtype": spec.dtype,
-           "model_files": files}
+    out: dict[str, Any] = {
+        "format_version": CACHE_FORMAT_VERSION, "pooling": spec.pooling,
+        "normalize": spec.normalize, "max_length": spec.max_length, "dtype": spec.dtype,
+        "model_files": files}
+    if prompt_of(spec, role) and spec.prompts is not None:
+        out.update(prompt=prompt_of(spec, role), include_prompt=spec.prompts.include_prompt)
     if layer is not None:
         out["layer"] = layer
     return out
@@ -94,8 +100,9 @@ def changes(old: dict[str, Any] | None, new: dict[str, Any]) -> str:
     """Human-readable difference between two descriptions, for the rebuild log line."""
     if not old:
         return "no previous description"
-    out = [f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in new
-           if k != "model_files" and old.get(k) != new[k]]
+    keys = [*new, *(k for k in old if k not in new)]  # a prompt removed is a change too
+    out = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys
+           if k != "model_files" and old.get(k) != new.get(k)]
     old_files, new_files = old.get("model_files", {}), new["model_files"]
     changed = sorted(f for f in old_files.keys() | new_files.keys()
                      if old_files.get(f) != new_files.get(f))
@@ -105,13 +112,22 @@ def changes(old: dict[str, Any] | None, new: dict[str, Any]) -> str:
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """Pool token states into one vector per text.
+    """Pool token states into one vector per text, as sentence-transformers' `Pooling` does.
 
-    hidden: (B, T, H) last hidden states; mask: (B, T) attention mask (1 = real token).
-    Returns (B, H). `mean` averages real tokens, `cls` takes token 0, `max` is the masked max.
-    """
-    if mode == "cls":
-        return hidden[:, 0]
+    hidden: (B, T, H) last hidden states; mask: (B, T) attention mask (1 = real token), right
+    or left padding. Returns (B, H). `mean` averages real tokens, `cls` takes the first real
+    token (token 0 under right padding), `max` is the masked max, `lasttoken` the last real
+    token (decoder embedders)."""
+    if mode in ("cls", "lasttoken"):
+        m = mask.to(torch.int32)  # ONNX Runtime's ArgMax takes no int64 (as sentence-transformers)
+        if mode == "cls":
+            at = m.argmax(1)
+        else:
+            found, back = m.flip(1).max(1)
+            at = hidden.shape[1] - 1 - torch.where(found == 0, hidden.shape[1] - 1, back)
+        index = at[:, None, None].expand(-1, 1, hidden.shape[2])
+        out = torch.gather(hidden, 1, index).squeeze(1)
+        return out if mode == "cls" else out * found[:, None].to(out.dtype)  # no token: 0
     m = mask.unsqueeze(-1).to(hidden.dtype)
     if mode == "mean":
         return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)
@@ -120,21 +136,53 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
     raise ValueError(f"unknown pooling {mode!r}")
 
 
-def pooled(hidden: torch.Tensor, mask: torch.Tensor, spec: EncoderParams) -> torch.Tensor:
+def exclude_prompt(mask: torch.Tensor, skip: int) -> torch.Tensor:
+    """A copy of the (B, T) `mask` with each row's first `skip` real tokens masked out (left
+    padding included): sentence-transformers' `include_prompt: false`, in one traceable form."""
+    first = mask.to(torch.int32).argmax(1)  # leading padding of each row (0: right padding)
+    positions = torch.arange(mask.shape[1], device=mask.device)[None, :]
+    return mask.masked_fill(positions < (first + skip)[:, None], 0)
+
+
+def pooled(hidden: torch.Tensor, mask: torch.Tensor, spec: EncoderParams,
+           skip: int = 0) -> torch.Tensor:
     """The one way token states become a text's vector (fill, ONNX export, top_layers, full):
-    `pool` by `spec.pooling`, in float32, then L2-normalised when `spec.normalize`.
+    `pool` by `spec.pooling` over the real tokens after the first `skip` (`prompt_skip`: 0
+    unless the prompt is left out of the pooling), in float32, then L2-normalised when
+    `spec.normalize`.
 
     hidden: (B, T, H) last hidden states (any float dtype); mask: (B, T) attention mask
     (1 = real token). Returns (B, H) float32."""
+    if skip:
+        mask = exclude_prompt(mask, skip)
     vec = pool(hidden, mask, spec.pooling).float()
     return torch.nn.functional.normalize(vec, dim=-1) if spec.normalize else vec
 
 
+def prompt_of(spec: EncoderParams, role: str) -> str:
+    """The text put before every `role` (`query` | `document`) text ('' when none)."""
+    return "" if spec.prompts is None else str(getattr(spec.prompts, role))
+
+
+def prompt_skip(tokenizer: Any, spec: EncoderParams, role: str) -> int:
+    """Leading tokens `pooled` leaves out for `role`: 0, unless a prompt is set with
+    `include_prompt: false`; then sentence-transformers' prompt length: the prompt tokenised
+    alone (special tokens added, truncated at max_length), less a trailing special token."""
+    prompt = prompt_of(spec, role)
+    if not prompt or spec.prompts is None or spec.prompts.include_prompt:
+        return 0
+    ids = tokenizer(prompt, truncation=True, max_length=spec.max_length)["input_ids"]
+    trailing_special = bool(ids) and ids[-1] in set(tokenizer.all_special_ids)
+    return len(ids) - int(trailing_special)
+
+
 def trim_padding(tokens: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Drop the padding columns no row of this (sub-)batch needs: a chunk sliced from a batch
-    padded to the batch's longest text is padded to its own longest text instead."""
-    width = int(tokens["attention_mask"].sum(1).max())
-    return {k: v[:, :width] if v.dim() == 2 else v for k, v in tokens.items()}
+    padded to the batch's longest text is padded to its own longest text instead (trailing
+    columns under right padding, leading ones under left padding)."""
+    used = torch.nonzero(tokens["attention_mask"].any(0)).flatten()
+    lo, hi = (int(used[0]), int(used[-1]) + 1) if len(used) else (0, 0)
+    return {k: v[:, lo:hi] if v.dim() == 2 else v for k, v in tokens.items()}
 
 
 def resolve_device(device: str) -> torch.device:
@@ -162,9 +210,13 @@ def _load_failure(e: Exception) -> str:
 
 
 class FrozenEncoder:
-    """A frozen transformers encoder: texts -> pooled (and optionally normalised) vectors."""
+    """A frozen transformers encoder: texts -> pooled (and optionally normalised) vectors.
 
-    def __init__(self, name: str, spec: EncoderParams, device: torch.device) -> None:
+    `role` (`query` | `document`) picks the prompt put before every text (`spec.prompts`);
+    `as_role` gives the same loaded encoder in the other role."""
+
+    def __init__(self, name: str, spec: EncoderParams, device: torch.device,
+                 role: str = "query") -> None:
         import transformers
 
         transformers.logging.set_verbosity_error()  # unused-weight notes are expected here
@@ -181,17 +233,31 @@ class FrozenEncoder:
         self.model.eval().requires_grad_(False).to(device)
         self.dim = int(self.model.config.hidden_size)
         self.fast = fast_path(self.tokenizer, spec.max_length)  # None: the transformers call
+        self.role, self.prompt = role, prompt_of(spec, role)
+        self.skip = prompt_skip(self.tokenizer, spec, role)
         log.info("loaded encoder '%s' from %s (dim %d) on %s", name, path, self.dim, device)
 
+    def as_role(self, role: str) -> FrozenEncoder:
+        """This encoder (the same loaded model) embedding `role` texts."""
+        if role == self.role:
+            return self
+        other = copy.copy(self)
+        other.role, other.prompt = role, prompt_of(self.spec, role)
+        other.skip = prompt_skip(self.tokenizer, self.spec, role)
+        return other
+
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
-        """Padded to the longest text of the batch, truncated at `max_length`."""
+        """The prompt + each text, padded to the longest of the batch, truncated at
+        `max_length` (the prompt's tokens count, as in sentence-transformers)."""
+        texts = [self.prompt + t for t in texts] if self.prompt else texts
         if self.fast is not None:
             return self.fast(texts)
         return dict(self.tokenizer(texts, padding=True, truncation=True,
                                    max_length=self.spec.max_length, return_tensors="pt"))
 
     def token_lengths(self, texts: list[str]) -> list[int]:
-        """Token count of each text after truncation (for length-sorted batches)."""
+        """Token count of each text (prompt included) after truncation (for sorted batches)."""
+        texts = [self.prompt + t for t in texts] if self.prompt else texts
         if self.fast is not None:
             return self.fast.lengths(texts)
         ids = self.tokenizer(texts, truncation=True, max_length=self.spec.max_length,
@@ -202,7 +268,7 @@ class FrozenEncoder:
         """Tokenised batch -> (B, dim) float32 vectors. Caller chooses grad/inference mode."""
         batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         hidden = self.model(**batch).last_hidden_state
-        return pooled(hidden, batch["attention_mask"], self.spec)
+        return pooled(hidden, batch["attention_mask"], self.spec, self.skip)
 
     def states(self, batch: dict[str, torch.Tensor], layer: int) -> list[np.ndarray]:
         """Tokenised batch -> each text's (T_i, H) float32 token states after layer `layer`
@@ -215,7 +281,8 @@ class FrozenEncoder:
 
     @torch.inference_mode()
     def encode(self, texts: list[str], batch_size: int) -> torch.Tensor:
-        """(N, dim) float32 on CPU, in the order of `texts`; length-sorted batches inside."""
+        """(N, dim) float32 on CPU, in the order of `texts` (as `role` texts); length-sorted
+        batches inside."""
         order = sorted(range(len(texts)), key=self.token_lengths(texts).__getitem__)
         out = torch.empty(len(texts), self.dim)
         for i in range(0, len(order), batch_size):

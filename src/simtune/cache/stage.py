@@ -77,57 +77,75 @@ class FillResult:
     model_loaded: bool
 
 
-def texts_per_encoder(prepared: Prepared, encoders: EncodersParams) -> dict[str, pa.Array]:
-    """Distinct text ids each encoder must embed: groups' texts and pairs' queries go to
-    `encoders.query`, pairs' documents to `encoders.document` (one set if they are the same)."""
+@dataclass(frozen=True)
+class Target:
+    """One view to fill: encoder `name` embedding `role` texts into `<out>/<view>/`."""
+
+    name: str
+    role: str  # query | document: which prompt goes before each text
+    view: str
+
+
+def texts_per_encoder(prepared: Prepared, encoders: EncodersParams) -> dict[Target, pa.Array]:
+    """Distinct text ids each view must hold: groups' texts and pairs' queries are `query` texts
+    of `encoders.query`, pairs' documents `document` texts of `encoders.document`; one view (one
+    set of ids) when both roles read the same one (one encoder, one prompt)."""
     ex = prepared.examples
     if prepared.kind == "groups":
-        roles = {encoders.query: [ex.column("text_id")]}
+        columns = [("query", ex.column("text_id"))]
     else:
-        roles = {encoders.query: [ex.column("query_id")]}
-        roles.setdefault(encoders.document, []).append(ex.column("doc_id"))
-    return {name: pc.unique(pa.chunked_array([c for col in cols for c in col.chunks],
-                                             pa.string()))
-            for name, cols in roles.items()}
+        columns = [("query", ex.column("query_id")), ("document", ex.column("doc_id"))]
+    found: dict[str, tuple[Target, list[pa.ChunkedArray]]] = {}
+    for role, column in columns:
+        name = encoders.query if role == "query" else encoders.document
+        view = views.view_name(name, encoders.models[name], role)
+        found.setdefault(view, (Target(name, role, view), []))[1].append(column)
+    return {target: pc.unique(pa.chunked_array([c for col in cols for c in col.chunks],
+                                               pa.string()))
+            for target, cols in found.values()}
 
 
 def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParams,
          dist: Dist | None = None, layer: int | None = None) -> list[FillResult]:
-    """Fill the view `out/<name>/` for every encoder the prepared data needs, embedding only
-    what the shared store (`cache.store`) lacks; with `layer` k, also the token states after
-    layer k (`out/<name>@layer<k>/`) of the query encoder (top-layers training)."""
+    """Fill the view of every (encoder, role) the prepared data needs (`texts_per_encoder`),
+    embedding only what the shared store (`cache.store`) lacks; with `layer` k, also the token
+    states after layer k (`<view>@layer<k>/`) of the query encoder's views (top-layers
+    training)."""
     prepared = load_prepared(prepared_dir)
     if prepared.texts.num_rows == 0:
         raise UserError(f"{prepared_dir}: prepared data has no texts")
     dist = dist or dist_from_env()
     results = []
-    for name, ids in texts_per_encoder(prepared, encoders).items():
+    for target, ids in texts_per_encoder(prepared, encoders).items():
+        name, role = target.name, target.role
         texts = prepared.text_map(ids)
         spec = encoders.models[name]
-        results.append(fill_encoder(name, spec, texts, Path(out) / name, cp, dist))
+        results.append(fill_encoder(name, spec, texts, Path(out) / target.view, cp, dist,
+                                    role=role))
         if layer is not None and name == encoders.query:
             fmt = Format(layer)
-            views.check_layer_size(name, spec, texts, fmt, cp)
-            results.append(fill_encoder(name, spec, texts, Path(out) / f"{name}{fmt.suffix()}",
-                                        cp, dist, fmt=fmt))
+            views.check_layer_size(name, spec, texts, fmt, cp, role)
+            results.append(fill_encoder(name, spec, texts,
+                                        Path(out) / views.view_name(name, spec, role, layer),
+                                        cp, dist, fmt=fmt, role=role))
     return results
 
 
 def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Path,
                  cp: CacheParams, dist: Dist,
                  encoder_factory: Callable[..., FrozenEncoder] = FrozenEncoder,
-                 fmt: Format = VECTORS) -> FillResult:
-    """Make `view` hold the vectors of `texts` (workspace id -> text) under the current
-    fingerprint. Texts the store lacks are embedded into it first (rank `r` of `w` embeds every
-    w-th of the length-sorted missing texts) by `cp.backend` (`simtune.backends`); nothing
-    stored is touched before the encoder has loaded, and the view is replaced only when
-    complete."""
-    description = describe(name, spec, fmt.layer)
+                 fmt: Format = VECTORS, role: str = "query") -> FillResult:
+    """Make `view` hold the vectors of `texts` (workspace id -> text), embedded as `role`
+    texts (`query` | `document`: the prompt before each), under the current fingerprint.
+    Texts the store lacks are embedded into it first (rank `r` of `w` embeds every w-th of the
+    length-sorted missing texts) by `cp.backend` (`simtune.backends`); nothing stored is
+    touched before the encoder has loaded, and the view is replaced only when complete."""
+    description = describe(name, spec, fmt.layer, role)
     fp = fingerprint(description)
     root = store.root(cp.store)
     directory = store.fingerprint_dir(root, fp)
     by_hash = {text_id(t): t for t in texts.values()}
-    label = f"{name}{fmt.suffix()}"
+    label = views.view_name(name, spec, role, fmt.layer)
     with _rank0_locks(dist, root, view, directory, label):
         if dist.rank == 0:
             views.say_what_changed(view, root, label, description, fp)
@@ -142,7 +160,7 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Pa
                             model_loaded=False)
         log.info("cache %s: %d cached, %d to embed", label, result.cached, len(missing))
         if missing:
-            encoder = backends.select(encoder_factory(name, spec, _device(cp, dist)),
+            encoder = backends.select(encoder_factory(name, spec, _device(cp, dist), role),
                                       cp.backend, directory, fmt.layer)
             result.model_loaded = True
             result.embedded = _embed_missing(encoder, missing, by_hash, directory, manifest,

@@ -15,12 +15,27 @@ from simtune.atomic import atomic_dir
 from simtune.cache import formats, states, store, vectors
 from simtune.cache.formats import Format
 from simtune.cache.states import StatesTable
-from simtune.encoders import changes, describe, fingerprint, model_config, model_dir
+from simtune.encoders import (
+    changes,
+    describe,
+    fingerprint,
+    model_config,
+    model_dir,
+    prompt_of,
+)
 from simtune.errors import UserError
 from simtune.params import CacheParams, EncoderParams, EncodersParams, TrainParams
 
 log = logging.getLogger("simtune.cache")
 VECTORS = Format()
+
+
+def view_name(name: str, spec: EncoderParams, role: str, layer: int | None = None) -> str:
+    """The view directory (under the cache output) of encoder `name`'s `role` texts: `<name>`,
+    or `<name>@document` for documents when its document prompt differs from its query prompt
+    (the same text then has another vector); `@layer<k>` after either for layer states."""
+    apart = role == "document" and prompt_of(spec, "document") != prompt_of(spec, "query")
+    return f"{name}{'@document' if apart else ''}{Format(layer).suffix()}"
 
 
 def say_what_changed(view: Path, root: Path, name: str, description: dict, fp: str) -> None:
@@ -107,19 +122,22 @@ def layer_for(encoders: EncodersParams, train: TrainParams) -> int | None:
 
 
 def check_layer_size(name: str, spec: EncoderParams, texts: dict[str, str], fmt: Format,
-                      cp: CacheParams) -> None:
-    """Estimate the layer cache (texts x mean tokens x hidden x bytes, tokens counted on a
-    sample), log it, and refuse it above `cache.max_layer_gb` before embedding anything."""
+                      cp: CacheParams, role: str) -> None:
+    """Estimate the layer cache of `role` texts (texts x mean tokens, prompt included, x hidden
+    x bytes; tokens counted on a sample), log it, and refuse it above `cache.max_layer_gb`
+    before embedding anything."""
     import transformers
 
     config = model_config(name, spec)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir(name, spec),
                                                            local_files_only=True)
     sample = random.Random(0).sample(sorted(texts.values()), min(2000, len(texts)))
+    sample = [prompt_of(spec, role) + t for t in sample]
     lengths = tokenizer(sample, truncation=True, max_length=spec.max_length)["input_ids"]
     mean = sum(map(len, lengths)) / max(len(lengths), 1)
     size = len(texts) * mean * int(config.hidden_size) * (2 if spec.dtype == "float16" else 4)
-    log.info("cache %s%s: ~%.2f GB (%d texts x %.1f tokens x %d x %s)", name, fmt.suffix(),
+    log.info("cache %s: ~%.2f GB (%d texts x %.1f tokens x %d x %s)",
+             view_name(name, spec, role, fmt.layer),
              size / 1e9, len(texts), mean, config.hidden_size, spec.dtype)
     if size > cp.max_layer_gb * 1e9:
         raise UserError(f"cache.max_layer_gb: the layer cache of '{name}' would take "
@@ -128,30 +146,37 @@ def check_layer_size(name: str, spec: EncoderParams, texts: dict[str, str], fmt:
 
 
 def open_cache(out: Path, name: str, spec: EncoderParams, cp: CacheParams,
-               placed: bool = True) -> vectors.CacheTable:
-    """Load `out/<name>/` for training or evaluation: fingerprint must match the current encoder
-    settings, every shard's checksum must match, then (with `placed`) the table is placed per
-    `cache_type` (or its `mapping` entry). Hashing the model files here loads no weights."""
-    fp = fingerprint(describe(name, spec))
-    table = vectors.load(Path(out) / name, fingerprint=fp, checksums=True)
+               placed: bool = True, role: str = "query") -> vectors.CacheTable:
+    """Load the view of encoder `name`'s `role` texts (`view_name`) for training or evaluation:
+    fingerprint must match the current encoder settings, every shard's checksum must match,
+    then (with `placed`) the table is placed per `cache_type` (or its `mapping` entry).
+    Hashing the model files here loads no weights."""
+    fp = fingerprint(describe(name, spec, role=role))
+    table = vectors.load(Path(out) / view_name(name, spec, role), fingerprint=fp,
+                         checksums=True)
     return vectors.place(table, cp.mapping.get(name, cp.cache_type)) if placed else table
 
 
 def open_pair(out: Path, encoders: EncodersParams, cp: CacheParams, placed: bool = True
               ) -> tuple[vectors.CacheTable, vectors.CacheTable]:
-    """(query table, document table) of `encoders` (one table when they are one encoder); one
-    head reads both, so they must give one dim."""
-    q = open_cache(out, encoders.query, encoders.models[encoders.query], cp, placed)
-    d = q if encoders.document == encoders.query else open_cache(
-        out, encoders.document, encoders.models[encoders.document], cp, placed)
+    """(query table, document table) of `encoders` (one table when both roles read one view);
+    one head reads both, so they must give one dim."""
+    q_spec, d_spec = encoders.models[encoders.query], encoders.models[encoders.document]
+    q = open_cache(out, encoders.query, q_spec, cp, placed)
+    same = (encoders.document == encoders.query
+            and view_name(encoders.query, q_spec, "document") == view_name(encoders.query,
+                                                                           q_spec, "query"))
+    d = q if same else open_cache(out, encoders.document, d_spec, cp, placed, "document")
     if q.dim != d.dim:
         raise UserError(f"encoders: '{encoders.query}' gives {q.dim}-d and "
                         f"'{encoders.document}' {d.dim}-d vectors; one head needs one dim")
     return q, d
 
 
-def open_states(out: Path, name: str, spec: EncoderParams, layer: int) -> StatesTable:
-    """Load the layer cache `out/<name>@layer<k>/` (fingerprint and checksums checked)."""
-    fp = fingerprint(describe(name, spec, layer))
-    return states.load(Path(out) / f"{name}{Format(layer).suffix()}", fingerprint=fp,
+def open_states(out: Path, name: str, spec: EncoderParams, layer: int, role: str = "query"
+                ) -> StatesTable:
+    """Load the layer cache of `name`'s `role` texts, `out/<view>@layer<k>/` (fingerprint and
+    checksums checked)."""
+    fp = fingerprint(describe(name, spec, layer, role))
+    return states.load(Path(out) / view_name(name, spec, role, layer), fingerprint=fp,
                        checksums=True)

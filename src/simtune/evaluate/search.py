@@ -34,24 +34,25 @@ def search(p: Params, query: str, k: int, head_dir: Path, prepared_dir: Path,
     ids = list(texts)
     if prepared.kind == "pairs":
         ids = sorted(set(prepared.examples.column("doc_id").to_pylist()))
+    role = "document" if prepared.kind == "pairs" else "query"
     name = p.encoders.document if prepared.kind == "pairs" else p.encoders.query
-    corpus = _corpus_vectors(p, name, ids, head_dir, cache_dir)
+    corpus = _corpus_vectors(p, name, ids, head_dir, cache_dir, role)
     if corpus is None:
         log.info("embedding the corpus with the model (%d texts)", len(ids))
-        corpus = model.encode([texts[i] for i in ids])
+        corpus = model.encode([texts[i] for i in ids], role=role)
     if k > len(ids):
         log.warning("--k %d is more than the corpus (%d texts): showing all", k, len(ids))
         k = len(ids)
-    scores, idx = topk(model.encode([query]), corpus, k)
+    scores, idx = topk(model.encode([query], role="query"), corpus, k)
     return [(float(s), texts[ids[i]]) for s, i in zip(scores[0], idx[0].tolist(), strict=True)]
 
 
 def _corpus_vectors(p: Params, name: str, ids: list[str], head_dir: Path,
-                    cache_dir: Path) -> torch.Tensor | None:
+                    cache_dir: Path, role: str) -> torch.Tensor | None:
     if (head_dir / "encoder").is_dir():
         return None  # a fine-tuned encoder: the frozen cache does not apply
     try:
-        table = open_cache(cache_dir, name, p.encoders.models[name], p.cache)
+        table = open_cache(cache_dir, name, p.encoders.models[name], p.cache, role=role)
     except UserError as e:
         log.info("not using the cache: %s", e)
         return None

@@ -1,9 +1,11 @@
 """The sentence-transformers files of an export, in sentence-transformers' own modules.
 
 `SentenceTransformer(export_dir)` reads `modules.json`: `Transformer` (`encoder/`) -> `Pooling`
-(`1_Pooling/`) -> `Normalize` when the encoder normalises -> the head -> `Normalize` when
-`normalize_output`. Every simtune head is affine or a residual MLP, so each is written as
-sentence-transformers' own `Dense` modules: no code of ours runs, no `trust_remote_code`.
+(`1_Pooling/`, with `include_prompt` when prompts are set) -> `Normalize` when the encoder
+normalises -> the head -> `Normalize` when `normalize_output`; the encoder's prompts are
+`config_sentence_transformers.json`'s `prompts` (`query`, `document`; `query` the default).
+Every simtune head is affine or a residual MLP, so each is written as sentence-transformers'
+own `Dense` modules: no code of ours runs, no `trust_remote_code`.
 
 - identity: no module;
 - linear, y = W x + b: one `Dense` (identity activation);
@@ -126,12 +128,18 @@ def write(root: Path, spec: dict[str, Any], head: heads.Head, normalize_output: 
                {"max_seq_length": spec["max_length"], "do_lower_case": False})
     pooling = add(ST + "Pooling", "1_Pooling")
     pooling.mkdir()
-    write_json(pooling / "config.json", {
+    prompts = spec.get("prompts")  # None: no prompts (and exports from before they existed)
+    pool_config: dict[str, Any] = {
         "word_embedding_dimension": head.config["dim"],
         "pooling_mode_cls_token": spec["pooling"] == "cls",
         "pooling_mode_mean_tokens": spec["pooling"] == "mean",
         "pooling_mode_max_tokens": spec["pooling"] == "max",
-        "pooling_mode_mean_sqrt_len_tokens": False})
+        "pooling_mode_mean_sqrt_len_tokens": False}
+    if spec["pooling"] == "lasttoken":  # the key only where needed: older readers lack it
+        pool_config["pooling_mode_lasttoken"] = True
+    if prompts is not None:
+        pool_config["include_prompt"] = bool(prompts["include_prompt"])
+    write_json(pooling / "config.json", pool_config)
     if spec["normalize"]:
         add(ST + "Normalize", f"{len(modules)}_Normalize").mkdir()
     chain = dense_chain(head)
@@ -144,6 +152,10 @@ def write(root: Path, spec: dict[str, Any], head: heads.Head, normalize_output: 
     write_json(root / "modules.json", modules)
     config: dict[str, Any] = {"model_type": "SentenceTransformer", "prompts": {},
                               "default_prompt_name": None}
+    if prompts is not None:
+        # `encode` without a prompt name embeds as a query, as `simtune.Model.encode` does
+        config.update(prompts={"query": prompts["query"], "document": prompts["document"]},
+                      default_prompt_name="query")
     if normalize_output or similarity is not None:
         config["similarity_fn_name"] = "cosine" if normalize_output else similarity
     write_json(root / "config_sentence_transformers.json", config)

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from simtune.atomic import atomic_dir, write_json
-from simtune.cache.views import open_cache
+from simtune.cache.views import open_pair
 from simtune.negatives.mined import FORMAT_VERSION
 from simtune.params import Params
 from simtune.prepare.prepared import load as load_prepared
@@ -116,9 +116,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path
                               "skipped_false_negatives": 0}
     if prepared.kind == "pairs" and n.count:
         enc = p.encoders
-        q_table = open_cache(cache_dir, enc.query, enc.models[enc.query], p.cache, placed=False)
-        d_table = q_table if enc.document == enc.query else open_cache(
-            cache_dir, enc.document, enc.models[enc.document], p.cache, placed=False)
+        q_table, d_table = open_pair(cache_dir, enc, p.cache, placed=False)
         ex = prepared.examples.filter(pc.equal(prepared.examples["split"], "train"))
         qs, ds = ex.column("query_id").to_pylist(), ex.column("doc_id").to_pylist()
         q_ids, d_ids = list(dict.fromkeys(qs)), list(dict.fromkeys(ds))

@@ -60,7 +60,7 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool =
         q_table, d_table = open_pair(cache_dir, enc, p.cache, placed=False)
         tables = {"query": q_table, "doc": d_table}
     if p.train.mode == "top_layers":
-        tables.update(_states_tables(p, cache_dir, q_table))
+        tables.update(_states_tables(p, cache_dir, q_table, d_table))
     texts = prepared.text_map() if full else {}
     hook = None
     if negatives_dir is not None and p.train.hard_negatives and q_table is not None:
@@ -74,19 +74,27 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool =
     return data
 
 
-def _states_tables(p: Params, cache_dir: Path, q_table: Any) -> dict[str, Any]:
-    """Top-layers mode: the layer cache of the query encoder, row for row the vector cache's
-    (both views hold the same ids, sorted), so the splits' cache rows index both."""
+def _states_tables(p: Params, cache_dir: Path, q_table: Any, d_table: Any) -> dict[str, Any]:
+    """Top-layers mode: the layer cache of the (shared) encoder's query texts, row for row the
+    query vector cache's (both views hold the same ids, sorted), so the splits' cache rows
+    index both; and of its document texts, the same table unless documents have their own
+    view (another prompt)."""
     from simtune.cache.views import layer_for, open_states
 
     layer = layer_for(p.encoders, p.train)
     assert layer is not None
     name = p.encoders.query
-    table = open_states(cache_dir, name, p.encoders.models[name], layer)
-    if not table.ids.equals(q_table.ids):
-        raise UserError(f"{table.directory}: the layer cache holds other texts than "
-                        f"{q_table.directory}; run the cache stage")
-    return {"states": table, "layer": layer}
+    out: dict[str, Any] = {"layer": layer}
+    for key, role, vectors in (("states", "query", q_table), ("doc_states", "document", d_table)):
+        if key == "doc_states" and d_table is q_table:
+            out[key] = out["states"]
+            continue
+        table = open_states(cache_dir, name, p.encoders.models[name], layer, role)
+        if not table.ids.equals(vectors.ids):
+            raise UserError(f"{table.directory}: the layer cache holds other texts than "
+                            f"{vectors.directory}; run the cache stage")
+        out[key] = table
+    return out
 
 
 def _query_dim(p: Params) -> int:

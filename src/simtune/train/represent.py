@@ -23,10 +23,11 @@ import numpy as np
 import torch
 
 from simtune.cache import vectors
-from simtune.encoders import model_dir, pooled, trim_padding
+from simtune.encoders import model_dir, pooled, prompt_of, prompt_skip, trim_padding
 from simtune.params import EncoderParams, Params
 
 ROWS = {"text": "rows", "query": "q_rows", "doc": "d_rows", "neg": "neg_rows"}
+PROMPT_ROLE = {"text": "query", "query": "query", "doc": "document", "neg": "document"}
 TEXTS = {"text": "texts", "query": "q_texts", "doc": "d_texts"}
 TOKENS = {"text": "tokens", "query": "q_tokens", "doc": "d_tokens"}
 CHUNK = 1024
@@ -89,9 +90,25 @@ class CachedVectors(Representation):
     def place(self, device: torch.device, cache_type: Callable[[str], str]) -> None:
         self._device = device
         same = self.d_table is self.q_table
-        self.q_table = vectors.place(self.q_table, cache_type(self.q_table.manifest.encoder))
+        self.q_table = vectors.place(self.q_table, cache_type(_encoder_of(self.q_table)))
         self.d_table = self.q_table if same else vectors.place(
-            self.d_table, cache_type(self.d_table.manifest.encoder))
+            self.d_table, cache_type(_encoder_of(self.d_table)))
+
+
+def _encoder_of(table: Any) -> str:
+    """The encoder name of a loaded view (`minilm@document@layer4` -> `minilm`)."""
+    return str(table.manifest.encoder).split("@")[0]
+
+
+def _skips(path: Path, spec: EncoderParams) -> dict[str, int]:
+    """Prompt tokens left out of the pooling, by prompt role (`encoders.prompt_skip`); the
+    tokenizer is loaded only when a prompt is set with include_prompt false."""
+    if spec.prompts is None or spec.prompts.include_prompt:
+        return {"query": 0, "document": 0}
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return {role: prompt_skip(tokenizer, spec, role) for role in ("query", "document")}
 
 
 class _PassThrough(torch.nn.Module):
@@ -146,32 +163,40 @@ def top_model(path: Path, layer: int) -> Any:
 
 
 class CachedStates(Representation):
-    """Top-layers mode: cached token states after layer k through the trainable top layers."""
+    """Top-layers mode: cached token states after layer k through the trainable top layers.
+    `table` holds the query (and groups') texts, `doc_table` the documents (the same table
+    unless a document prompt of its own gives them their own view)."""
 
-    def __init__(self, table: Any, path: Path, layer: int, spec: EncoderParams) -> None:
+    def __init__(self, table: Any, path: Path, layer: int, spec: EncoderParams,
+                 doc_table: Any = None) -> None:
         super().__init__()
         self.table, self.path, self.layer, self.spec = table, path, layer, spec
+        self.doc_table = table if doc_table is None else doc_table
         self.top = top_model(path, layer).train()  # from_pretrained leaves eval mode: dropout on
         self.dim = int(self.top.config.hidden_size)
+        self.skips = _skips(path, spec)
+
+    def _table(self, role: str) -> Any:
+        return self.doc_table if PROMPT_ROLE[role] == "document" else self.table
 
     def forward(self, split: Any, part: dict[str, Any], role: str) -> torch.Tensor:
         """(n, D): each text's vector depends only on its own tokens, so the batch runs as
         groups of similar length (`length_groups`), each padded to its own longest."""
-        rows = split.tensors[ROWS[role]][part["idx"]]
-        groups = length_groups(self.table.lengths(rows.to(self.table.offsets.device)).cpu(),
+        rows, table = split.tensors[ROWS[role]][part["idx"]], self._table(role)
+        groups = length_groups(table.lengths(rows.to(table.offsets.device)).cpu(),
                                GROUP_OVERHEAD.get(self.device.type, GROUP_OVERHEAD["other"]))
         if len(groups) == 1:
-            return self._run(rows)
-        outs = [self._run(rows[g]) for g in groups]
+            return self._run(rows, role)
+        outs = [self._run(rows[g], role) for g in groups]
         vectors = torch.empty(len(rows), outs[0].shape[1], dtype=outs[0].dtype,
                               device=outs[0].device)
         vectors[torch.cat(groups).to(vectors.device)] = torch.cat(outs)
         return vectors
 
-    def _run(self, rows: torch.Tensor) -> torch.Tensor:
-        states, mask = self.table.batch(rows, self.device)
+    def _run(self, rows: torch.Tensor, role: str) -> torch.Tensor:
+        states, mask = self._table(role).batch(rows, self.device)
         hidden = self.top(inputs_embeds=states, attention_mask=mask).last_hidden_state
-        return pooled(hidden, mask, self.spec)
+        return pooled(hidden, mask, self.spec, self.skips[PROMPT_ROLE[role]])
 
     def embed_split(self, split: Any, role: str) -> torch.Tensor:
         """(n, D) vectors of every example of `split`, in its order. Rows run length-sorted in
@@ -180,7 +205,8 @@ class CachedStates(Representation):
         n = len(split)
         if n == 0:
             return torch.empty(0, self.dim)
-        lengths = self.table.lengths(split.tensors[ROWS[role]].to(self.table.offsets.device))
+        table = self._table(role)
+        lengths = table.lengths(split.tensors[ROWS[role]].to(table.offsets.device))
         order = torch.argsort(lengths.cpu(), descending=True, stable=True)
         out, s = [], 0
         while s < n:  # sorted descending: the chunk's first row is its longest
@@ -192,9 +218,11 @@ class CachedStates(Representation):
         return vectors
 
     def place(self, device: torch.device, cache_type: Callable[[str], str]) -> None:
-        kind = cache_type(self.table.manifest.encoder.split("@")[0])
+        kind = cache_type(_encoder_of(self.table))
         if kind == "gpu" or (kind == "auto" and device.type == "cuda"):
+            same = self.doc_table is self.table
             self.table = self.table.to(device)
+            self.doc_table = self.table if same else self.doc_table.to(device)
 
     def save(self, directory: Path) -> None:
         """The frozen bottom + the trained top layers as one ordinary transformers model."""
@@ -221,12 +249,17 @@ class LiveEncoder(Representation):
         self.encoder = transformers.AutoModel.from_pretrained(path, local_files_only=True).train()
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.dim = int(self.encoder.config.hidden_size)
+        self.prompts = {r: prompt_of(spec, r) for r in ("query", "document")}
+        self.skips = {r: prompt_skip(self.tokenizer, spec, r) for r in ("query", "document")}
 
     def collate(self, split: Any, idx: list[int]) -> dict[str, Any]:
+        """Each role's texts, its prompt before each, tokenised (prompt tokens count toward
+        max_length, as in the cache fill)."""
         out = super().collate(split, idx)
         for role, name in TEXTS.items():
             if name in split.texts:
-                texts = [split.texts[name][i] for i in idx]
+                prompt = self.prompts[PROMPT_ROLE[role]]
+                texts = [prompt + split.texts[name][i] for i in idx]
                 out[TOKENS[role]] = dict(self.tokenizer(
                     texts, padding=True, truncation=True, max_length=self.spec.max_length,
                     return_tensors="pt"))
@@ -236,7 +269,7 @@ class LiveEncoder(Representation):
         tokens = trim_padding(part[TOKENS[role]])
         tokens = {k: v.to(self.device, non_blocking=True) for k, v in tokens.items()}
         hidden = self.encoder(**tokens).last_hidden_state
-        return pooled(hidden, tokens["attention_mask"], self.spec)
+        return pooled(hidden, tokens["attention_mask"], self.spec, self.skips[PROMPT_ROLE[role]])
 
     def save(self, directory: Path) -> None:
         self.encoder.save_pretrained(directory)
@@ -251,5 +284,6 @@ def build(mode: str, p: Params, tables: dict[str, Any]) -> Representation:
         return CachedVectors(tables["query"], tables["doc"])
     path = model_dir(name, spec)
     if mode == "top_layers":
-        return CachedStates(tables["states"], path, tables["layer"], spec)
+        return CachedStates(tables["states"], path, tables["layer"], spec,
+                            tables.get("doc_states"))
     return LiveEncoder(path, spec)

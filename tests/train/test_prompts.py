@@ -1,0 +1,49 @@
+"""Prompts in training: top_layers reads each role's cached states (documents from their own
+view) and full mode tokenises each role with its prompt; either gives the frozen encoder's role
+vectors exactly (include_prompt false: the prompt left out of the pooling)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from simtune.cache import stage as cache
+from simtune.cache.views import layer_for
+from simtune.encoders import FrozenEncoder
+from simtune.prepare.prepared import text_id
+from simtune.train import represent
+from simtune.train.data import load_data
+from tests.cache.test_prompts import E5, _pairs
+from tests.cache_helpers import sentences
+
+
+@pytest.mark.parametrize("mode", ["top_layers", "full"])
+def test_each_role_gets_the_frozen_encoders_role_vectors(tmp_path: Path, tiny_bert: Path,
+                                                         mode: str) -> None:
+    p = _pairs(tmp_path, tiny_bert, E5, mode=mode, encoder={
+        "top_layers": 1, "lr": 0.001, "head_lr": 0.01, "batch_size": 4, "max_epochs": 1,
+        "patience": 1, "val_every": 1})
+    cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache,
+               layer=layer_for(p.encoders, p.train))
+    if mode == "top_layers":
+        assert sorted(d.name for d in (tmp_path / "cache").iterdir()) == [
+            "tiny", "tiny@document", "tiny@document@layer1", "tiny@layer1"]
+    data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
+    rep = represent.build(mode, p, data.tables).eval()
+    spec = p.encoders.models["tiny"]
+    split = data.splits["train"]
+    text_of = {text_id(t): t for t in [*sentences(12), *sentences(12, 100)]}
+    for role, prompt_role, table, rows, texts in (("query", "query", "query", "q_rows", "q_texts"),
+                                                  ("doc", "document", "doc", "d_rows", "d_texts")):
+        with torch.no_grad():
+            got = rep.embed_split(split, role)
+        if mode == "full":  # the split's own texts
+            wanted = split.texts[texts]
+        else:  # the texts behind the split's cache rows
+            ids = data.tables[table].ids.take(split.tensors[rows].numpy()).to_pylist()
+            wanted = [text_of[i] for i in ids]
+        want = FrozenEncoder("tiny", spec, torch.device("cpu"), prompt_role).encode(wanted, 4)
+        assert len(wanted) == len(split) > 0
+        assert torch.allclose(got, want, atol=2e-5), (role, float((got - want).abs().max()))
