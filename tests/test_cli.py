@@ -40,7 +40,7 @@ PATHS = {
                      "--out": "dir-out", "--report": "file-out"},
     ("train",): {"--params": "file-in", "--prepared": "dir-in", "--cache": "dir-in",
                  "--out": "dir-out", "--report": "file-out", "--live": "dir-out",
-                 "--negatives": "dir-opt"},
+                 "--negatives": "dir-opt", "--checkpoint": "dir-out"},
     ("evaluate",): {"--params": "file-in", "--prepared": "dir-in", "--cache": "dir-in",
                     "--head": "dir-in", "--out": "file-out", "--plot": "file-out",
                     "--detail": "file-out", "--run-trained": "file-out",
