@@ -25,12 +25,14 @@ def train(
     live: Path = dir_option("reports/train_live", "dvclive curves directory"),
     negatives: Path = dir_option("negatives", "mined negatives (read when "
                                  "train.hard_negatives > 0)"),
+    checkpoint: Path = dir_option("checkpoints/train", "resumable checkpoint after each epoch: "
+                                  "a killed run resumes from it; deleted on success"),
 ) -> None:
     """Train a head on the cached embeddings (Lightning; AMP, DDP, GradCache, early stopping)."""
     from simtune import params as P
     from simtune.atomic import write_json
     from simtune.train import stage as lib
 
-    result = lib.run(P.load(params), prepared, cache, out, report, live, negatives)
+    result = lib.run(P.load(params), prepared, cache, out, report, live, negatives, checkpoint)
     if result:  # the first process writes the reports (the others return {})
         write_json(metrics, lib.headline(result))

@@ -48,7 +48,8 @@ def stage_args(root: Path, params_file: Path, tag: str = "") -> list[str]:
     return ["train", "--params", str(params_file), "--prepared", str(root / "prepared"),
             "--cache", str(root / "cache"), "--out", str(root / f"head{tag}"),
             "--report", str(root / f"train{tag}.json"),
-            "--metrics", str(root / f"train_metrics{tag}.json"), "--live", str(root / f"live{tag}")]
+            "--metrics", str(root / f"train_metrics{tag}.json"), "--live", str(root / f"live{tag}"),
+            "--checkpoint", str(root / f"checkpoints{tag}")]  # not the repository's
 
 
 def dropout_free(model: Path, out: Path) -> Path:

@@ -38,6 +38,7 @@ class EpochLoop(pl.Callback):
         self.train_seconds: list[float] = []
         self.validation_seconds = 0.0
         self.full_validations = 0  # validations that computed every metric
+        self.train_loss: dict[int, float] = {}  # epoch -> its mean training loss (the curves)
         self._start = 0.0
         self.live_dir, self.live = live_dir, None  # a dvclive.Live on rank 0 while training
 
@@ -50,6 +51,10 @@ class EpochLoop(pl.Callback):
             from dvclive import Live
 
             self.live = Live(str(self.live_dir), save_dvc_exp=False, dvcyaml=False)
+            if self.history:  # resumed (`checkpoint`): the curves so far, as first logged
+                for epoch, scores in sorted(self.history.items()):
+                    self._log(epoch, scores)
+                self.live.sync()
 
     def on_train_epoch_start(self, trainer: pl.Trainer, module: Any) -> None:
         self._start = time.perf_counter()
@@ -73,13 +78,19 @@ class EpochLoop(pl.Callback):
         if trainer.strategy.reduce_boolean_decision(stop, all=False):
             trainer.should_stop = True
         self.validation_seconds += time.perf_counter() - start
+        loss = trainer.callback_metrics.get("train/loss")
+        if loss is not None:
+            self.train_loss[epoch] = float(loss)
         if self.live is not None:
-            self.live.step = epoch
-            loss = trainer.callback_metrics.get("train/loss")
-            for name, value in sorted({**scores, **({"train/loss": loss} if loss is not None
-                                                    else {})}.items()):
-                self.live.log_metric(name, float(value))
+            self._log(epoch, scores)
             self.live.sync()
+
+    def _log(self, epoch: int, scores: dict[str, float]) -> None:
+        assert self.live is not None
+        self.live.step = epoch
+        loss = {"train/loss": self.train_loss[epoch]} if epoch in self.train_loss else {}
+        for name, value in sorted({**scores, **loss}.items()):
+            self.live.log_metric(name, float(value))
 
     def on_train_end(self, trainer: pl.Trainer, module: Any) -> None:
         best = self.best_epoch
@@ -92,6 +103,23 @@ class EpochLoop(pl.Callback):
             self.validation_seconds += time.perf_counter() - start
         if self.live is not None:
             self.live.end()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the rest of the run reads (a resumable checkpoint, `checkpoint`):
+        history, kept weights, kept epoch and value (early stopping counts from it), training
+        losses, seconds and the count of full validations."""
+        return {"history": self.history, "state": self.state, "train_loss": self.train_loss,
+                "best": (self.schedule.best_epoch, self.schedule.best_value),
+                "train_seconds": self.train_seconds, "validation_seconds":
+                self.validation_seconds, "full_validations": self.full_validations}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history, self.state = state["history"], state["state"]
+        self.train_loss = state["train_loss"]
+        self.schedule.best_epoch, self.schedule.best_value = state["best"]
+        self.train_seconds = list(state["train_seconds"])
+        self.validation_seconds = state["validation_seconds"]
+        self.full_validations = state["full_validations"]
 
     def _validate(self, trainer: pl.Trainer, module: Any, full: bool
                   ) -> tuple[dict[str, float], bool]:

@@ -25,6 +25,7 @@ from simtune.atomic import atomic_dir, write_json
 from simtune.errors import UserError
 from simtune.params import Params, TrainParams
 from simtune.retrieval.task import retrieval_task
+from simtune.train.checkpoint import Resume, fingerprint
 from simtune.train.data import check_trainable, load_data
 from simtune.train.epochs import EpochLoop
 from simtune.train.module import SimilarityModule, diverged
@@ -59,9 +60,12 @@ def _quiet_lightning() -> None:
 
 
 def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
-        live_dir: Path, negatives_dir: Path | None = None) -> dict[str, Any]:
+        live_dir: Path, negatives_dir: Path | None = None,
+        checkpoint_dir: Path | None = None) -> dict[str, Any]:
     """Train, early-stop on the validation metric, save the best head (and report) atomically;
-    `negatives_dir`: the negatives stage's output (read when `train.hard_negatives` > 0)."""
+    `negatives_dir`: the negatives stage's output (read when `train.hard_negatives` > 0);
+    `checkpoint_dir`: where a checkpoint is kept after each epoch, and a matching one resumed
+    (`simtune.train.checkpoint`; removed on success); None: none."""
     _quiet_lightning()
     t = P.effective(p.train)
     p = p.model_copy(update={"train": t})
@@ -75,10 +79,16 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     validator = Validator(data, task, module.rep.embed_split, module.head, frozen(module.rep))
     loop = EpochLoop(Schedule(t.val_every, t.patience, t.max_epochs), validator, t.monitor,
                      live_dir)
+    callbacks: list[pl.Callback] = [loop]
+    resume = None
+    if checkpoint_dir is not None:  # after the loop: it saves what the loop recorded
+        resume = Resume(checkpoint_dir, fingerprint(p, prepared_dir, data.tables,
+                                                    negatives_dir), loop)
+        callbacks.append(resume)
     trainer = pl.Trainer(
         accelerator=accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
         precision=t.precision, max_epochs=t.max_epochs, num_sanity_val_steps=0,
-        callbacks=[loop], logger=False, enable_checkpointing=False, enable_model_summary=False,
+        callbacks=callbacks, logger=False, enable_checkpointing=False, enable_model_summary=False,
         use_distributed_sampler=False, deterministic="warn" if accelerator == "gpu" else True)
     start = time.perf_counter()
     try:
@@ -93,6 +103,8 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     result = report_of(loop, time.perf_counter() - start, len(data.splits["train"]))
     save(module, loop, p, out)
     write_json(report, result)
+    if resume is not None:
+        resume.finish()
     sec = result["seconds"]
     log.info("trained %d epochs (best %d: val %s = %.4f), %.2f s/epoch training + %.2f "
              "s/epoch validation (%d of every metric)", result["epochs"], loop.best_epoch,
