@@ -2,7 +2,7 @@
 
 One run, same machine, same data, same loss, same epochs. Per data set, every row trains MiniLM
 from the same prepared split and is scored on the same test task with the same metric code
-(`simtune.evaluate.score`):
+(`simtune.retrieval.task`, as the evaluate stage builds it):
   head      the default head on cached vectors (its own schedule: `train.*` of params.yaml)
   top-K     `train.mode: top_layers`, K = 1, 2, 3 (cached layer states, `train.encoder.*`)
   full      `train.mode: full` (the whole encoder in the loop, `train.encoder.*`)
@@ -148,21 +148,22 @@ def _texts(prepared: Path) -> dict[str, str]:
 
 
 def _score(p: Any, prepared: Path, cache_dir: Path, vectors_of: Any) -> dict[str, dict]:
-    """Test metrics of a model (`vectors_of(data) -> evaluate.Vectors`) and of the frozen
-    baseline, with the evaluate stage's own task and metric code."""
+    """Test metrics of a model (`vectors_of(data) -> evaluate.Vectors`, by cache row) and of
+    the frozen baseline, with the evaluate stage's own task and metric code."""
     from simtune import heads
     from simtune.evaluate import stage as evaluate
+    from simtune.retrieval.task import by_rows
     from simtune.train.data import load_data
 
     head_mode = p.train.model_copy(update={"mode": "head"})
     data = load_data(p.model_copy(update={"train": head_mode}), prepared, cache_dir,
                      check_loss=False)
-    task = evaluate._task(data, p.evaluate.corpus, prepared)
+    task = evaluate.evaluation_task(data, p.evaluate.corpus, prepared)
     ks = tuple(sorted(set(p.evaluate.ks)))
     with torch.inference_mode():
-        trained = evaluate.score(data, task, vectors_of(data), ks).metrics
-        base = evaluate.score(data, task, evaluate._cached(
-            data, heads.build("identity", data.dim, 1, 0.0)), ks).metrics
+        trained = task.score(by_rows(vectors_of(data)), ks).metrics
+        base = task.score(by_rows(evaluate.cached(
+            data, heads.build("identity", data.dim, 1, 0.0))), ks).metrics
     return {"test": trained, "baseline": base}
 
 

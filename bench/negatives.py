@@ -71,6 +71,7 @@ def train_and_score(p: Any, work: Path, tag: str, prepared: Path, cache_dir: Pat
     from simtune import heads
     from simtune.evaluate import report as mrl
     from simtune.evaluate import stage as evaluate
+    from simtune.retrieval.task import by_rows
     from simtune.train import stage as train
     from simtune.train.data import load_data
 
@@ -78,7 +79,7 @@ def train_and_score(p: Any, work: Path, tag: str, prepared: Path, cache_dir: Pat
     report = train.run(p, prepared, cache_dir, out / "head", out / "train.json", out / "live",
                        negatives_dir)
     data = load_data(p, prepared, cache_dir, check_loss=False)
-    task = evaluate._task(data, p.evaluate.corpus, prepared)
+    task = evaluate.evaluation_task(data, p.evaluate.corpus, prepared)
     ks = tuple(sorted(set(p.evaluate.ks)))
     head = heads.load(out / "head")
     identity = heads.build("identity", data.dim, 1, 0.0)
@@ -86,9 +87,9 @@ def train_and_score(p: Any, work: Path, tag: str, prepared: Path, cache_dir: Pat
                            "train_s": report["seconds"]}
     with torch.inference_mode():
         for name, h in (("trained", head), ("baseline", identity)):
-            vec = mrl.remember(evaluate._cached(data, h))
-            res[name] = {str(d): evaluate.score(data, task, mrl.truncated(vec, d), ks
-                                                ).metrics for d in DIMS}
+            vec = mrl.remember(evaluate.cached(data, h))
+            res[name] = {str(d): task.score(by_rows(mrl.truncated(vec, d)), ks).metrics
+                         for d in DIMS}
     print(f"{tag}: test mrr@10 {res['trained']['384']['mrr@10']:.4f} (64 dims "
           f"{res['trained']['64']['mrr@10']:.4f}), {report['epochs']} epochs, "
           f"{report['seconds']['total']:.0f} s", flush=True)

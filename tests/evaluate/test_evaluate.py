@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,11 +20,13 @@ from simtune.cache import stage as cache
 from simtune.errors import UserError
 from simtune.evaluate import runs
 from simtune.evaluate import stage as evaluate
+from simtune.examples import Data, first_positions
 from simtune.export.stage import export
 from simtune.model import load_model
 from simtune.prepare import stage as prepare
 from simtune.prepare.prepared import write as write_prepared
 from simtune.retrieval import metrics
+from simtune.retrieval.task import by_rows
 from simtune.train.data import load_data
 from stages import app
 from tests.cache_helpers import sentences
@@ -442,3 +445,69 @@ def test_beir_end_to_end_ranks_the_whole_corpus_with_graded_gains(
     binary = {q: {d: int(g > 0) for d, g in docs.items()} for q, docs in test_qrels.items()}
     assert _means(_trec_eval(binary, _read_run(root / "trained.trec")))["ndcg@10"] != (
         pytest.approx(m["trained"]["ndcg@10"], abs=1e-4))
+
+
+def _before(data: Data, corpus: str, extra: list[int], vectors: Any, ks: tuple[int, ...],
+            depth: int) -> tuple[dict[str, float], int, dict[int, dict[str, float]],
+                                 metrics.Ranked]:
+    """The evaluate stage's task and scoring as they were before the one retrieval task (its
+    `_task` and `score`, copied): (metrics, no relevant, per label, ranking)."""
+    test = data.splits["test"].tensors
+    if data.kind == "pairs":
+        docs: dict[int, int] = {}
+        for sp in data.splits.values():
+            for did, row in zip(sp.tensors["d_ids"].tolist(), sp.tensors["d_rows"].tolist(),
+                                strict=True):
+                docs.setdefault(did, row)
+        doc_index = {did: i for i, did in enumerate(docs)}
+        q_u, q_inv = torch.unique(test["q_ids"], return_inverse=True)
+        first = first_positions(q_inv, len(q_u))
+        positive = test["scores"] > 0
+        pairs = torch.stack([q_inv[positive], torch.tensor(
+            [doc_index[d] for d in test["d_ids"][positive].tolist()], dtype=torch.long)], 1)
+        gains = test["scores"][positive]
+        ranked = metrics.pair_ranked(
+            vectors(test["q_rows"][first], "query"),
+            vectors(torch.tensor(list(docs.values()) + extra, dtype=torch.long), "doc"), pairs,
+            ks, gains=gains if bool((gains != 1).any()) else None, depth=depth)
+        return metrics.scores(ranked, ks), int((ranked.n_relevant == 0).sum()), {}, ranked
+    q_labels, leave_one_out = test["labels"], corpus == "test"
+    q = vectors(test["rows"], "text")
+    c = q if leave_one_out else vectors(data.splits[corpus].tensors["rows"], "text")
+    c_labels = q_labels if leave_one_out else data.splits[corpus].tensors["labels"]
+    counts = torch.bincount(c_labels, minlength=int(max(q_labels.max(), c_labels.max())) + 1)
+    n_rel = counts[q_labels] - (1 if leave_one_out else 0)
+    ranked = metrics.rank(q, c, lambda qi, idx: c_labels[idx] == q_labels[qi][:, None], n_rel,
+                          max(*ks, 10, int(n_rel.max())),
+                          torch.arange(len(q)) if leave_one_out else None, depth=depth)
+    per_label = {lab: metrics.scores(metrics.Ranked(ranked.rel[q_labels == lab],
+                                                    n_rel[q_labels == lab]), ks)
+                 for lab in torch.unique(q_labels).tolist()}
+    return metrics.scores(ranked, ks), int((n_rel == 0).sum()), per_label, ranked
+
+
+@pytest.mark.parametrize("case", ["groups/train", "groups/test", "beir/all"])
+def test_the_task_scores_as_evaluate_did_before(case: str, trained: tuple[Path, Path],
+                                                beir_trained: tuple[Path, Path, Any]) -> None:
+    """The one retrieval task, as evaluate builds it, gives exactly the numbers (metrics, per
+    label, top lists) of evaluate's own task and ranking before it (`_before`), for the trained
+    head and the baseline: groups against the train texts and leave-one-out; BEIR pairs against
+    every document (corpus-only ones included) with graded gains."""
+    kind, corpus = case.split("/")
+    root, params_file = trained if kind == "groups" else beir_trained[:2]
+    p = P.load(params_file)
+    data = load_data(p, root / "prepared", root / "cache")
+    task = evaluate.evaluation_task(data, corpus, root / "prepared")
+    extra = evaluate._corpus_only_rows(data, root / "prepared") if kind == "beir" else []
+    assert len(extra) == (20 if kind == "beir" else 0)
+    ks = (1, 5, 10, 50)
+    with torch.inference_mode():
+        for head in (heads.load(root / "head"), heads.build("identity", data.dim, 1, 0.0)):
+            vectors = evaluate.cached(data, head)
+            got = task.score(by_rows(vectors), ks, depth=30)
+            want, no_rel, per_label, ranked = _before(data, corpus, extra, vectors, ks, 30)
+            assert got.metrics == want and got.no_relevant == no_rel
+            assert got.per_label == per_label and len(per_label) == (4 if kind == "groups" else 0)
+            assert torch.equal(got.ranked.rel, ranked.rel) and got.ranked.top is not None
+            assert ranked.top is not None and all(
+                torch.equal(a, b) for a, b in zip(got.ranked.top, ranked.top, strict=True))

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from simtune import heads
 from simtune import params as P
-from simtune.retrieval.task import split_metrics
+from simtune.retrieval.task import by_split, retrieval_task
 from simtune.train.data import load_data
 from simtune.train.sampling import EpochBatches
 from stages import app
@@ -74,8 +74,8 @@ def test_train_saves_a_head_that_reloads_to_the_reported_metric(small: tuple[Pat
     p = P.load(params_file)
     data = load_data(p, root / "prepared", root / "cache")
     with torch.inference_mode():
-        got, _ = split_metrics(data, "val", lambda sp, role: head(
-            data.q_vectors[sp.tensors["rows"]].float()), corpus="train")
+        got = retrieval_task(data, "val", "train").score(by_split(data, lambda sp, role: head(
+            data.q_vectors[sp.tensors["rows"]].float())), (1, 5, 10)).metrics
     assert got["mrr@10"] == pytest.approx(report["best_val"]["val/mrr@10"], abs=1e-6)
     assert (root / "live" / "plots" / "metrics").is_dir()
 

@@ -12,11 +12,19 @@ import torch
 from simtune import heads
 from simtune import params as P
 from simtune.examples import Data, Split
-from simtune.retrieval.task import retrieval_task, split_metrics
+from simtune.retrieval.task import Embed, by_split, retrieval_task
 from simtune.train import represent
 from simtune.train.data import load_data
 from simtune.train.validation import Schedule, Validator, frozen
 from tests.train_helpers import project
+
+
+def split_metrics(data: Data, split: str, embed: Embed, corpus: str | None = None
+                  ) -> tuple[dict[str, float], int]:
+    """The task's metrics recomputed from scratch (validation's policies, ks 1, 5, 10)."""
+    scored = retrieval_task(data, split, corpus or "split").score(by_split(data, embed),
+                                                                  (1, 5, 10))
+    return scored.metrics, scored.no_relevant
 
 
 def _drive(values: list[float], every: int, patience: int) -> tuple[list[int], int, int]:
@@ -98,8 +106,8 @@ def test_reused_vectors_give_the_recomputed_metrics(data: Data, corpus: str | No
     rep, calls = _rep(data)
     head = heads.build("mlp", data.dim, 2, 0.0).eval()
     assert frozen(rep) and not frozen(head)
-    validator = Validator(data, retrieval_task(data, "val", corpus), rep.embed_split, head,
-                          rep_frozen=frozen(rep))
+    validator = Validator(data, retrieval_task(data, "val", corpus or "split"),
+                          rep.embed_split, head, rep_frozen=frozen(rep))
     seen = []
     for step in range(3):
         with torch.no_grad():
@@ -173,7 +181,9 @@ def test_pairs_task_is_computed_once_and_scores_as_split_metrics() -> None:
         return table[sp.tensors["q_rows" if role == "query" else "d_rows"]]
 
     task = retrieval_task(data, "val")
-    assert task.pairs is not None and task.q_first is not None
-    assert task.q_first.tolist() == [0, 2, 3, 5] and task.pairs.tolist() == [
+    q_first = task.queries.parts[0][1]
+    assert task.pairs is not None and q_first is not None
+    assert q_first.tolist() == [0, 2, 3, 5] and task.pairs.tolist() == [
         [0, 0], [0, 1], [1, 2], [2, 0], [3, 4]]
-    assert task.scores(data, embed) == split_metrics(data, "val", embed)
+    scored = task.score(by_split(data, embed), (1, 5, 10))
+    assert (scored.metrics, scored.no_relevant) == split_metrics(data, "val", embed)

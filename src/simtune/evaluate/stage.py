@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,28 +28,19 @@ from simtune.atomic import write_json
 from simtune.cache.views import open_pair
 from simtune.errors import UserError
 from simtune.evaluate import report, runs
-from simtune.examples import Data, first_positions
+from simtune.examples import Data
 from simtune.params import Params
 from simtune.prepare.prepared import load as load_prepared
 from simtune.retrieval import metrics, significance
 from simtune.retrieval.metrics import HEADLINE
+from simtune.retrieval.task import RetrievalTask, by_rows, retrieval_task
 
 log = logging.getLogger("simtune.evaluate")
 Vectors = Callable[[torch.Tensor, str], torch.Tensor]  # (cache rows, role) -> (n, D)
 
 
-@dataclass
-class Scored:
-    """One model on the task: mean metrics, queries without a relevant item, class index ->
-    metrics of that label's queries (groups), and the ranking (per-query metrics, top lists)."""
-
-    metrics: dict[str, float]
-    no_relevant: int
-    per_label: dict[int, dict[str, float]]
-    ranked: metrics.Ranked
-
-
-def _cached(data: Data, head: torch.nn.Module) -> Vectors:
+def cached(data: Data, head: torch.nn.Module) -> Vectors:
+    """(cache rows, role) -> head(cached vectors) of those rows, 8,192 at a time."""
     def vectors(rows: torch.Tensor, role: str) -> torch.Tensor:
         table = data.d_vectors if role == "doc" else data.q_vectors
         assert table is not None
@@ -60,30 +50,14 @@ def _cached(data: Data, head: torch.nn.Module) -> Vectors:
     return vectors
 
 
-def _task(data: Data, corpus: str, prepared_dir: Path) -> dict[str, Any]:
-    """What to rank: query rows, corpus rows, and how relevance is decided (pairs: the positive
-    pairs and, when any score is not 1, their scores as graded gains)."""
-    test = data.splits["test"].tensors
+def evaluation_task(data: Data, corpus: str, prepared_dir: Path) -> RetrievalTask:
+    """The test split's task: groups against the `corpus` split's texts (`evaluate.corpus`:
+    train, or test: leave-one-out); pairs against every document, the prepared corpus-only
+    rows included, with graded gains (the scores, when any is not 1)."""
     if data.kind == "groups":
-        source = data.splits[corpus].tensors
-        return {"q_rows": test["rows"], "q_labels": test["labels"],
-                "c_rows": None if corpus == "test" else source["rows"],
-                "c_labels": None if corpus == "test" else source["labels"]}
-    docs = {}  # every document of every split, once
-    for sp in data.splits.values():
-        for did, row in zip(sp.tensors["d_ids"].tolist(), sp.tensors["d_rows"].tolist(),
-                            strict=True):
-            docs.setdefault(did, row)
-    doc_index = {did: i for i, did in enumerate(docs)}
-    q_u, q_inv = torch.unique(test["q_ids"], return_inverse=True)
-    first = first_positions(q_inv, len(q_u))
-    positive = test["scores"] > 0
-    pairs = torch.stack([q_inv[positive], torch.tensor(
-        [doc_index[d] for d in test["d_ids"][positive].tolist()], dtype=torch.long)], 1)
-    gains = test["scores"][positive]
-    c_rows = list(docs.values()) + _corpus_only_rows(data, prepared_dir)
-    return {"q_rows": test["q_rows"][first], "c_rows": torch.tensor(c_rows, dtype=torch.long),
-            "pairs": pairs, "gains": gains if bool((gains != 1).any()) else None}
+        return retrieval_task(data, "test", corpus)
+    extra = torch.tensor(_corpus_only_rows(data, prepared_dir), dtype=torch.long)
+    return retrieval_task(data, "test", "all", "graded", extra)
 
 
 def _corpus_only_rows(data: Data, prepared_dir: Path) -> list[int]:
@@ -95,31 +69,6 @@ def _corpus_only_rows(data: Data, prepared_dir: Path) -> list[int]:
         return []
     row_of = {tid: r for r, tid in enumerate(data.row_ids["doc"])}
     return [row_of[d] for d in ex.column("doc_id").to_pylist()]
-
-
-def score(data: Data, task: dict[str, Any], vectors: Vectors, ks: tuple[int, ...],
-          depth: int = 0) -> Scored:
-    """Metrics of one model on the task (`depth` > 0: also keep each query's top `depth`)."""
-    if data.kind == "pairs":
-        ranked = metrics.pair_ranked(vectors(task["q_rows"], "query"),
-                                     vectors(task["c_rows"], "doc"), task["pairs"], ks,
-                                     gains=task["gains"], depth=depth)
-        return Scored(metrics.scores(ranked, ks), int((ranked.n_relevant == 0).sum()), {},
-                      ranked)
-    # metrics.group_scores, keeping the ranking so each label's queries can be scored too
-    q_labels, leave_one_out = task["q_labels"], task["c_rows"] is None
-    q = vectors(task["q_rows"], "text")
-    c = q if leave_one_out else vectors(task["c_rows"], "text")
-    c_labels = q_labels if leave_one_out else task["c_labels"]
-    counts = torch.bincount(c_labels, minlength=int(max(q_labels.max(), c_labels.max())) + 1)
-    n_rel = counts[q_labels] - (1 if leave_one_out else 0)
-    ranked = metrics.rank(q, c, lambda qi, idx: c_labels[idx] == q_labels[qi][:, None], n_rel,
-                          max(*ks, 10, int(n_rel.max())),
-                          torch.arange(len(q)) if leave_one_out else None, depth=depth)
-    per_label = {lab: metrics.scores(metrics.Ranked(ranked.rel[q_labels == lab],
-                                                    n_rel[q_labels == lab]), ks)
-                 for lab in torch.unique(q_labels).tolist()}
-    return Scored(metrics.scores(ranked, ks), int((n_rel == 0).sum()), per_label, ranked)
 
 
 @torch.inference_mode()
@@ -138,36 +87,35 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
         raise UserError(f"{head_dir}: head expects {head.config['dim']}-d vectors, the cache "
                         f"holds {data.dim}-d (encoder changed since training? rerun train)")
     ks = tuple(sorted(set(p.evaluate.ks)))
-    task = _task(data, p.evaluate.corpus, prepared_dir)
-    corpus_size = len(task["c_rows"]) if task.get("c_rows") is not None else len(
-        task["q_rows"]) - 1
+    task = evaluation_task(data, p.evaluate.corpus, prepared_dir)
+    corpus_size = task.corpus_size
     if max(ks) > corpus_size:
         log.warning("Recall@k for k > %d (the corpus size) equals Recall@%d", corpus_size,
                     corpus_size)
     ids = _run_ids(data, task, prepared_dir) if run_files else None
     depth = p.evaluate.run_depth if run_files else 0
     trained_vectors = _finite(_trained(data, head, head_dir, p, prepared_dir), head_dir)
-    baseline_vectors = _cached(data, heads.build("identity", data.dim, 1, 0.0))
+    baseline_vectors = cached(data, heads.build("identity", data.dim, 1, 0.0))
     dims = _matryoshka_dims(head_dir)
     if dims:  # every prefix reuses each model's full test vectors
         trained_vectors = report.remember(trained_vectors)
         baseline_vectors = report.remember(baseline_vectors)
-    t = score(data, task, trained_vectors, ks, depth)
-    b = score(data, task, baseline_vectors, ks, depth)
+    t = task.score(by_rows(trained_vectors), ks, depth)
+    b = task.score(by_rows(baseline_vectors), ks, depth)
     sig = p.evaluate.significance
     t_q, b_q = metrics.per_query(t.ranked, ks), metrics.per_query(b.ranked, ks)
     result = {"trained": t.metrics, "baseline": b.metrics, "lift": _lift(t.metrics, b.metrics),
               "significance": {m: significance.paired(t_q[m].numpy(), b_q[m].numpy(),
                                                       sig.resamples, sig.seed)
                                for m in HEADLINE},
-              "queries": len(task["q_rows"]), "corpus": corpus_size,
+              "queries": len(task.queries), "corpus": corpus_size,
               "queries_without_relevant": t.no_relevant}
     if dims:
         result["matryoshka"] = report.matryoshka(
-            dims, lambda v: score(data, task, v, ks).metrics, trained_vectors, baseline_vectors,
-            HEADLINE)
+            dims, lambda v: task.score(by_rows(v), ks).metrics, trained_vectors,
+            baseline_vectors, HEADLINE)
     per_label = {str(data.label_names[lab]): {
-        "queries": int((task["q_labels"] == lab).sum()), "trained": t.per_label[lab],
+        "queries": int((task.q_labels == lab).sum()), "trained": t.per_label[lab],
         "baseline": b.per_label[lab], "lift": _lift(t.per_label[lab], b.per_label[lab])}
         for lab in t.per_label}  # class indices follow the sorted label names
     write_json(out, result)
@@ -187,13 +135,15 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
     return result
 
 
-def _run_ids(data: Data, task: dict[str, Any], prepared_dir: Path
+def _run_ids(data: Data, task: RetrievalTask, prepared_dir: Path
              ) -> tuple[list[str], list[str]]:
     """(query ids, corpus ids) for the run files: original ids where the data has them."""
     original = runs.source_ids(prepared_dir)
     doc_role = "doc" if data.kind == "pairs" else "query"  # groups: one table for all texts
-    c_rows = task["q_rows"] if task["c_rows"] is None else task["c_rows"]
-    q_ids = [data.row_ids["query"][r] for r in task["q_rows"].tolist()]
+    q_rows = task.queries.rows
+    c_rows = q_rows if task.corpus is None else task.corpus.rows
+    assert q_rows is not None and c_rows is not None
+    q_ids = [data.row_ids["query"][r] for r in q_rows.tolist()]
     d_ids = [data.row_ids[doc_role][r] for r in c_rows.tolist()]
     q_ids, d_ids = [original.get(i, i) for i in q_ids], [original.get(i, i) for i in d_ids]
     runs.check_ids(q_ids, "query")
@@ -225,7 +175,7 @@ def _finite(vectors: Vectors, head_dir: Path) -> Vectors:
 def _trained(data: Data, head: heads.Head, head_dir: Path, p: Params,
              prepared_dir: Path) -> Vectors:
     if not (head_dir / "encoder").is_dir():
-        return _cached(data, head)
+        return cached(data, head)
     # full mode: the fine-tuned encoder (saved with the head) embeds the test texts
     from simtune.model import load_model
     from simtune.prepare.prepared import load as load_prepared

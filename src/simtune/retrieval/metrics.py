@@ -101,6 +101,14 @@ def group_scores(queries: torch.Tensor, q_labels: torch.Tensor, corpus: torch.Te
 
     Returns (metrics, number of queries without any relevant item in the corpus).
     """
+    ranked = group_ranked(queries, q_labels, corpus, c_labels, ks, chunk, upto_r=upto_r)
+    return without_r(scores(ranked, ks), upto_r), int((ranked.n_relevant == 0).sum())
+
+
+def group_ranked(queries: torch.Tensor, q_labels: torch.Tensor, corpus: torch.Tensor | None,
+                 c_labels: torch.Tensor | None, ks: tuple[int, ...], chunk: int = 1024,
+                 depth: int = 0, upto_r: bool = True) -> Ranked:
+    """The ranking behind `group_scores` (`depth`: also the top `depth`, as in `rank`)."""
     leave_one_out = corpus is None
     corpus = queries if corpus is None else corpus
     c_labels = q_labels if c_labels is None else c_labels
@@ -112,11 +120,18 @@ def group_scores(queries: torch.Tensor, q_labels: torch.Tensor, corpus: torch.Te
     def relevant(qi: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         return c_labels[idx] == q_labels[qi][:, None]
 
-    ranked = rank(queries, corpus, relevant, n_rel, k, exclude, chunk)
-    return _without_r(scores(ranked, ks), upto_r), int((n_rel == 0).sum())
+    return rank(queries, corpus, relevant, n_rel, k, exclude, chunk, depth=depth)
 
 
-def _without_r(out: dict[str, float], upto_r: bool) -> dict[str, float]:
+def by_label(r: Ranked, labels: torch.Tensor, ks: tuple[int, ...]
+             ) -> dict[int, dict[str, float]]:
+    """`scores` of each label's queries: class index -> metrics (`labels` (Q,) of the queries)."""
+    return {lab: scores(Ranked(r.rel[labels == lab], r.n_relevant[labels == lab]), ks)
+            for lab in torch.unique(labels).tolist()}
+
+
+def without_r(out: dict[str, float], upto_r: bool) -> dict[str, float]:
+    """`out` less MAP@R when the ranking stopped short of each query's R (`upto_r` False)."""
     return out if upto_r else {name: v for name, v in out.items() if name != "map@r"}
 
 
@@ -127,7 +142,7 @@ def pair_scores(queries: torch.Tensor, corpus: torch.Tensor, pairs: torch.Tensor
     (P,) their graded gains (None: binary); `upto_r` as in `group_scores`.
     Returns (metrics, queries without a relevant item)."""
     ranked = pair_ranked(queries, corpus, pairs, ks, chunk, gains, upto_r=upto_r)
-    return _without_r(scores(ranked, ks), upto_r), int((ranked.n_relevant == 0).sum())
+    return without_r(scores(ranked, ks), upto_r), int((ranked.n_relevant == 0).sum())
 
 
 def pair_ranked(queries: torch.Tensor, corpus: torch.Tensor, pairs: torch.Tensor,

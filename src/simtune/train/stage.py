@@ -74,8 +74,10 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     data = load_data(p, prepared_dir, cache_dir, negatives_dir=negatives_dir)
     check_trainable(data, t, t.devices * t.num_nodes)
     module = SimilarityModule(data, p)
-    # the same task as the test evaluation: against the train texts, or leave-one-out
-    task = retrieval_task(data, "val", "train" if p.evaluate.corpus == "train" else None)
+    # groups: the test evaluation's corpus (the train texts, or leave-one-out); pairs: the val
+    # documents with binary gains (the test ranks every document with graded gains)
+    against_train = data.kind == "groups" and p.evaluate.corpus == "train"
+    task = retrieval_task(data, "val", "train" if against_train else "split")
     validator = Validator(data, task, module.rep.embed_split, module.head, frozen(module.rep))
     loop = EpochLoop(Schedule(t.val_every, t.patience, t.max_epochs), validator, t.monitor,
                      live_dir)

@@ -19,7 +19,9 @@ from typing import Any
 import torch
 
 from simtune.examples import Data, Split
-from simtune.retrieval.task import RetrievalTask
+from simtune.retrieval.task import RetrievalTask, by_split
+
+KS = (1, 5, 10)  # validation's Recall@k cut-offs
 
 
 class Schedule:
@@ -90,6 +92,6 @@ class Validator:
             finite.append(bool(torch.isfinite(vectors).all()))
             return vectors
 
-        scores, _ = self.task.scores(self.data, embed, upto_r=full)
-        return scores, all(finite)
+        scored = self.task.score(by_split(self.data, embed), KS, upto_r=full)
+        return scored.metrics, all(finite)
 
