@@ -186,6 +186,8 @@ def _trained(data: Data, head: heads.Head, head_dir: Path, p: Params,
 
     def vectors(rows: torch.Tensor, role: str) -> torch.Tensor:
         ids = data.row_ids["doc" if role == "doc" else "query"]
-        return model.encode([texts[ids[r]] for r in rows.tolist()])
+        # each side with its own prompt: documents get the encoder's document prompt
+        return model.encode([texts[ids[r]] for r in rows.tolist()],
+                            role="document" if role == "doc" else "query")
 
     return vectors
