@@ -12,10 +12,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from simtune.errors import UserError
+from simtune import model_files
+from simtune.errors import UserError, shorten
 
 FORMAT_VERSION = 1
-TYPES = ("identity", "linear", "skip_connection", "gated", "mlp")
+TYPES = model_files.HEAD_TYPES
 
 
 class Head(nn.Module):
@@ -109,18 +110,33 @@ def save(head: Head, directory: Path) -> None:
 
 
 def load(directory: Path) -> Head:
-    """Rebuild a saved head (no Lightning needed); `UserError` if the directory is not one or a
-    weight is not finite."""
+    """Rebuild a saved head (no Lightning needed); `UserError` (one line) if the directory is
+    not one, its `config.json` is damaged (`model_files.HeadConfig`), or its weights are not
+    the config's (names and shapes) or not finite."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     directory = Path(directory)
     config_path = directory / "config.json"
-    if not config_path.is_file():
+    if not config_path.exists():  # a FIFO or a folder: model_files.read says which
         raise UserError(f"{directory}: no trained head here (run the train stage)")
-    config = json.loads(config_path.read_text())
-    head = build(config["type"], config["dim"], config["expansion"], config["dropout"])
+    config = model_files.read(config_path, model_files.HeadConfig)
+    head = build(config.type, config.dim, config.expansion, config.dropout)
     weights_path = directory / "model.safetensors"
-    weights = load_file(str(weights_path))
+    if not weights_path.is_file():
+        raise UserError(f"{weights_path}: missing or not a regular file (rerun train)")
+    try:
+        weights = load_file(str(weights_path))
+    except (SafetensorError, OSError) as e:
+        raise UserError(f"{weights_path}: cannot read: {shorten(str(e) or type(e).__name__, 200)}"
+                        ) from None
+    want = {k: tuple(v.shape) for k, v in head.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in weights.items()}
+    if got != want:  # load_state_dict would raise a size-mismatch traceback
+        bad = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))[0]
+        raise UserError(f"{weights_path}: weight {bad} is {got.get(bad, 'missing')}, a "
+                        f"{config.type} head of dim {config.dim} (config.json) needs "
+                        f"{want.get(bad, 'none')}")
     for name, tensor in weights.items():  # a diverged head would give NaN vectors, not metrics
         if not bool(torch.isfinite(tensor).all()):
             raise UserError(f"{weights_path}: weight {name} is not finite (training diverged?); "

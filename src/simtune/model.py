@@ -9,7 +9,8 @@ Export directory layout (`simtune export`), format version 3:
   `normalize_output` is true when training compared vectors by angle (cosine distance, or
   arcface), so the output is L2-normalised: unit vectors, the same cosine ranking. `prompts`
   (null: none) are also in `config_sentence_transformers.json`, so `encode_query` /
-  `encode_document` of sentence-transformers put the same prompts before the texts.
+  `encode_document` of sentence-transformers put the same prompts before the texts. Read
+  through `simtune.model_files.ExportConfig`; its paths must stay inside the folder.
 - `encoder/` — the Hugging Face model files (hard-linked where possible), the bundled `minilm`
   included, plus sentence-transformers' `sentence_bert_config.json` (`max_seq_length`).
 - `head/` — `model.safetensors` + `config.json` (see `simtune.heads`): what `load_model` reads.
@@ -27,17 +28,15 @@ normalised).
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from simtune import heads
-from simtune.encoders import FrozenEncoder, resolve_device
-from simtune.errors import UserError
-from simtune.params import EncoderParams
+from simtune import heads, model_files
+from simtune.encoders import BUNDLED, FrozenEncoder, resolve_device
+from simtune.errors import UserError, echo
+from simtune.model_files import ExportConfig, TrainingMeta
 
 log = logging.getLogger("simtune.model")
 FORMAT_VERSION = 3
@@ -68,40 +67,69 @@ class Model:
         return out.cpu()
 
 
-def _trained_as(meta: dict[str, Any]) -> tuple[str, bool]:
+def _trained_as(meta: TrainingMeta) -> tuple[str, bool]:
     """(encoder name for logs and messages, normalize_output) from a head's training.json;
     heads trained before `normalize_output` existed were served unnormalised, and still are."""
-    name = meta["query_encoder"] + (" fine-tuned" if meta["mode"] == "full" else "")
-    return name, bool(meta.get("normalize_output", False))
+    name = meta.query_encoder + (" fine-tuned" if meta.mode == "full" else "")
+    return name, meta.normalize_output
 
 
-def load_model(directory: str | Path, device: str = "auto") -> Model:
-    """Load an export directory (or a trained `models/head` directory) as a `Model`."""
+def training_meta(directory: Path) -> TrainingMeta:
+    """A trained head folder's checked `training.json`; `UserError` when there is none."""
+    path = Path(directory) / "training.json"
+    if not path.exists():
+        raise UserError(f"{directory}: no trained head here (run the train stage)")
+    return model_files.read(path, TrainingMeta)
+
+
+def trained_encoder(directory: Path, meta: TrainingMeta, encoder: str | None) -> str:
+    """The `model` of the encoder a trained head folder is served with: its own fine-tuned
+    `encoder/` when it has one, else the bundled or local encoder training.json names — which
+    lies outside the folder, so it is used only when the caller (its params.yaml) names the
+    same `encoder`: the folder's files alone never make simtune read files elsewhere."""
+    directory = Path(directory)
+    if (directory / "encoder").is_dir():
+        return str(model_files.inside(directory, "encoder", f"{directory}/encoder"))
+    model = meta.encoder.model
+    if model in BUNDLED or model == encoder:
+        return model
+    where = f"{directory / 'training.json'}: encoder.model {echo(model)}"
+    if encoder is None:
+        raise UserError(f"{where} is outside the head folder: load the export (simtune "
+                        "export), or pass that encoder: load_model(dir, encoder=...)")
+    raise UserError(f"{where} is outside the head folder and is not the encoder the params "
+                    f"name ({echo(encoder)})")
+
+
+def load_model(directory: str | Path, device: str = "auto", encoder: str | None = None) -> Model:
+    """Load an export directory (or a trained `models/head` directory) as a `Model`.
+
+    Files are read through `simtune.model_files` (one line for a damaged one), and only from
+    inside `directory`: `simtune.json`'s encoder and head paths must stay inside it. A head
+    folder trained on a local encoder (no `encoder/` of its own) needs that encoder's `model`
+    as `encoder` (what params.yaml names; see `trained_encoder`)."""
     directory = Path(directory)
     config_path = directory / "simtune.json"
-    if config_path.is_file():
-        config = json.loads(config_path.read_text())
-        spec = dict(config["encoder"])
-        name = config.get("encoder_name", spec["model"])  # version 1: no name, no normalisation
-        normalize_output = bool(config.get("normalize_output", False))
-        if spec["model"] != "minilm":
-            spec["model"] = str(directory / spec["model"])
-        head_dir = directory / config["head"]
-    elif (directory / "training.json").is_file():  # a trained head straight from `train`
-        meta = json.loads((directory / "training.json").read_text())
-        spec = meta["encoder"]
+    if config_path.exists():
+        config = model_files.read(config_path, ExportConfig)
+        spec = config.encoder
+        name = config.encoder_name or spec.model  # version 1: no name, no normalisation
+        normalize_output = config.normalize_output
+        if spec.model not in BUNDLED:  # versions 1-2 name the bundled minilm, not a copy
+            spec = spec.model_copy(update={"model": str(model_files.inside(
+                directory, spec.model, f"{config_path}: encoder.model"))})
+        head_dir = model_files.inside(directory, config.head, f"{config_path}: head")
+    elif (directory / "training.json").exists():  # a trained head straight from `train`
+        meta = training_meta(directory)
         name, normalize_output = _trained_as(meta)
-        if (directory / "encoder").is_dir():
-            spec["model"] = str(directory / "encoder")
+        spec = meta.encoder.model_copy(
+            update={"model": trained_encoder(directory, meta, encoder)})
         head_dir = directory
     else:
         raise UserError(f"{directory}: not a simtune model (no simtune.json or training.json)")
-    spec.setdefault("prompts", None)  # written before prompts existed: none
-    encoder = FrozenEncoder(name, EncoderParams(**spec), resolve_device(device))
-    head = heads.load(head_dir)
-    if head.config["dim"] != encoder.dim:
+    head = heads.load(head_dir)  # before the encoder: a damaged head costs no model load
+    encoder_model = FrozenEncoder(name, spec, resolve_device(device))
+    if head.config["dim"] != encoder_model.dim:
         raise UserError(f"{head_dir}: head expects {head.config['dim']}-d vectors, the encoder "
-                        f"gives {encoder.dim}-d")
-    return Model(encoder, head, normalize_output)
-
-
+                        f"gives {encoder_model.dim}-d")
+    return Model(encoder_model, head, normalize_output)

@@ -158,11 +158,11 @@ def _pipeline_vectors(root: Path, params_file: Path, texts: list[str],
         return heads.load(head_dir or root / "head")(data.q_vectors[rows].float())
 
 
-def test_export_round_trip_equals_normalised_cache_plus_head(trained: tuple[Path, Path],
-                                                             tmp_path: Path) -> None:
+def test_export_round_trip_equals_normalised_cache_plus_head(
+        trained: tuple[Path, Path], tiny_bert: Path, tmp_path: Path) -> None:
     """Trained with cosine: the export's vectors are the pipeline's, L2-normalised."""
     root, params_file = trained
-    export(root / "head", tmp_path / "export")
+    export(root / "head", tmp_path / "export", encoder=str(tiny_bert))
     config = json.loads((tmp_path / "export" / "simtune.json").read_text())
     assert (config["format_version"], config["encoder_name"], config["normalize_output"]) == (
         3, "tiny", True)
@@ -170,20 +170,20 @@ def test_export_round_trip_equals_normalised_cache_plus_head(trained: tuple[Path
     want = _pipeline_vectors(root, params_file, texts)
     assert not torch.allclose(want.norm(dim=1), torch.ones(10), atol=1e-3)  # the head's own
     for directory in (tmp_path / "export", root / "head"):  # export, or the head directory
-        got = load_model(directory, "cpu").encode(texts)
+        got = load_model(directory, "cpu", encoder=str(tiny_bert)).encode(texts)
         assert torch.allclose(got.norm(dim=1), torch.ones(10), atol=1e-6)
         assert torch.allclose(got, torch.nn.functional.normalize(want, dim=-1), atol=1e-6)
 
 
-def test_exported_vectors_give_the_evaluated_metrics(trained: tuple[Path, Path],
-                                                     tmp_path: Path) -> None:
+def test_exported_vectors_give_the_evaluated_metrics(
+        trained: tuple[Path, Path], tiny_bert: Path, tmp_path: Path) -> None:
     """Normalising changes no cosine ranking: the exported model's vectors of the test and train
     texts give exactly evaluate's `trained` metrics (computed from unnormalised head outputs)."""
     root, params_file = trained
     p = P.load(params_file)
     m = evaluate.run(p, root / "prepared", root / "cache", root / "head", tmp_path / "m.json",
                      tmp_path / "plot.json", tmp_path / "detail.json")
-    export(root / "head", tmp_path / "export")
+    export(root / "head", tmp_path / "export", encoder=str(tiny_bert))
     model = load_model(tmp_path / "export", "cpu")
     from simtune.prepare.prepared import load as load_prepared
 
@@ -200,8 +200,8 @@ def test_exported_vectors_give_the_evaluated_metrics(trained: tuple[Path, Path],
     assert m["trained"] != m["baseline"]
 
 
-def test_export_of_a_dot_product_head_is_not_normalised(trained: tuple[Path, Path],
-                                                        tmp_path: Path) -> None:
+def test_export_of_a_dot_product_head_is_not_normalised(
+        trained: tuple[Path, Path], tiny_bert: Path, tmp_path: Path) -> None:
     """Distance `dot`: vector lengths carry meaning; the export returns cache + head as is."""
     root, params_file = trained
     raw = yaml.safe_load(params_file.read_text())
@@ -213,7 +213,7 @@ def test_export_of_a_dot_product_head_is_not_normalised(trained: tuple[Path, Pat
     assert result.exit_code == 0, result.output
     head_dir = root / "head_dot"
     assert json.loads((head_dir / "training.json").read_text())["normalize_output"] is False
-    export(head_dir, tmp_path / "export")
+    export(head_dir, tmp_path / "export", encoder=str(tiny_bert))
     config = json.loads((tmp_path / "export" / "simtune.json").read_text())
     assert config["normalize_output"] is False
     modules = json.loads((tmp_path / "export" / "modules.json").read_text())
@@ -224,11 +224,11 @@ def test_export_of_a_dot_product_head_is_not_normalised(trained: tuple[Path, Pat
     assert torch.allclose(load_model(tmp_path / "export", "cpu").encode(texts), want, atol=1e-6)
 
 
-def test_sentence_transformers_loads_the_export(trained: tuple[Path, Path],
-                                                tmp_path: Path) -> None:
+def test_sentence_transformers_loads_the_export(
+        trained: tuple[Path, Path], tiny_bert: Path, tmp_path: Path) -> None:
     st = pytest.importorskip("sentence_transformers")
     root, _ = trained
-    export(root / "head", tmp_path / "export")
+    export(root / "head", tmp_path / "export", encoder=str(tiny_bert))
     texts = sentences(6)
     st_model = st.SentenceTransformer(str(tmp_path / "export"), device="cpu")  # no remote code
     got = torch.as_tensor(st_model.encode(texts, convert_to_numpy=True))
@@ -511,3 +511,58 @@ def test_the_task_scores_as_evaluate_did_before(case: str, trained: tuple[Path, 
             assert torch.equal(got.ranked.rel, ranked.rel) and got.ranked.top is not None
             assert ranked.top is not None and all(
                 torch.equal(a, b) for a, b in zip(got.ranked.top, ranked.top, strict=True))
+
+
+def _search_args(root: Path, params_file: Path, query: str, head: Path | None = None
+                 ) -> list[str]:
+    return ["search", query, "--params", str(params_file), "--head", str(head or root / "head"),
+            "--prepared", str(root / "prepared"), "--cache", str(root / "cache")]
+
+
+@pytest.mark.parametrize("query", ["", "  \t\n "])
+def test_item13_empty_search_query_refused(trained: tuple[Path, Path], query: str) -> None:
+    """As prepare drops empty texts, search refuses an empty (or blank) query: no neighbours."""
+    root, params_file = trained
+    result = CliRunner().invoke(app, _search_args(root, params_file, query))
+    assert result.exit_code == 1
+    assert result.stderr.strip() == ("error: the query is empty (or only whitespace): give a "
+                                     "text to search for")
+    assert not [x for x in result.output.splitlines() if x[:1].isdigit()]
+
+
+def test_item7_damaged_head_files_are_one_line_in_every_command(
+        trained: tuple[Path, Path], tmp_path: Path) -> None:
+    """A damaged config.json or training.json of the head: evaluate, search and export each
+    exit 1 with the same one line (no KeyError, no size-mismatch traceback), writing nothing."""
+    import shutil
+
+    root, params_file = trained
+    head = tmp_path / "head"
+    shutil.copytree(root / "head", head)
+    config, meta = head / "config.json", head / "training.json"
+    good_config, good_meta = config.read_text(), meta.read_text()
+    cases = {
+        "type bogus": (config, {**json.loads(good_config), "type": "bogus"},
+                       f"{config}: type: Input should be 'identity', 'linear', "
+                       "'skip_connection', 'gated' or 'mlp', got 'bogus'"),
+        "expansion string": (config, {**json.loads(good_config), "expansion": "2"},
+                             f"{config}: expansion: Input should be a valid integer, got '2'"),
+        "config a list": (config, [1, 2], f"{config}: expected a JSON object, got list"),
+        "meta not json": (meta, None, f"{meta}: not JSON: Expecting value (line 1, column 1)"),
+    }
+    for target, content, line in cases.values():
+        config.write_text(good_config)
+        meta.write_text(good_meta)
+        target.write_text("nonsense" if content is None else json.dumps(content))
+        out = tmp_path / "export"
+        for args in (_evaluate_args(root, params_file, head),
+                     _search_args(root, params_file, "a question", head),
+                     ["export", "--head", str(head), "--out", str(out), "--params",
+                      str(params_file)]):
+            result = CliRunner().invoke(app, args)
+            assert result.exit_code == 1, (args[0], result.output)
+            # the error is the last line (log lines before it are the usual warnings)
+            assert result.stderr.strip().splitlines()[-1] == f"error: {line}", (
+                args[0], result.stderr)
+            assert "Traceback" not in result.output
+        assert not out.exists()

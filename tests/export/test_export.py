@@ -84,7 +84,7 @@ def test_every_head_loads_plainly_with_the_pipeline_vectors(
         tiny_bert: Path, tmp_path: Path, kind: str, normalize_output: bool,
         spec: dict[str, Any]) -> None:
     head_dir = _head_dir(tmp_path, tiny_bert, kind, normalize_output, **spec)
-    assert export(head_dir, tmp_path / "export") is True
+    assert export(head_dir, tmp_path / "export", encoder=str(tiny_bert)) is True
     want = _pipeline(head_dir)
     got = _plain(tmp_path / "export")
     atol = ATOL[spec.get("dtype", "float32")]
@@ -123,7 +123,7 @@ def test_a_head_without_a_plain_form_needs_remote_code_and_says_so(
     monkeypatch.delitem(st_layout.RULES, "gated")
     head_dir = _head_dir(tmp_path, tiny_bert, "gated", True)
     with caplog.at_level(logging.INFO, logger="simtune.model"):
-        assert export(head_dir, tmp_path / "export") is False
+        assert export(head_dir, tmp_path / "export", encoder=str(tiny_bert)) is False
     assert "head 'gated' has no plain sentence-transformers form" in caplog.text
     assert "trust_remote_code=True" in caplog.text
     assert "simtune.st_module.HeadModule" in _types(tmp_path / "export")
@@ -141,7 +141,7 @@ def test_a_head_without_a_plain_form_needs_remote_code_and_says_so(
 def test_older_export_formats_still_load(tiny_bert: Path, tmp_path: Path) -> None:
     """Version 2 (no `sentence_transformers` key) and 1 (no name, never normalised)."""
     head_dir = _head_dir(tmp_path, tiny_bert, "linear", True)
-    export(head_dir, tmp_path / "export")
+    export(head_dir, tmp_path / "export", encoder=str(tiny_bert))
     path = tmp_path / "export" / "simtune.json"
     config = json.loads(path.read_text())
     want = _pipeline(head_dir)
@@ -214,7 +214,8 @@ def test_the_stage_writes_a_model_card_with_the_evaluated_metrics(tiny_bert: Pat
 
 
 def test_a_card_without_reports_says_so(tiny_bert: Path, tmp_path: Path) -> None:
-    export(_head_dir(tmp_path, tiny_bert, "linear"), tmp_path / "export", CardInputs())
+    export(_head_dir(tmp_path, tiny_bert, "linear"), tmp_path / "export", CardInputs(),
+           encoder=str(tiny_bert))
     card = (tmp_path / "export" / "README.md").read_text()
     front = _front_matter(card)
     assert "metrics" not in front and "model-index" not in front

@@ -261,10 +261,10 @@ def _bad_cases(tmp_path: Path) -> dict[str, tuple[Path, dict[str, Any], str]]:
         "unknown extension": (tmp_path / "data.xlsx", {},
                               "data.xlsx: unknown file extension '.xlsx'"),
         "missing column": (csv_path, {"columns": {"label": "category"}},
-                           "good.csv: missing column 'category' (columns: text, label)"),
+                           "good.csv: missing column 'category' (the header has 2 columns)"),
         "missing column parquet": (_write(tmp_path / "g.parquet", good),
                                    {"columns": {"text": "body"}},
-                                   "g.parquet: missing column 'body' (columns: text, label)"),
+                                   "g.parquet: missing column 'body' (the header has 2 columns)"),
         "missing key jsonl": (nolabel, {}, "nolabel.jsonl: line 2: missing key 'label'"),
         "no usable rows": (empty, {}, "empty.csv: no usable rows (2 read, 2 with an empty field)"),
         "malformed jsonl": (bad_json, {}, "bad.jsonl: line 2: invalid JSON"),
@@ -416,8 +416,11 @@ def test_a_huge_score_and_header_are_echoed_short(tmp_path: Path,
     raw["prepare"]["file"]["columns"].update(text="text", label="label", query=None,
                                              positive=None, score=None)
     line = _one_line(tmp_path, raw)
-    columns = ", ".join(f"column{i}" for i in range(20))[:80]
-    assert line == f"error: {wide}: missing column 'text' (columns: {columns}…)"
+    assert line == f"error: {wide}: missing column 'text' (the header has 50000 columns)"
+    raw["prepare"]["file"]["columns"]["text"] = "column7_"  # a typo: the closest is named
+    line = _one_line(tmp_path, raw)
+    assert line == (f"error: {wide}: missing column 'column7_' (the header has 50000 columns; "
+                    "the closest is 'column7')")
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".tsv"])
@@ -620,3 +623,77 @@ def test_text_map_is_every_text_or_the_given_ids() -> None:
     prepared = Prepared("groups", texts, pa.table({"x": [1]}), {})
     assert list(prepared.text_map().items()) == [("b", "bee"), ("a", "ay"), ("c", "sea")]
     assert prepared.text_map(pa.array(["c", "b", "zz"])) == {"b": "bee", "c": "sea"}
+
+
+# --- issue 19: what a data file may echo, which files are read, which keys pass --------------
+
+SECRET = "root:$6$SALTSALT$SECRETHASHSECRETHASH:20228:0:99999:7:::\ndaemon:*:20228:0:99999:7:::\n"
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl", ".parquet", "beir"])
+def test_item5_symlink_to_secret_not_echoed(tmp_path: Path, params_raw: dict[str, Any],
+                                            suffix: str) -> None:
+    """A data file (or BEIR qrels file) that is a symlink to a secret: the one line names the
+    missing column and the header's size, never the secret's first line."""
+    secret = tmp_path / "shadow"
+    secret.write_text(SECRET)
+    if suffix == "beir":
+        folder = _beir_folder(tmp_path / "beir", {"test": [("q1", "d1", 1)]})
+        path = folder / "qrels" / "test.tsv"
+        path.unlink()
+        path.symlink_to(secret)
+        raw, want = _beir_params(params_raw, folder), "missing column 'query-id'"
+    else:
+        path = tmp_path / f"x{suffix}"
+        path.symlink_to(secret)
+        raw = _file_params(params_raw, path)
+        want = {".csv": "missing column 'text'", ".tsv": "missing column 'text'",
+                ".jsonl": "line 1: invalid JSON", ".parquet": "cannot read Parquet"}[suffix]
+    line = _one_line(tmp_path, raw)
+    assert line.startswith(f"error: {path}: {want}"), line
+    rest = line[len(f"error: {path}"):]  # the temporary path itself may hold "root"
+    assert "SECRET" not in rest and "root" not in rest and "20228" not in rest, line
+    if suffix in (".csv", ".tsv", "beir"):
+        assert line.endswith("(the header has 1 column)"), line
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+@pytest.mark.parametrize("where", ["file", "qrels", "corpus"])
+def test_item5_fifo_or_device_is_not_a_regular_file(tmp_path: Path, params_raw: dict[str, Any],
+                                                    kind: str, where: str) -> None:
+    """A FIFO (reading would block) or /dev/zero (reading never ends) is "not a regular
+    file", not "not found", and is never opened."""
+    import os
+
+    folder = _beir_folder(tmp_path / "beir", {"test": [("q1", "d1", 1)]})
+    path = {"file": tmp_path / "x.csv", "qrels": folder / "qrels" / "test.tsv",
+            "corpus": folder / "corpus.jsonl"}[where]
+    path.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    raw = _file_params(params_raw, path) if where == "file" else _beir_params(params_raw, folder)
+    line = _one_line(tmp_path, raw)
+    assert line == f"error: {path}: not a regular file (a FIFO, a device or a folder)"
+
+
+@pytest.mark.parametrize("key", ["a b", "a\tb", "x\u00a0y"])
+def test_item14_key_with_whitespace_refused(tmp_path: Path, params_raw: dict[str, Any],
+                                            key: str) -> None:
+    """Evaluate writes ids to whitespace-separated TREC run files: a key holding whitespace is
+    refused in prepare, naming the file and row (leading/trailing blanks are trimmed, as
+    before)."""
+    path = tmp_path / "k.jsonl"
+    rows = [{"id": f" k{i} ", "text": f"text {i}", "label": f"L{i % 4}"} for i in range(40)]
+    rows[6]["id"] = key
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = _file_params(params_raw, path)
+    raw["prepare"]["file"]["columns"]["key"] = "id"
+    line = _one_line(tmp_path, raw)
+    assert line == (f"error: {path}: line 7: key {key!r} holds whitespace (ids are written to "
+                    "whitespace-separated run files)")
+    rows[6]["id"] = " k6 "
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ids = prepare.build(_params(raw)).texts.column("text_id").to_pylist()
+    assert sorted(ids) == sorted(f"k{i}" for i in range(40))

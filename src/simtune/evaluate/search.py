@@ -28,7 +28,10 @@ def search(p: Params, query: str, k: int, head_dir: Path, prepared_dir: Path,
     """Top-k (cosine score, text) of the corpus (groups: all texts; pairs: all documents)."""
     if k < 1:
         raise UserError("--k must be at least 1")
-    model = load_model(head_dir, p.cache.device)
+    if not query.strip():  # as prepare drops empty texts: no vector means anything for it
+        raise UserError("the query is empty (or only whitespace): give a text to search for")
+    model = load_model(head_dir, p.cache.device,
+                       encoder=p.encoders.models[p.encoders.query].model)
     prepared = load_prepared(prepared_dir)
     texts = prepared.text_map()
     ids = list(texts)

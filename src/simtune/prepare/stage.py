@@ -91,6 +91,9 @@ def _key(path: Path, r: sources.Record) -> str:
     key = str(r.values["key"]).strip()
     if not key:
         raise UserError(f"{path}: {r.where}: empty key")
+    if any(c.isspace() for c in key):  # evaluate's TREC run files split ids on whitespace
+        raise UserError(f"{path}: {r.where}: key {echo(key)} holds whitespace (ids are written "
+                        "to whitespace-separated run files)")
     return key
 
 

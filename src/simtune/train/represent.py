@@ -23,7 +23,14 @@ import numpy as np
 import torch
 
 from simtune.cache import vectors
-from simtune.encoders import model_dir, pooled, prompt_of, prompt_skip, trim_padding
+from simtune.encoders import (
+    load_pretrained,
+    model_dir,
+    pooled,
+    prompt_of,
+    prompt_skip,
+    trim_padding,
+)
 from simtune.params import EncoderParams, Params
 
 ROWS = {"text": "rows", "query": "q_rows", "doc": "d_rows", "neg": "neg_rows"}
@@ -146,11 +153,9 @@ def top_model(path: Path, layer: int) -> Any:
     """The encoder at `path` minus its embeddings and first `layer` layers: it maps the token
     states after layer `layer` (as `inputs_embeds`) to the last hidden states. BERT-family
     encoders (an `embeddings` module and `encoder.layer` list)."""
-    import transformers
-
     from simtune.errors import UserError
 
-    model = transformers.AutoModel.from_pretrained(path, local_files_only=True)
+    model, _ = load_pretrained(path, "train.mode top_layers", tokenizer=False)
     layers = getattr(getattr(model, "encoder", None), "layer", None)
     if not hasattr(model, "embeddings") or not isinstance(layers, torch.nn.ModuleList):
         raise UserError(f"train.mode top_layers: {path}: a {type(model).__name__} has no "
@@ -172,7 +177,7 @@ class CachedStates(Representation):
         super().__init__()
         self.table, self.path, self.layer, self.spec = table, path, layer, spec
         self.doc_table = table if doc_table is None else doc_table
-        self.top = top_model(path, layer).train()  # from_pretrained leaves eval mode: dropout on
+        self.top = top_model(path, layer).train()  # load_pretrained leaves eval mode: dropout on
         self.dim = int(self.top.config.hidden_size)
         self.skips = _skips(path, spec)
 
@@ -226,14 +231,11 @@ class CachedStates(Representation):
 
     def save(self, directory: Path) -> None:
         """The frozen bottom + the trained top layers as one ordinary transformers model."""
-        import transformers
-
-        full = transformers.AutoModel.from_pretrained(self.path, local_files_only=True)
+        full, tokenizer = load_pretrained(self.path, "train.mode top_layers")
         for i, trained in enumerate(self.top.encoder.layer):
             full.encoder.layer[self.layer + i].load_state_dict(trained.state_dict())
         full.save_pretrained(directory)
-        transformers.AutoTokenizer.from_pretrained(self.path, local_files_only=True
-                                                   ).save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
 
 
 class LiveEncoder(Representation):
@@ -243,11 +245,9 @@ class LiveEncoder(Representation):
 
     def __init__(self, path: Path, spec: EncoderParams) -> None:
         super().__init__()
-        import transformers
-
         self.spec = spec
-        self.encoder = transformers.AutoModel.from_pretrained(path, local_files_only=True).train()
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.encoder, self.tokenizer = load_pretrained(path, "train.mode full")
+        self.encoder.train()  # load_pretrained leaves eval mode: dropout on
         self.dim = int(self.encoder.config.hidden_size)
         self.prompts = {r: prompt_of(spec, r) for r in ("query", "document")}
         self.skips = {r: prompt_skip(self.tokenizer, spec, r) for r in ("query", "document")}

@@ -1,0 +1,120 @@
+"""The JSON files of a trained head or an export folder, each read through one checked schema.
+
+A head folder (`models/head`, written by `train`) holds `config.json` (the head: `HeadConfig`)
+and `training.json` (how it was trained: `TrainingMeta`); an export folder (`simtune export`)
+holds `simtune.json` (`ExportConfig`). Every reader of these files — `heads.load`,
+`model.load_model`, export, evaluate — goes through `read`, so a damaged file (not JSON, a list
+instead of an object, a wrong type or value, nesting thousands deep) is one `UserError` line
+naming the file and the key, never a traceback or a silently wrong model.
+
+Paths written in these files are relative to their folder and must stay inside it (`inside`):
+a folder never makes simtune read files from elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+
+from simtune.errors import UserError, echo
+from simtune.params import EncoderParams, EncoderPrompts
+
+HEAD_TYPES = ("identity", "linear", "skip_connection", "gated", "mlp")
+MAX_BYTES = 1 << 20  # these files are a few hundred bytes; a larger one is not ours
+Schema = TypeVar("Schema", bound=BaseModel)
+
+
+class _File(BaseModel):
+    """Strict: a string "2" is not the number 2, NaN is no number; keys a later version adds
+    are ignored (a newer train's file still loads)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True, allow_inf_nan=False)
+
+
+class HeadConfig(_File):
+    """A head's `config.json` (see `simtune.heads`)."""
+
+    type: Literal[HEAD_TYPES] = Field(description="the head type")  # type: ignore[valid-type]
+    dim: StrictInt = Field(gt=0, description="input = output width of the head")
+    expansion: StrictInt = Field(ge=1, description="mlp hidden width / dim")
+    dropout: float = Field(ge=0, lt=1, description="mlp dropout")
+    format_version: StrictInt = Field(default=1, ge=1, description="head file format")
+
+
+class SavedEncoder(EncoderParams):
+    """The encoder settings a head or export folder was written with; folders written before
+    `prompts` existed have none."""
+
+    prompts: EncoderPrompts | None = None
+
+
+class TrainingMeta(_File):
+    """A head folder's `training.json` (written by the train stage)."""
+
+    mode: Literal["head", "top_layers", "full"]
+    kind: Literal["groups", "pairs"] | None = None
+    query_encoder: str
+    document_encoder: str | None = None
+    encoder: SavedEncoder
+    normalize_output: StrictBool = False
+    matryoshka_dims: list[StrictInt] = []
+
+
+class ExportConfig(_File):
+    """An export folder's `simtune.json` (see `simtune.model`); versions 1-3."""
+
+    format_version: StrictInt = Field(ge=1)
+    encoder_name: str | None = None  # version 1: none
+    encoder: SavedEncoder
+    head: str
+    normalize_output: StrictBool = False
+    sentence_transformers: Literal["plain", "trust_remote_code"] | None = None
+
+
+def read(path: Path, schema: type[Schema]) -> Schema:
+    """`path` parsed and checked against `schema`; `UserError` (one line naming the file and
+    the first bad key) for a file that is missing, not a regular file, too large, not UTF-8
+    JSON, too deeply nested, not an object, or not what the schema says."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: not found")
+    if not path.is_file():
+        raise UserError(f"{path}: not a regular file")
+    if path.stat().st_size > MAX_BYTES:
+        raise UserError(f"{path}: {path.stat().st_size} bytes: too large for a "
+                        f"{schema.__name__} file")
+    try:
+        raw = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
+    except RecursionError:
+        raise UserError(f"{path}: JSON nested too deep") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    try:
+        return schema.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        got = f", got {echo(err['input'])}" if err["type"] != "missing" else ""
+        raise UserError(f"{path}: {key}: {err['msg']}{got}") from None
+
+
+def inside(folder: Path, rel: str, what: str) -> Path:
+    """`folder / rel` when it lies inside `folder` (symlinks resolved); `UserError` naming
+    `what` (the file and key that hold `rel`) for an absolute path or one that leaves it."""
+    folder = Path(folder)
+    if os.path.isabs(rel) or not rel:
+        raise UserError(f"{what}: {echo(rel)} must be a path inside {folder}")
+    path = folder / rel
+    base = folder.resolve()
+    if not path.resolve().is_relative_to(base):
+        raise UserError(f"{what}: {echo(rel)} leads outside {folder}; a model folder only "
+                        "loads files from inside itself")
+    return path

@@ -1,0 +1,306 @@
+"""Model folders (issue 19): a model directory with missing, unexpected or mis-shaped weights is
+refused (item 2); a head or export folder loads nothing from outside itself (item 6); damaged head
+and export JSON is one line (item 7); a tokenizer.json nested 200,000 deep is one line (item 8)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from simtune import heads, model_files
+from simtune.encoders import FrozenEncoder, load_pretrained
+from simtune.errors import UserError
+from simtune.export.stage import export
+from simtune.model import load_model
+from simtune.params import EncoderParams
+from simtune.train.represent import LiveEncoder, top_model
+from tests.cache_helpers import encoder_params, sentences
+from tests.conftest import save_tiny_bert
+
+TEXTS = sentences(5)
+
+
+def _spec(model: Path) -> EncoderParams:
+    return EncoderParams(**encoder_params(model)["models"]["tiny"])
+
+
+def _encode(model: Path) -> torch.Tensor:
+    return FrozenEncoder("tiny", _spec(model), torch.device("cpu")).encode(TEXTS, 4)
+
+
+def _copy(tiny_bert: Path, dest: Path) -> Path:
+    shutil.copytree(tiny_bert, dest)
+    return dest
+
+
+def _edit_weights(folder: Path, edit: Any) -> None:
+    weights = load_file(folder / "model.safetensors")
+    save_file(edit(weights), folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def _edit_json(path: Path, **changes: Any) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+# --- item 2: weights that do not fit the config are an error, not random numbers -------------
+
+
+def test_item2_missing_layer_weights_are_refused_by_every_loader(tiny_bert: Path,
+                                                                 tmp_path: Path) -> None:
+    """`encoder.layer.1.*` dropped: transformers would fill layer 1 at random (different vectors
+    on each load). The cache's encoder, top_layers' top model and full mode's encoder all go
+    through `load_pretrained` and refuse it, naming the folder and the first keys."""
+    folder = _copy(tiny_bert, tmp_path / "dropped")
+    _edit_weights(folder, lambda w: {k: v for k, v in w.items()
+                                     if not k.startswith("encoder.layer.1.")})
+    want = (f"encoders.models.tiny.model: {folder}: the weights do not fit its config.json "
+            "(bert): 16 missing weights (encoder.layer.1.attention.output.LayerNorm.bias, "
+            "encoder.layer.1.attention.output.LayerNorm.weight, "
+            "encoder.layer.1.attention.output.dense.bias, ...)")
+    with pytest.raises(UserError) as e:
+        _encode(folder)
+    assert str(e.value) == want
+    with pytest.raises(UserError, match=r"^train.mode top_layers: .*16 missing weights"):
+        top_model(folder, 1)
+    with pytest.raises(UserError, match=r"^train.mode full: .*16 missing weights"):
+        LiveEncoder(folder, _spec(folder))
+
+
+def test_item2_another_model_type_is_refused(tiny_bert: Path, tmp_path: Path) -> None:
+    """`"model_type": "gpt2"` in a BERT's config.json: a GPT-2 of random weights."""
+    folder = _copy(tiny_bert, tmp_path / "gpt2")
+    _edit_json(folder / "config.json", model_type="gpt2")
+    with pytest.raises(UserError) as e:
+        _encode(folder)
+    msg = str(e.value)
+    assert msg.startswith(f"encoders.models.tiny.model: {folder}: the weights do not fit its "
+                          "config.json (gpt2): 28 missing weights (h.0.attn.c_attn.bias, ")
+    # BERT's own weights are not GPT-2 modules: another architecture's, not counted as unexpected
+    assert msg.endswith("h.0.attn.c_proj.bias, ...)") and "unexpected" not in msg
+
+
+def test_item2_mis_shaped_and_extra_layer_weights_are_refused(tiny_bert: Path,
+                                                              tmp_path: Path) -> None:
+    shaped = _copy(tiny_bert, tmp_path / "shaped")
+    key = "encoder.layer.0.attention.self.query.weight"
+    _edit_weights(shaped, lambda w: {**w, key: torch.zeros(32, 16)})
+    with pytest.raises(UserError, match=rf"1 mis-shaped weights \({key}\)$"):
+        _encode(shaped)
+    one_layer = _copy(tiny_bert, tmp_path / "one-layer")  # the config says 1, the file has 2
+    _edit_json(one_layer / "config.json", num_hidden_layers=1)
+    with pytest.raises(UserError, match=r": 16 unexpected weights \(encoder\.layer\.1\."):
+        _encode(one_layer)
+
+
+def test_item2_a_task_checkpoint_still_loads_with_the_same_vectors(tiny_bert: Path,
+                                                                   tmp_path: Path) -> None:
+    """A BertForMaskedLM checkpoint (how many encoders are published): its `cls.*` head is
+    another architecture's (unused), its missing pooler is never used by simtune's pooling; the
+    vectors equal those of the same encoder weights saved as a plain BertModel."""
+    import transformers
+
+    base, _ = load_pretrained(tiny_bert, "x", tokenizer=False)
+    mlm = transformers.BertForMaskedLM(base.config)
+    mlm.bert.load_state_dict(base.state_dict(), strict=False)  # the mlm has no pooler
+    folder = tmp_path / "mlm"
+    mlm.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_bert / name, folder / name)
+    assert any(k.startswith("cls.") for k in load_file(folder / "model.safetensors"))
+    assert torch.equal(_encode(folder), _encode(tiny_bert))
+
+
+def test_item2_nothing_is_written_before_the_refusal(tiny_bert: Path, tmp_path: Path,
+                                                      _own_store: Path) -> None:
+    """The cache fill refuses the folder before it creates a view or a store entry."""
+    from simtune import params as P
+    from simtune.cache import stage as cache
+    from simtune.prepare import stage as prepare
+    from simtune.prepare.prepared import write as write_prepared
+    from tests.train_helpers import train_raw
+
+    folder = _copy(tiny_bert, tmp_path / "dropped")
+    _edit_weights(folder, lambda w: {k: v for k, v in w.items()
+                                     if not k.startswith("encoder.layer.1.")})
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "label": f"L{i % 4}"}) + "\n"
+                            for i, t in enumerate(sentences(40))))
+    p = P.validate(train_raw(folder, data))
+    write_prepared(prepare.build(p.prepare), tmp_path / "prepared", tmp_path / "prepare.json")
+    with pytest.raises(UserError, match=r"16 missing weights \(encoder\.layer\.1\."):
+        cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.arrow"))
+    assert not _own_store.exists() or not any(_own_store.rglob("*.arrow"))
+
+
+# --- item 8: a tokenizer.json nested 200,000 deep ---------------------------------------------
+
+
+def test_item8_deeply_nested_tokenizer_json_is_one_line(tiny_bert: Path, tmp_path: Path) -> None:
+    folder = _copy(tiny_bert, tmp_path / "deep")
+    (folder / "tokenizer.json").write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(UserError) as e:
+        _encode(folder)
+    assert str(e.value) == (f"encoders.models.tiny.model: {folder}: cannot load: a JSON file "
+                            "(config.json, tokenizer.json, ...) is nested too deep to read")
+
+
+def test_item8_deeply_nested_head_json_is_one_line(tmp_path: Path) -> None:
+    heads.save(heads.build("linear", 4, 2, 0.0), tmp_path)
+    (tmp_path / "config.json").write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(UserError, match=r"config.json: JSON nested too deep$"):
+        heads.load(tmp_path)
+
+
+# --- item 7: damaged head / export JSON, one checked schema each ------------------------------
+
+
+HEAD_DAMAGE = {  # config.json edit -> the one line's end
+    "type bogus": ({"type": "bogus"}, "type: Input should be 'identity', 'linear', "
+                   "'skip_connection', 'gated' or 'mlp', got 'bogus'"),
+    "expansion a string": ({"expansion": "2"}, "expansion: Input should be a valid integer, "
+                           "got '2'"),
+    "expansion negative": ({"expansion": -1}, "expansion: Input should be greater than or equal "
+                           "to 1, got -1"),
+    "dim a float": ({"dim": 32.0}, "dim: Input should be a valid integer, got 32.0"),
+    "dim 64": ({"dim": 64}, "model.safetensors: weight net.0.bias is (64,), a mlp head of dim 64 "
+               "(config.json) needs (128,)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HEAD_DAMAGE))
+def test_item7_damaged_head_config_is_one_line(tmp_path: Path, case: str) -> None:
+    edit, end = HEAD_DAMAGE[case]
+    heads.save(heads.build("mlp", 32, 2, 0.0), tmp_path)
+    _edit_json(tmp_path / "config.json", **edit)
+    with pytest.raises(UserError) as e:
+        heads.load(tmp_path)
+    where = "" if case == "dim 64" else "config.json: "
+    got = str(e.value)
+    assert got.startswith(str(tmp_path)) and got.endswith(where + end), got
+    assert "\n" not in got
+
+
+def test_item7_head_config_that_is_a_list_or_not_json(tmp_path: Path) -> None:
+    heads.save(heads.build("linear", 4, 2, 0.0), tmp_path)
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(UserError, match=r"config.json: expected a JSON object, got list$"):
+        heads.load(tmp_path)
+    (tmp_path / "config.json").write_text("{oops")
+    with pytest.raises(UserError, match=r"config.json: not JSON: Expecting property name"):
+        heads.load(tmp_path)
+
+
+def _head(root: Path, tiny_bert: Path, **meta: Any) -> Path:
+    """A head folder as train writes it (head mode over the tiny encoder)."""
+    heads.save(heads.build("linear", 32, 2, 0.0), root)
+    enc = encoder_params(tiny_bert)["models"]["tiny"]
+    (root / "training.json").write_text(json.dumps({
+        "mode": "head", "kind": "groups", "query_encoder": "tiny", "document_encoder": "tiny",
+        "encoder": enc, "normalize_output": True, **meta}))
+    return root
+
+
+def _error(call: Any) -> str:
+    """The one line of the `UserError` that `call()` raises."""
+    with pytest.raises(UserError) as e:
+        call()
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_item7_damaged_training_and_simtune_json_are_one_line(tiny_bert: Path,
+                                                              tmp_path: Path) -> None:
+    head = _head(tmp_path / "head", tiny_bert)
+    export(head, tmp_path / "export", encoder=str(tiny_bert))
+    meta = head / "training.json"
+    good = meta.read_text()
+    meta.write_text("not json")
+    for call in (lambda: load_model(head, "cpu", encoder=str(tiny_bert)),
+                 lambda: export(head, tmp_path / "e2", encoder=str(tiny_bert))):
+        assert _error(call) == f"{meta}: not JSON: Expecting value (line 1, column 1)"
+    meta.write_text(good.replace('"pooling": "mean"', '"pooling": "bogus"'))
+    assert _error(lambda: load_model(head, "cpu", encoder=str(tiny_bert))) == (
+        f"{meta}: encoder.pooling: Input should be 'mean', 'cls' or 'max', got 'bogus'")
+    config = tmp_path / "export" / "simtune.json"
+    good = config.read_text()
+    config.write_text(good.replace('"pooling": "mean"', '"pooling": "bogus"'))
+    assert _error(lambda: load_model(tmp_path / "export", "cpu")) == (
+        f"{config}: encoder.pooling: Input should be 'mean', 'cls' or 'max', got 'bogus'")
+    config.write_text("[]")
+    assert _error(lambda: load_model(tmp_path / "export", "cpu")) == (
+        f"{config}: expected a JSON object, got list")
+    assert not (tmp_path / "e2").exists()
+
+
+# --- item 6: a model folder never loads files from outside itself -----------------------------
+
+
+def test_item6_export_paths_outside_the_folder_are_refused(tiny_bert: Path,
+                                                           tmp_path: Path) -> None:
+    head = _head(tmp_path / "head", tiny_bert)
+    out = tmp_path / "export"
+    export(head, out, encoder=str(tiny_bert))
+    want = load_model(out, "cpu").encode(TEXTS)
+    other = _copy(tiny_bert, tmp_path / "other" / "encoder")
+    shutil.copytree(head, tmp_path / "other" / "head")
+    config = out / "simtune.json"
+    good = json.loads(config.read_text())
+    cases = {  # edit -> the refused key and value
+        "absolute encoder": ({"encoder": {**good["encoder"], "model": str(other)}},
+                             f"encoder.model: '{other}' must be a path inside {out}"),
+        "encoder above": ({"encoder": {**good["encoder"], "model": "../other/encoder"}},
+                          "encoder.model: '../other/encoder' leads outside"),
+        "head above": ({"head": "../other/head"}, "head: '../other/head' leads outside"),
+    }
+    for edit, message in cases.values():
+        config.write_text(json.dumps({**good, **edit}))
+        with pytest.raises(UserError) as e:
+            load_model(out, "cpu")
+        assert str(e.value).startswith(f"{config}: {message}"), str(e.value)
+    config.write_text(json.dumps(good))
+    link = tmp_path / "export-link"  # a symlinked encoder/ that leaves the folder
+    shutil.copytree(out, link, ignore=shutil.ignore_patterns("encoder"))
+    (link / "encoder").symlink_to(other, target_is_directory=True)
+    with pytest.raises(UserError, match=r"encoder\.model: 'encoder' leads outside"):
+        load_model(link, "cpu")
+    assert torch.equal(load_model(out, "cpu").encode(TEXTS), want)  # the folder itself: fine
+
+
+def test_item6_a_head_folder_follows_its_training_json_only_when_the_params_agree(
+        tiny_bert: Path, tmp_path: Path) -> None:
+    """training.json's `encoder.model` lies outside the head folder (head mode): it is used
+    only when the caller's params name the same encoder; `../other/encoder` or an absolute
+    path of the folder's own choosing is refused, by load_model and by export."""
+    other = save_tiny_bert(tmp_path / "other" / "encoder", seed=5)
+    head = _head(tmp_path / "head", tiny_bert)
+    want = load_model(head, "cpu", encoder=str(tiny_bert)).encode(TEXTS)
+    meta = head / "training.json"
+    assert _error(lambda: load_model(head, "cpu")) == (
+        f"{meta}: encoder.model '{tiny_bert}' is outside the head folder: load the export "
+        "(simtune export), or pass that encoder: load_model(dir, encoder=...)")
+    for planted in ("../other/encoder", str(other)):
+        _edit_json(meta, encoder={**json.loads(meta.read_text())["encoder"], "model": planted})
+        for call in (lambda: load_model(head, "cpu", encoder=str(tiny_bert)),
+                     lambda: export(head, tmp_path / "export", encoder=str(tiny_bert))):
+            assert _error(call) == (f"{meta}: encoder.model {planted!r} is outside the head "
+                                    f"folder and is not the encoder the params name "
+                                    f"('{tiny_bert}')")
+    assert not (tmp_path / "export").exists()
+    _edit_json(meta, encoder={**json.loads(meta.read_text())["encoder"], "model": str(tiny_bert)})
+    assert torch.equal(load_model(head, "cpu", encoder=str(tiny_bert)).encode(TEXTS), want)
+
+
+def test_inside_resolves_within_and_refuses_escapes(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    assert model_files.inside(tmp_path / "a", "b", "w") == tmp_path / "a" / "b"
+    assert model_files.inside(tmp_path / "a", "b/../b", "w") == tmp_path / "a" / "b/../b"
+    for bad in ("..", "b/../..", "/etc", ""):
+        with pytest.raises(UserError, match=r"^w: "):
+            model_files.inside(tmp_path / "a", bad, "w")
