@@ -26,6 +26,8 @@ from tests.conftest import save_tiny_bert
 TEXTS = sentences(5)
 
 
+POOLING_CHOICE = "Input should be 'mean', 'cls', 'max' or 'lasttoken', got 'bogus'"
+
 def _spec(model: Path) -> EncoderParams:
     return EncoderParams(**encoder_params(model)["models"]["tiny"])
 
@@ -227,12 +229,12 @@ def test_item7_damaged_training_and_simtune_json_are_one_line(tiny_bert: Path,
         assert _error(call) == f"{meta}: not JSON: Expecting value (line 1, column 1)"
     meta.write_text(good.replace('"pooling": "mean"', '"pooling": "bogus"'))
     assert _error(lambda: load_model(head, "cpu", encoder=str(tiny_bert))) == (
-        f"{meta}: encoder.pooling: Input should be 'mean', 'cls' or 'max', got 'bogus'")
+        f"{meta}: encoder.pooling: {POOLING_CHOICE}")
     config = tmp_path / "export" / "simtune.json"
     good = config.read_text()
     config.write_text(good.replace('"pooling": "mean"', '"pooling": "bogus"'))
     assert _error(lambda: load_model(tmp_path / "export", "cpu")) == (
-        f"{config}: encoder.pooling: Input should be 'mean', 'cls' or 'max', got 'bogus'")
+        f"{config}: encoder.pooling: {POOLING_CHOICE}")
     config.write_text("[]")
     assert _error(lambda: load_model(tmp_path / "export", "cpu")) == (
         f"{config}: expected a JSON object, got list")

@@ -45,7 +45,7 @@ def test_sentence_transformers_encode_query_and_document_equal_ours(
     # max_length 12: long texts truncated with the prompt's tokens counted in
     head_dir = _head_dir(tmp_path, tiny_bert, "linear", pooling=pooling, prompts=prompts,
                          max_length=12)
-    assert export(head_dir, tmp_path / "export") is True
+    assert export(head_dir, tmp_path / "export", encoder=str(tiny_bert)) is True
     plain, ours = _st(tmp_path / "export"), load_model(tmp_path / "export", "cpu")
     for role, theirs in (("query", plain.encode_query), ("document", plain.encode_document)):
         want = _frozen(head_dir, role)
@@ -64,7 +64,7 @@ def test_sentence_transformers_encode_query_and_document_equal_ours(
 
 
 def test_an_export_without_prompts_writes_none(tiny_bert: Path, tmp_path: Path) -> None:
-    export(_head_dir(tmp_path, tiny_bert, "linear"), tmp_path / "export")
+    export(_head_dir(tmp_path, tiny_bert, "linear"), tmp_path / "export", encoder=str(tiny_bert))
     config = json.loads((tmp_path / "export" / "config_sentence_transformers.json").read_text())
     assert (config["prompts"], config["default_prompt_name"]) == ({}, None)
     pool = json.loads((tmp_path / "export" / "1_Pooling" / "config.json").read_text())
@@ -80,7 +80,7 @@ def test_lasttoken_pooling_equals_sentence_transformers_on_either_padding_side(
     config_path.write_text(json.dumps({**config, "padding_side": side}))
     head_dir = _head_dir(tmp_path, model, "mlp", pooling="lasttoken", max_length=32,
                          prompts={"query": "what is ", "document": "", "include_prompt": True})
-    export(head_dir, tmp_path / "export")
+    export(head_dir, tmp_path / "export", encoder=str(model))
     encoder = FrozenEncoder("tiny", EncoderParams(**json.loads(
         (head_dir / "training.json").read_text())["encoder"]), torch.device("cpu"))
     mask = encoder.tokenize(TEXTS)["attention_mask"]
