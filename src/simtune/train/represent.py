@@ -25,6 +25,7 @@ import torch
 from simtune.cache import vectors
 from simtune.encoders import model_dir, pool, trim_padding
 from simtune.params import EncoderParams, Params
+from simtune.train import layers
 
 ROWS = {"text": "rows", "query": "q_rows", "doc": "d_rows", "neg": "neg_rows"}
 TEXTS = {"text": "texts", "query": "q_texts", "doc": "d_texts"}
@@ -94,13 +95,6 @@ class CachedVectors(Representation):
             self.d_table, cache_type(self.d_table.manifest.encoder))
 
 
-class _PassThrough(torch.nn.Module):
-    """Stands in for the embedding layer: the cached states are the input."""
-
-    def forward(self, inputs_embeds: torch.Tensor, **_: Any) -> torch.Tensor:
-        return inputs_embeds
-
-
 def length_groups(lengths: torch.Tensor, overhead: int) -> list[torch.Tensor]:
     """Partition of a batch's rows (by their (n,) token `lengths`) into groups that minimise the
     padded tokens computed, sum over groups of (longest x rows), plus `overhead` tokens per
@@ -125,33 +119,13 @@ def length_groups(lengths: torch.Tensor, overhead: int) -> list[torch.Tensor]:
     return [order[a:b] for a, b in reversed(bounds)]
 
 
-def top_model(path: Path, layer: int) -> Any:
-    """The encoder at `path` minus its embeddings and first `layer` layers: it maps the token
-    states after layer `layer` (as `inputs_embeds`) to the last hidden states. BERT-family
-    encoders (an `embeddings` module and `encoder.layer` list)."""
-    import transformers
-
-    from simtune.errors import UserError
-
-    model = transformers.AutoModel.from_pretrained(path, local_files_only=True)
-    layers = getattr(getattr(model, "encoder", None), "layer", None)
-    if not hasattr(model, "embeddings") or not isinstance(layers, torch.nn.ModuleList):
-        raise UserError(f"train.mode top_layers: {path}: a {type(model).__name__} has no "
-                        "`encoder.layer` list (BERT-family encoders only); use head or full")
-    model.encoder.layer = torch.nn.ModuleList(list(layers)[layer:])
-    model.embeddings = _PassThrough()
-    if hasattr(model, "pooler"):
-        model.pooler = None  # unused (we pool ourselves): no parameter without a gradient
-    return model
-
-
 class CachedStates(Representation):
     """Top-layers mode: cached token states after layer k through the trainable top layers."""
 
     def __init__(self, table: Any, path: Path, layer: int, spec: EncoderParams) -> None:
         super().__init__()
         self.table, self.path, self.layer, self.spec = table, path, layer, spec
-        self.top = top_model(path, layer).train()  # from_pretrained leaves eval mode: dropout on
+        self.top = layers.top_model(path, layer).train()  # dropout on while training
         self.dim = int(self.top.config.hidden_size)
 
     def forward(self, split: Any, part: dict[str, Any], role: str) -> torch.Tensor:
@@ -201,10 +175,7 @@ class CachedStates(Representation):
         """The frozen bottom + the trained top layers as one ordinary transformers model."""
         import transformers
 
-        full = transformers.AutoModel.from_pretrained(self.path, local_files_only=True)
-        for i, trained in enumerate(self.top.encoder.layer):
-            full.encoder.layer[self.layer + i].load_state_dict(trained.state_dict())
-        full.save_pretrained(directory)
+        layers.merge(self.path, self.top, self.layer).save_pretrained(directory)
         transformers.AutoTokenizer.from_pretrained(self.path, local_files_only=True
                                                    ).save_pretrained(directory)
 
