@@ -155,10 +155,29 @@ def test_an_unsupported_family_is_one_line_naming_it(tmp_path: Path) -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_family_trains_one_epoch_and_exports_an_ordinary_model(
         tmp_path: Path, tiny_models: dict[str, Path], family: str) -> None:
-    model = tiny_models[family]
+    changed = _train_and_export(tmp_path, tiny_models[family], family)
+    assert any(k.endswith("norm.weight") or "LayerNorm" in k for k in changed)  # not LoRA's
+
+
+@pytest.mark.parametrize("family", ["bert", "qwen3"])
+def test_lora_on_the_top_layers_trains_and_merges_into_an_ordinary_model(
+        tmp_path: Path, tiny_models: dict[str, Path], family: str) -> None:
+    """LoRA on: the adapters train, the merged weights are saved (same keys as the original,
+    no adapter files), only the adapted linear layers' weights of the top layers changed."""
+    changed = _train_and_export(tmp_path, tiny_models[family], family, lora={
+        "r": 4, "alpha": 8, "dropout": 0.1, "target_modules": "all-linear"})
+    assert all(k.endswith(".weight") and "norm" not in k.lower() for k in changed), changed
+    assert not list((tmp_path / "head" / "encoder").glob("adapter*"))
+
+
+def _train_and_export(tmp_path: Path, model: Path, family: str, **encoder: object
+                      ) -> set[str]:
+    """Train one epoch of the top 2 layers of `model`, export, and check that the saved model
+    is an ordinary one of its family whose layers k.. alone changed and that plain
+    sentence-transformers gives the pipeline's vectors; returns the changed weights' names."""
     raw, params_file = project(tmp_path, model, mode="top_layers")
     raw["train"]["encoder"].update({"top_layers": TOP, "lr": 0.003, "head_lr": 0.01,
-                                    "batch_size": 8, "max_epochs": 1, "patience": 1})
+                                    "batch_size": 8, "max_epochs": 1, "patience": 1, **encoder})
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     p = P.validate(raw)
     cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache,
@@ -193,3 +212,4 @@ def test_each_family_trains_one_epoch_and_exports_an_ordinary_model(
     plain = st.SentenceTransformer(str(tmp_path / "export"), device="cpu").encode(
         [texts[i] for i in ids], convert_to_tensor=True)
     assert torch.allclose(plain, pipeline, atol=1e-5), float((plain - pipeline).abs().max())
+    return changed

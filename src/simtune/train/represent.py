@@ -10,7 +10,9 @@ All give (n, D) pooled (and, per the encoder's settings, normalised) vectors *be
 for a training batch part (`forward`) or a whole split (`embed_split`); `collate` prepares a batch
 in DataLoader workers (tokenising in full mode); `place` puts cached tables on the device once
 (Lightning's `setup()`, so each DDP rank uses its own device); `save` writes the fine-tuned
-encoder (top layers merged into an ordinary transformers model). Lightning-free.
+encoder (top layers merged into an ordinary transformers model). With `train.encoder.lora`
+(`simtune.train.lora`), LoRA adapters on the layers that train take their place, merged into
+plain weights when saved. Lightning-free.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import torch
 
 from simtune.cache import vectors
 from simtune.encoders import model_dir, pool, trim_padding
-from simtune.params import EncoderParams, Params
-from simtune.train import layers
+from simtune.params import EncoderParams, LoraParams, Params
+from simtune.train import layers, lora
 
 ROWS = {"text": "rows", "query": "q_rows", "doc": "d_rows", "neg": "neg_rows"}
 TEXTS = {"text": "texts", "query": "q_texts", "doc": "d_texts"}
@@ -122,10 +124,12 @@ def length_groups(lengths: torch.Tensor, overhead: int) -> list[torch.Tensor]:
 class CachedStates(Representation):
     """Top-layers mode: cached token states after layer k through the trainable top layers."""
 
-    def __init__(self, table: Any, path: Path, layer: int, spec: EncoderParams) -> None:
+    def __init__(self, table: Any, path: Path, layer: int, spec: EncoderParams,
+                 adapters: LoraParams) -> None:
         super().__init__()
         self.table, self.path, self.layer, self.spec = table, path, layer, spec
-        self.top = layers.top_model(path, layer).train()  # dropout on while training
+        # LoRA (r > 0): adapters on the top layers train instead of their weights
+        self.top = lora.adapt(layers.top_model(path, layer), adapters).train()  # dropout on
         self.dim = int(self.top.config.hidden_size)
 
     def forward(self, split: Any, part: dict[str, Any], role: str) -> torch.Tensor:
@@ -175,7 +179,7 @@ class CachedStates(Representation):
         """The frozen bottom + the trained top layers as one ordinary transformers model."""
         import transformers
 
-        layers.merge(self.path, self.top, self.layer).save_pretrained(directory)
+        layers.merge(self.path, lora.merged(self.top), self.layer).save_pretrained(directory)
         transformers.AutoTokenizer.from_pretrained(self.path, local_files_only=True
                                                    ).save_pretrained(directory)
 
@@ -185,12 +189,13 @@ class LiveEncoder(Representation):
 
     tokenizes = True
 
-    def __init__(self, path: Path, spec: EncoderParams) -> None:
+    def __init__(self, path: Path, spec: EncoderParams, adapters: LoraParams) -> None:
         super().__init__()
         import transformers
 
         self.spec = spec
-        self.encoder = transformers.AutoModel.from_pretrained(path, local_files_only=True).train()
+        self.encoder = lora.adapt(transformers.AutoModel.from_pretrained(
+            path, local_files_only=True), adapters).train()  # LoRA (r > 0): adapters train
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.dim = int(self.encoder.config.hidden_size)
 
@@ -212,7 +217,7 @@ class LiveEncoder(Representation):
         return torch.nn.functional.normalize(vec, dim=-1) if self.spec.normalize else vec
 
     def save(self, directory: Path) -> None:
-        self.encoder.save_pretrained(directory)
+        lora.merged(self.encoder).save_pretrained(directory)  # plain weights, adapters merged
         self.tokenizer.save_pretrained(directory)
 
 
@@ -223,6 +228,7 @@ def build(mode: str, p: Params, tables: dict[str, Any]) -> Representation:
     if mode == "head":
         return CachedVectors(tables["query"], tables["doc"])
     path = model_dir(name, spec)
+    adapters = p.train.encoder.lora
     if mode == "top_layers":
-        return CachedStates(tables["states"], path, tables["layer"], spec)
-    return LiveEncoder(path, spec)
+        return CachedStates(tables["states"], path, tables["layer"], spec, adapters)
+    return LiveEncoder(path, spec, adapters)
