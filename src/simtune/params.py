@@ -274,7 +274,8 @@ class LoraParams(Section):
                    "train)")
     alpha: Number = Field(gt=0, description="LoRA alpha: the update B A is scaled by alpha / r")
     dropout: Number = Field(ge=0, lt=1, description="dropout on each adapter's input while "
-                            "training")
+                            "training (> 0 keeps a dropped copy of each adapted layer's input "
+                            "for the backward pass: +42 % activation memory on MiniLM)")
     target_modules: str | list[str] = Field(
         description="`all-linear` (every linear layer of the trainable layers; a BERT pooler "
         "excluded) or the names of the linear modules to adapt, e.g. [query, value] (BERT), "
