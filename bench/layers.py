@@ -6,6 +6,8 @@ from the same prepared split and is scored on the same test task with the same m
   head      the default head on cached vectors (its own schedule: `train.*` of params.yaml)
   top-K     `train.mode: top_layers`, K = 1, 2, 3 (cached layer states, `train.encoder.*`)
   full      `train.mode: full` (the whole encoder in the loop, `train.encoder.*`)
+  +lora     top-2 and full again with LoRA adapters (`train.encoder.lora`, r = LORA_R, every
+            linear layer of the trainable layers): the peak memory with and without
   st        sentence-transformers' `SentenceTransformerTrainer` (the peer): the same encoder,
             loss (SupCon through our `GroupLoss` for groups, its own MNRL, scale 20, for pairs),
             batch size, learning rate (`train.encoder.lr`, constant), weight decay and epochs;
@@ -50,7 +52,8 @@ import yaml
 from bench.common import machine, table, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
-ROWS = ("head", "top1", "top2", "top3", "full", "st")
+ROWS = ("head", "top1", "top2", "top3", "top2+lora", "full", "full+lora", "st")
+LORA_R = 8  # train.encoder.lora.r of the +lora rows (alpha, dropout, modules: params.yaml's)
 # data set -> (kind, rows measured): the outlet set (long documents, 9 labels) checks the
 # defaults on a third data shape; full fine-tuning there would double the run
 SETS = {"trec": ("groups", ROWS), "news_pairs": ("pairs", ROWS),
@@ -104,11 +107,14 @@ def params_for(name: str, kind: str, data: Path, row: str, epochs: int, store: P
     if kind == "pairs":
         p["train"]["loss"]["name"] = "mnrl"
     t = p["train"]
-    if row.startswith("top"):
+    mode, _, lora = row.partition("+")
+    if mode.startswith("top"):
         t["mode"] = "top_layers"
-        t["encoder"]["top_layers"] = int(row[3:])
-    elif row in ("full", "st"):
+        t["encoder"]["top_layers"] = int(mode[3:])
+    elif mode in ("full", "st"):
         t["mode"] = "full"
+    if lora:
+        t["encoder"]["lora"]["r"] = LORA_R
     if row != "head":
         t["encoder"].update(max_epochs=epochs, patience=epochs)
     return p
@@ -319,7 +325,8 @@ def measure(name: str, n: int, rows: tuple[str, ...], epochs: int, root: Path, s
 
 
 LABELS = {"head": "head (cached vectors, mlp)", "top1": "top-1 layer", "top2": "top-2 layers",
-          "top3": "top-3 layers", "full": "full fine-tuning (ours)",
+          "top3": "top-3 layers", "top2+lora": f"top-2 layers, LoRA r={LORA_R}",
+          "full": "full fine-tuning (ours)", "full+lora": f"full fine-tuning, LoRA r={LORA_R}",
           "st": "sentence-transformers trainer (peer)"}
 
 

@@ -142,7 +142,7 @@ def test_float_keys_are_found() -> None:
     assert {"train.lr", "train.loss.temperature", "prepare.split.fractions.val",
             "train.head.dropout", "train.encoder.lr", "cache.store_max_gb",
             "negatives.margin"} <= keys
-    assert len(keys) == 14  # negatives.margin the 14th
+    assert len(keys) == 16  # train.encoder.lora.alpha and .dropout the 15th and 16th
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])

@@ -95,12 +95,21 @@ def test_cached_states_through_the_top_layers_equal_the_whole_encoder(
     assert torch.allclose(got, cached, atol=2e-5)
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 12])
+LORA = {"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": "all-linear"}
+
+
+@pytest.mark.parametrize(("chunk", "lora"), [(1, False), (3, False), (12, False), (3, True)])
 def test_gradcache_equals_the_full_batch_for_the_top_layers(tmp_path: Path, tiny_bert: Path,
-                                                             chunk: int) -> None:
-    _, p = _top_project(tmp_path, tiny_bert)
+                                                             chunk: int, lora: bool) -> None:
+    # LoRA: the adapters' own dropout is replayed too; B starts at zero (then A's gradient is
+    # zero), so it is drawn at random here, as after some training
+    _, p = _top_project(tmp_path, tiny_bert, **({"lora": LORA} if lora else {}))
     data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
     rep = represent.build("top_layers", p, data.tables).train()  # dropout on
+    with torch.no_grad():
+        for name, q in rep.named_parameters():
+            if "lora_B" in name:
+                q.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
     split = data.splits["train"]
     labels = split.tensors["labels"][:12]
     loss_fn = GroupLoss("supcon", "cosine", 0.1, 0.2, "batch_hard", 1.0)
@@ -120,6 +129,7 @@ def test_gradcache_equals_the_full_batch_for_the_top_layers(tmp_path: Path, tiny
     assert got_loss.item() == pytest.approx(full.item(), rel=1e-6)
     got = {n: q.grad for n, q in rep.named_parameters() if q.grad is not None}
     assert got.keys() == want.keys() and len(want) > 10
+    assert all(("lora_" in n) == lora for n in want)  # LoRA: the adapters alone train
     for name in want:
         err = (got[name] - want[name]).norm() / want[name].norm().clamp_min(1e-12)
         assert err <= 1e-5, (name, float(err))
@@ -178,16 +188,18 @@ def test_trains_saves_an_ordinary_model_and_export_gives_the_pipeline_vectors(
 
 
 @pytest.mark.integration
-def test_ddp_two_cpu_processes_equal_one_for_the_top_layers(tmp_path: Path) -> None:
-    # dropout off in the encoder: each process draws its own masks, so with dropout on the two
-    # runs differ by design (GradCache's equality with dropout on is tested above)
+@pytest.mark.parametrize("lora", [False, True])
+def test_ddp_two_cpu_processes_equal_one_for_the_top_layers(tmp_path: Path, lora: bool) -> None:
+    # dropout off in the encoder (and the adapters): each process draws its own masks, so with
+    # dropout on the two runs differ by design (GradCache's equality with dropout on is above)
     from tests.conftest import save_tiny_bert
 
     model = save_tiny_bert(tmp_path / "bert-no-dropout")
     config = json.loads((model / "config.json").read_text())
     config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     (model / "config.json").write_text(json.dumps(config))
-    params_file, _ = _top_project(tmp_path, model, max_epochs=2, patience=5, batch_size=16)
+    params_file, _ = _top_project(tmp_path, model, max_epochs=2, patience=5, batch_size=16,
+                                  **({"lora": {**LORA, "dropout": 0.0}} if lora else {}))
     raw = yaml.safe_load(params_file.read_text())
     result = CliRunner().invoke(app, stage_args(tmp_path, params_file, "one"))
     assert result.exit_code == 0, result.output

@@ -122,19 +122,26 @@ def test_gradcache_training_equals_plain_training(small: tuple[Path, Path]) -> N
         assert torch.allclose(plain[k], gc[k], atol=1e-5), k
 
 
+@pytest.mark.parametrize("lora", [False, True])
 def test_full_mode_gradcache_gradients_equal_plain(tmp_path: Path, tiny_bert: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   lora: bool) -> None:
     """Full mode through the stage (dropout off, fp32): every step's gradient with GradCache
-    (chunks of 3) equals the plain step's."""
+    (chunks of 3) equals the plain step's; with LoRA (adapters on every linear layer of the
+    encoder) the adapters alone get gradients."""
     from tests.train_helpers import dropout_free, relative_errors, step_gradients
 
     _, params_file = project(tmp_path, dropout_free(tiny_bert, tmp_path / "bert"))
     _edit(params_file, mode="full", encoder__max_epochs=1, encoder__batch_size=8)
+    if lora:
+        _edit(params_file, encoder__lora={"r": 4, "alpha": 8, "dropout": 0.0,
+                                          "target_modules": "all-linear"})
     steps = step_gradients(tmp_path, params_file, monkeypatch)
     assert len(steps["plain"]) == len(steps["gc"]) == 5  # 40 training examples / 8
     for got, want in zip(steps["gc"], steps["plain"], strict=True):
         worst = relative_errors(got, want)
-        assert any(n.startswith("rep.encoder") for n, _ in worst)
+        encoder = [n for n, _ in worst if n.startswith("rep.encoder")]
+        assert encoder and all(("lora_" in n) == lora for n in encoder)
         assert worst[0][1] <= 1e-4, worst[:3]
 
 

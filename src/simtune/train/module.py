@@ -149,7 +149,8 @@ class SimilarityModule(pl.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         groups = [{"params": [*self.head.parameters(), *self.loss_fn.parameters()],
                    "lr": self.t.lr}]
-        trainable = list(self.rep.parameters())  # top layers or the encoder; none in head mode
+        # the top layers or the encoder (their LoRA adapters only when on); none in head mode
+        trainable = [q for q in self.rep.parameters() if q.requires_grad]
         if trainable:
             groups.append({"params": trainable, "lr": self.t.encoder.lr})
         return torch.optim.AdamW(groups, weight_decay=self.t.weight_decay)

@@ -10,7 +10,9 @@ All give (n, D) pooled (and, per the encoder's settings, normalised) vectors *be
 for a training batch part (`forward`) or a whole split (`embed_split`); `collate` prepares a batch
 in DataLoader workers (tokenising in full mode); `place` puts cached tables on the device once
 (Lightning's `setup()`, so each DDP rank uses its own device); `save` writes the fine-tuned
-encoder (top layers merged into an ordinary transformers model). Lightning-free.
+encoder (top layers merged into an ordinary transformers model). With `train.encoder.lora`
+(`simtune.train.lora`), LoRA adapters on the layers that train take their place, merged into
+plain weights when saved. Lightning-free.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from simtune.encoders import (
     prompt_skip,
     trim_padding,
 )
-from simtune.params import EncoderParams, Params
+from simtune.params import EncoderParams, LoraParams, Params
+from simtune.train import layers, lora
 
 ROWS = {"text": "rows", "query": "q_rows", "doc": "d_rows", "neg": "neg_rows"}
 PROMPT_ROLE = {"text": "query", "query": "query", "doc": "document", "neg": "document"}
@@ -118,13 +121,6 @@ def _skips(path: Path, spec: EncoderParams) -> dict[str, int]:
     return {role: prompt_skip(tokenizer, spec, role) for role in ("query", "document")}
 
 
-class _PassThrough(torch.nn.Module):
-    """Stands in for the embedding layer: the cached states are the input."""
-
-    def forward(self, inputs_embeds: torch.Tensor, **_: Any) -> torch.Tensor:
-        return inputs_embeds
-
-
 def length_groups(lengths: torch.Tensor, overhead: int) -> list[torch.Tensor]:
     """Partition of a batch's rows (by their (n,) token `lengths`) into groups that minimise the
     padded tokens computed, sum over groups of (longest x rows), plus `overhead` tokens per
@@ -149,35 +145,18 @@ def length_groups(lengths: torch.Tensor, overhead: int) -> list[torch.Tensor]:
     return [order[a:b] for a, b in reversed(bounds)]
 
 
-def top_model(path: Path, layer: int) -> Any:
-    """The encoder at `path` minus its embeddings and first `layer` layers: it maps the token
-    states after layer `layer` (as `inputs_embeds`) to the last hidden states. BERT-family
-    encoders (an `embeddings` module and `encoder.layer` list)."""
-    from simtune.errors import UserError
-
-    model, _ = load_pretrained(path, "train.mode top_layers", tokenizer=False)
-    layers = getattr(getattr(model, "encoder", None), "layer", None)
-    if not hasattr(model, "embeddings") or not isinstance(layers, torch.nn.ModuleList):
-        raise UserError(f"train.mode top_layers: {path}: a {type(model).__name__} has no "
-                        "`encoder.layer` list (BERT-family encoders only); use head or full")
-    model.encoder.layer = torch.nn.ModuleList(list(layers)[layer:])
-    model.embeddings = _PassThrough()
-    if hasattr(model, "pooler"):
-        model.pooler = None  # unused (we pool ourselves): no parameter without a gradient
-    return model
-
-
 class CachedStates(Representation):
     """Top-layers mode: cached token states after layer k through the trainable top layers.
     `table` holds the query (and groups') texts, `doc_table` the documents (the same table
     unless a document prompt of its own gives them their own view)."""
 
     def __init__(self, table: Any, path: Path, layer: int, spec: EncoderParams,
-                 doc_table: Any = None) -> None:
+                 doc_table: Any = None, adapters: LoraParams | None = None) -> None:
         super().__init__()
         self.table, self.path, self.layer, self.spec = table, path, layer, spec
         self.doc_table = table if doc_table is None else doc_table
-        self.top = top_model(path, layer).train()  # load_pretrained leaves eval mode: dropout on
+        # LoRA (r > 0): adapters on the top layers train instead of their weights
+        self.top = lora.adapt(layers.top_model(path, layer), adapters).train()  # dropout on
         self.dim = int(self.top.config.hidden_size)
         self.skips = _skips(path, spec)
 
@@ -231,10 +210,9 @@ class CachedStates(Representation):
 
     def save(self, directory: Path) -> None:
         """The frozen bottom + the trained top layers as one ordinary transformers model."""
-        full, tokenizer = load_pretrained(self.path, "train.mode top_layers")
-        for i, trained in enumerate(self.top.encoder.layer):
-            full.encoder.layer[self.layer + i].load_state_dict(trained.state_dict())
+        full = layers.merge(self.path, lora.merged(self.top), self.layer)
         full.save_pretrained(directory)
+        _, tokenizer = load_pretrained(self.path, "train.mode top_layers")
         tokenizer.save_pretrained(directory)
 
 
@@ -243,11 +221,12 @@ class LiveEncoder(Representation):
 
     tokenizes = True
 
-    def __init__(self, path: Path, spec: EncoderParams) -> None:
+    def __init__(self, path: Path, spec: EncoderParams, adapters: LoraParams) -> None:
         super().__init__()
         self.spec = spec
-        self.encoder, self.tokenizer = load_pretrained(path, "train.mode full")
-        self.encoder.train()  # load_pretrained leaves eval mode: dropout on
+        encoder, self.tokenizer = load_pretrained(path, "train.mode full")
+        # load_pretrained leaves eval mode: dropout on; LoRA (r > 0): adapters train
+        self.encoder = lora.adapt(encoder, adapters).train()
         self.dim = int(self.encoder.config.hidden_size)
         self.prompts = {r: prompt_of(spec, r) for r in ("query", "document")}
         self.skips = {r: prompt_skip(self.tokenizer, spec, r) for r in ("query", "document")}
@@ -272,7 +251,7 @@ class LiveEncoder(Representation):
         return pooled(hidden, tokens["attention_mask"], self.spec, self.skips[PROMPT_ROLE[role]])
 
     def save(self, directory: Path) -> None:
-        self.encoder.save_pretrained(directory)
+        lora.merged(self.encoder).save_pretrained(directory)  # plain weights, adapters merged
         self.tokenizer.save_pretrained(directory)
 
 
@@ -283,7 +262,8 @@ def build(mode: str, p: Params, tables: dict[str, Any]) -> Representation:
     if mode == "head":
         return CachedVectors(tables["query"], tables["doc"])
     path = model_dir(name, spec)
+    adapters = p.train.encoder.lora
     if mode == "top_layers":
         return CachedStates(tables["states"], path, tables["layer"], spec,
-                            tables.get("doc_states"))
-    return LiveEncoder(path, spec)
+                            tables.get("doc_states"), adapters)
+    return LiveEncoder(path, spec, adapters)

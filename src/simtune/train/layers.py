@@ -1,0 +1,151 @@
+"""The top of an encoder, from layer k: the model's own layers, masks and position handling.
+
+One mechanism for every family: the model itself, with its embedding module standing in for
+the input (`InputStates` returns the given states) and its layer list cut to layers k..L-1. The
+model's own forward then builds its own attention masks (bidirectional, causal, sliding window),
+its own positions (absolute embeddings already sit in the cached states; relative biases and
+rotary embeddings are computed from the sequence as usual) and applies its own final norm.
+
+| family                       | layer list          | embeddings     |
+|------------------------------|---------------------|----------------|
+| BERT, RoBERTa, XLM-R, MPNet  | `encoder.layer`     | `embeddings`   |
+| DistilBERT                   | `transformer.layer` | `embeddings`   |
+| ModernBERT                   | `layers`            | `embeddings`   |
+| Qwen2/Qwen3, Llama, Mistral  | `layers`            | `embed_tokens` |
+
+The config follows the cut (`num_hidden_layers` = K, `layer_types` from k on: models that pick
+a layer's mask by its index in the list, as Qwen3 does, then pick the cut layer's own), and the
+KV cache is off (no generation here). `top_model` proves the cut on a probe batch: the full
+model's states after layer k through the top equal its last hidden state, else the family is
+refused with one line (`UserError`). What trains is the top layers' own weights only: a
+module outside the list may be shared with the frozen bottom (MPNet's relative attention bias,
+computed once for all layers), and the final norm (ModernBERT, decoders) stays as it was.
+Lightning-free.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from simtune.encoders import load_pretrained
+from simtune.errors import UserError
+
+LAYER_LISTS = ("encoder.layer", "transformer.layer", "layers")
+EMBEDDINGS = ("embeddings", "embed_tokens")
+PROBE_TOLERANCE = 1e-5  # relative to the largest |state|; the cut is exact on CPU (0.0 measured)
+
+
+class InputStates(torch.nn.Module):
+    """Stands in for the embedding module: the cached states (passed as `inputs_embeds`) are
+    the input. Families call it by keyword (BERT, ModernBERT) or positionally (DistilBERT:
+    `embeddings(input_ids, inputs_embeds, position_ids)`); decoders never call it when given
+    `inputs_embeds`."""
+
+    def forward(self, *args: Any, inputs_embeds: torch.Tensor | None = None,
+                **_: Any) -> torch.Tensor:
+        if inputs_embeds is not None:
+            return inputs_embeds
+        return next(a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point())
+
+
+def _get(obj: Any, dotted: str) -> Any:
+    for name in dotted.split("."):
+        obj = getattr(obj, name, None)
+    return obj
+
+
+def structure(model: torch.nn.Module) -> tuple[str, str] | None:
+    """(layer list path, embeddings attribute) of `model`, or None for an unknown layout."""
+    total = int(model.config.num_hidden_layers)
+    layers = next((p for p in LAYER_LISTS if isinstance(_get(model, p), torch.nn.ModuleList)
+                   and len(_get(model, p)) == total), None)
+    embeddings = next((e for e in EMBEDDINGS if isinstance(getattr(model, e, None),
+                                                          torch.nn.Module)), None)
+    return (layers, embeddings) if layers and embeddings else None
+
+
+def family(model: torch.nn.Module) -> str:
+    """`Qwen3Model (qwen3)`: how a refusal names the model."""
+    return f"{type(model).__name__} ({getattr(model.config, 'model_type', '?')})"
+
+
+def cut(model: Any, layer: int) -> Any:
+    """`model` in place minus its embeddings and first `layer` layers: it maps the states after
+    layer `layer` (B, T, H), given as `inputs_embeds` with the (B, T) attention mask, to the
+    last hidden states (B, T, H). `UserError` for an unknown layout."""
+    found = structure(model)
+    if found is None:
+        raise UserError(f"train.mode top_layers: a {family(model)} is not supported (no "
+                        f"{' / '.join(LAYER_LISTS)} layer list with an embeddings module); "
+                        "use head or full")
+    path, embeddings = found
+    parent, _, attr = path.rpartition(".")
+    owner = _get(model, parent) if parent else model
+    top = torch.nn.ModuleList(list(getattr(owner, attr))[layer:])
+    setattr(owner, attr, top)
+    setattr(model, embeddings, InputStates())
+    # only the top layers' own weights train: what else the model holds may be shared with the
+    # frozen bottom (MPNet's relative attention bias), whose cached states must stay valid
+    model.requires_grad_(False)
+    top.requires_grad_(True)
+    if getattr(model, "pooler", None) is not None:
+        model.pooler = None  # unused (we pool ourselves): no parameter without a gradient
+    config = model.config
+    types = getattr(config, "layer_types", None)
+    config.num_hidden_layers = int(config.num_hidden_layers) - layer
+    if types is not None:
+        config.layer_types = list(types)[layer:]
+    config.use_cache = False
+    return model
+
+
+def _probe(model: Any) -> dict[str, torch.Tensor]:
+    """Two rows of random token ids, the second right-padded (masks and padding exercised)."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, int(model.config.vocab_size), (2, 16), generator=gen)
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, 9:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def top_model(path: Path, layer: int) -> Any:
+    """The encoder at `path` cut at `layer` (`cut`), in eval mode, float32, proven on a probe
+    batch to give the full model's last hidden state from its states after layer `layer`
+    (`hidden_states[layer]`, what the layer cache stores) at every real token."""
+    model, _ = load_pretrained(path, "train.mode top_layers", tokenizer=False)
+    probe = _probe(model)
+    with torch.no_grad():
+        out = model(**probe, output_hidden_states=True)
+        top = cut(model, layer)
+        got = top(inputs_embeds=out.hidden_states[layer],
+                  attention_mask=probe["attention_mask"]).last_hidden_state
+    real = probe["attention_mask"].bool()
+    want = out.last_hidden_state[real]
+    diff = float((got[real] - want).abs().max()) / max(float(want.abs().max()), 1e-12)
+    if not diff <= PROBE_TOLERANCE:
+        raise UserError(f"train.mode top_layers: a {family(top)} is not supported (its layers "
+                        f"from layer {layer} do not reproduce the model: relative difference "
+                        f"{diff:.1e}); use head or full")
+    return top
+
+
+def merge(path: Path, top: torch.nn.Module, layer: int) -> Any:
+    """The full encoder at `path` with the trained `top` (a `cut(…, layer)` model, plain
+    weights) written over its layers from `layer` on; the rest of the top (frozen) equals the
+    original. Returns the transformers model."""
+    full, _ = load_pretrained(path, "train.mode top_layers", tokenizer=False)
+    found = structure(full)
+    assert found is not None  # the top was cut from the same model
+    prefix = found[0] + "."
+    state = {}
+    for name, value in top.state_dict().items():
+        if name.startswith(prefix):
+            index, rest = name[len(prefix):].split(".", 1)
+            name = f"{prefix}{int(index) + layer}.{rest}"
+        state[name] = value
+    _, unexpected = full.load_state_dict(state, strict=False)  # missing: the bottom
+    assert not unexpected, unexpected[:5]
+    return full

@@ -1,0 +1,52 @@
+"""LoRA adapters (Hu et al. 2021) on the trainable layers, through `peft`; merged when saved.
+
+`adapt` wraps the trainable model (the cut top in `top_layers` mode, the whole encoder in `full`)
+in a `peft.PeftModel`: each targeted linear layer W x becomes W x + (alpha / r) B A dropout(x),
+W frozen, A (r, in) and B (out, r) trained (B starts at zero: the wrapped model starts equal to
+the original). Everything else freezes too, so AdamW keeps state for the adapters only. The
+wrapper takes the model's own keyword arguments and returns its own outputs. `merged` gives the
+plain transformers model with W + (alpha / r) B A in place of each adapted layer: what is saved,
+so evaluate, export and plain sentence-transformers load it as any fine-tuned encoder.
+Lightning-free; `peft` is imported only when LoRA is on.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+from simtune.errors import UserError, shorten
+from simtune.params import LoraParams
+
+# a BERT pooler is unused (we pool ourselves): adapters there would never get a gradient
+EXCLUDE = r".*pooler.*"
+
+
+def adapt(model: Any, lora: LoraParams) -> Any:
+    """`model` with LoRA adapters on its `lora.target_modules` (only they train), or `model`
+    unchanged when `lora.r` is 0. `UserError` naming the key when no module matches."""
+    if lora.r == 0:
+        return model
+    import peft
+
+    pooler = getattr(model, "pooler", None) is not None  # peft warns of an exclusion unused
+    config = peft.LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                             target_modules=lora.target_modules,
+                             exclude_modules=EXCLUDE if pooler else None)
+    try:
+        with warnings.catch_warnings():  # peft asks transformers a deprecated question
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+            return peft.get_peft_model(model, config)
+    except ValueError as e:  # peft: "Target modules {...} not found in the base model"
+        raise UserError(f"train.encoder.lora.target_modules: {lora.target_modules!r}: no such "
+                        f"linear modules in the trainable layers of a {type(model).__name__} "
+                        f"({shorten(str(e).splitlines()[0], 160)})") from None
+
+
+def merged(model: Any) -> Any:
+    """The plain transformers model of `model`: a merged copy when it carries adapters (`model`
+    itself unchanged, it may go on training), else `model`."""
+    if not hasattr(model, "merge_and_unload"):
+        return model
+    return copy.deepcopy(model).merge_and_unload()
