@@ -19,7 +19,8 @@ from simtune.errors import UserError
 from simtune.export.stage import export
 from simtune.model import load_model
 from simtune.params import EncoderParams
-from simtune.train.represent import LiveEncoder, top_model
+from simtune.train.layers import top_model
+from simtune.train.represent import LiveEncoder
 from tests.cache_helpers import encoder_params, sentences
 from tests.conftest import save_tiny_bert
 

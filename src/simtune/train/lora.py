@@ -23,10 +23,11 @@ from simtune.params import LoraParams
 EXCLUDE = r".*pooler.*"
 
 
-def adapt(model: Any, lora: LoraParams) -> Any:
+def adapt(model: Any, lora: LoraParams | None) -> Any:
     """`model` with LoRA adapters on its `lora.target_modules` (only they train), or `model`
-    unchanged when `lora.r` is 0. `UserError` naming the key when no module matches."""
-    if lora.r == 0:
+    unchanged when `lora` is None or `lora.r` is 0. `UserError` naming the key when no module
+    matches."""
+    if lora is None or lora.r == 0:
         return model
     import peft
 

@@ -221,7 +221,8 @@ class LiveEncoder(Representation):
 
     tokenizes = True
 
-    def __init__(self, path: Path, spec: EncoderParams, adapters: LoraParams) -> None:
+    def __init__(self, path: Path, spec: EncoderParams, adapters: LoraParams | None = None
+                 ) -> None:
         super().__init__()
         self.spec = spec
         encoder, self.tokenizer = load_pretrained(path, "train.mode full")
