@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,9 @@ from simtune import heads
 from simtune import params as P
 from simtune.atomic import atomic_dir, write_json
 from simtune.errors import UserError
+from simtune.examples import Data
 from simtune.params import Params, TrainParams
-from simtune.retrieval.task import retrieval_task
+from simtune.retrieval.task import RetrievalTask, retrieval_task
 from simtune.train.data import check_trainable, load_data
 from simtune.train.epochs import EpochLoop
 from simtune.train.module import SimilarityModule, diverged
@@ -33,7 +35,7 @@ from simtune.train.validation import Schedule, Validator, frozen
 log = logging.getLogger("simtune.train")
 
 
-def _accelerator(t: TrainParams) -> str:
+def accelerator_of(t: TrainParams) -> str:
     gpu = t.accelerator == "gpu" or (t.accelerator == "auto" and torch.cuda.is_available())
     if gpu and not torch.cuda.is_available():
         raise UserError("train.accelerator: 'gpu' requested but CUDA is not available")
@@ -49,7 +51,7 @@ def _accelerator(t: TrainParams) -> str:
     return "gpu" if gpu else "cpu"
 
 
-def _quiet_lightning() -> None:
+def quiet_lightning() -> None:
     """Lightning's tips and deprecation notes are not the user's business."""
     import warnings
 
@@ -62,18 +64,47 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
         live_dir: Path, negatives_dir: Path | None = None) -> dict[str, Any]:
     """Train, early-stop on the validation metric, save the best head (and report) atomically;
     `negatives_dir`: the negatives stage's output (read when `train.hard_negatives` > 0)."""
-    _quiet_lightning()
+    quiet_lightning()
     t = P.effective(p.train)
     p = p.model_copy(update={"train": t})
-    accelerator = _accelerator(t)
+    accelerator = accelerator_of(t)
     pl.seed_everything(t.seed, workers=True, verbose=False)
     data = load_data(p, prepared_dir, cache_dir, negatives_dir=negatives_dir)
     check_trainable(data, t, t.devices * t.num_nodes)
+    module, loop, trainer, seconds = fit(p, data, validation_task(data, p), accelerator,
+                                         live_dir)
+    if trainer.global_rank != 0:
+        return {}
+    result = report_of(loop, seconds, len(data.splits["train"]))
+    save(module, loop, p, out)
+    write_json(report, result)
+    sec = result["seconds"]
+    log.info("trained %d epochs (best %d: val %s = %.4f), %.2f s/epoch training + %.2f "
+             "s/epoch validation (%d of every metric)", result["epochs"], loop.best_epoch,
+             t.monitor, loop.schedule.best_value, sec["per_epoch_train"],
+             sec["per_epoch_validation"], result["full_validations"])
+    return result
+
+
+def validation_task(data: Data, p: Params) -> RetrievalTask:
+    """The validation split's retrieval task: the same task as the test evaluation (against the
+    train texts, or leave-one-out)."""
+    return retrieval_task(data, "val", "train" if p.evaluate.corpus == "train" else None)
+
+
+def fit(p: Params, data: Data, task: RetrievalTask, accelerator: str, live_dir: Path | None,
+        loop_type: Callable[..., EpochLoop] = EpochLoop
+        ) -> tuple[SimilarityModule, EpochLoop, pl.Trainer, float]:
+    """Build the module and trainer for `p` (effective params, `params.effective`) over loaded
+    `data` and fit them, validating on `task` each epoch (a `loop_type` callback). Seeds every
+    RNG first, so a fit depends on `p` and the data only (the sweep's trials reuse the data).
+    Returns the module (the last epoch's weights), the loop (the kept weights, the history),
+    the trainer and the seconds `trainer.fit` took."""
+    t = p.train
+    pl.seed_everything(t.seed, workers=True, verbose=False)
     module = SimilarityModule(data, p)
-    # the same task as the test evaluation: against the train texts, or leave-one-out
-    task = retrieval_task(data, "val", "train" if p.evaluate.corpus == "train" else None)
     validator = Validator(data, task, module.rep.embed_split, module.head, frozen(module.rep))
-    loop = EpochLoop(Schedule(t.val_every, t.patience, t.max_epochs), validator, t.monitor,
+    loop = loop_type(Schedule(t.val_every, t.patience, t.max_epochs), validator, t.monitor,
                      live_dir)
     trainer = pl.Trainer(
         accelerator=accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
@@ -88,17 +119,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
             raise
         raise UserError(diverged(t, trainer.current_epoch + 1, module._step,
                                  "the update overflows float32")) from None
-    if trainer.global_rank != 0:
-        return {}
-    result = report_of(loop, time.perf_counter() - start, len(data.splits["train"]))
-    save(module, loop, p, out)
-    write_json(report, result)
-    sec = result["seconds"]
-    log.info("trained %d epochs (best %d: val %s = %.4f), %.2f s/epoch training + %.2f "
-             "s/epoch validation (%d of every metric)", result["epochs"], loop.best_epoch,
-             t.monitor, loop.schedule.best_value, sec["per_epoch_train"],
-             sec["per_epoch_validation"], result["full_validations"])
-    return result
+    return module, loop, trainer, time.perf_counter() - start
 
 
 def report_of(loop: EpochLoop, total: float, n_train: int) -> dict[str, Any]:
