@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import resource
 import subprocess
@@ -112,6 +113,7 @@ def main() -> None:
     ap.add_argument("--prepared", type=Path, default=ROOT / "data" / "prepared")
     ap.add_argument("--cache", type=Path, default=ROOT / "cache")
     args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")  # a line per trial
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         params_file = _params(tmp, args.trials, args.sets)

@@ -141,8 +141,8 @@ def test_float_keys_are_found() -> None:
     keys = {".".join(k) for k in _float_keys()}
     assert {"train.lr", "train.loss.temperature", "prepare.split.fractions.val",
             "train.head.dropout", "train.encoder.lr", "cache.store_max_gb",
-            "negatives.margin"} <= keys
-    assert len(keys) == 14  # negatives.margin the 14th
+            "negatives.margin", "sweep.timeout"} <= keys
+    assert len(keys) == 15  # sweep.timeout the 15th
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])

@@ -381,8 +381,8 @@ _NOT_SWEPT = {
     "accelerator": "a sweep runs in one process", "devices": "a sweep runs in one process",
     "num_nodes": "a sweep runs in one process", "strategy": "a sweep runs in one process",
 }
-# keys that `train.encoder` replaces outside head mode (`effective`), and the replacing ones
-_HEAD_ONLY = {"batch_size", "max_epochs", "patience", "val_every", "lr"}
+# keys that `train.encoder` replaces outside head mode (`effective`)
+HEAD_ONLY = {"batch_size", "max_epochs", "patience", "val_every", "lr"}
 
 
 def train_field(path: str) -> Any:
@@ -481,15 +481,11 @@ class SweepParams(Section):
 
 
 def _check_space(p: Params) -> None:
-    """Every swept key matters in `train.mode`, and the train schema accepts each of its
-    bounds and choices (with the other keys as in `train`)."""
+    """The train schema accepts each swept key's bounds and choices (with the other keys as in
+    `train`)."""
     base = p.train.model_dump()
-    head = p.train.mode == "head"
     for key, entry in p.sweep.space.items():
         path = key.removeprefix("train.")
-        if (path in _HEAD_ONLY and not head) or (path.startswith("encoder.") and head):
-            raise ValueError(f"sweep.space.{key}: has no effect in train.mode {p.train.mode} "
-                             "(see train.encoder)")
         for value in entry.values():
             raw = _with(base, path, value)
             try:

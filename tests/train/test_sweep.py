@@ -81,9 +81,6 @@ def _args(root: Path, params_file: Path, *extra: str) -> list[str]:
     ({"train.batch_size": {"low": 8.5, "high": 64}},
      "params.yaml: sweep.space.train.batch_size: the value 8.5 is refused by the train "
      "schema (train.batch_size: Input should be a valid integer)"),
-    ({"train.encoder.lr": {"low": 0.001, "high": 0.01}},
-     "params.yaml: sweep.space.train.encoder.lr: has no effect in train.mode head (see "
-     "train.encoder)"),
 ])
 def test_a_bad_space_gives_one_line_naming_the_key(entry: dict[str, Any], message: str
                                                   ) -> None:
@@ -92,6 +89,25 @@ def test_a_bad_space_gives_one_line_naming_the_key(entry: dict[str, Any], messag
     with pytest.raises(UserError) as e:
         P.validate(raw)
     assert str(e.value) == message
+
+
+def test_a_key_the_mode_ignores_is_refused_when_the_sweep_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # sweep.storage: reports/sweep.db, never created here
+    raw = repo_params()
+    raw["sweep"]["space"] = {"train.encoder.lr": {"low": 0.001, "high": 0.01}}
+    p = P.validate(raw)  # params.yaml stays valid for the pipeline's stages
+    with pytest.raises(UserError) as e:
+        lib.run(p, tmp_path / "prepared", tmp_path / "cache")
+    assert str(e.value) == ("sweep.space.train.encoder.lr: has no effect in train.mode head "
+                            "(see train.encoder)")
+    raw["train"]["mode"] = "top_layers"
+    raw["sweep"]["space"] = {"train.lr": {"low": 0.001, "high": 0.01}}
+    with pytest.raises(UserError) as e:
+        lib.run(P.validate(raw), tmp_path / "prepared", tmp_path / "cache")
+    assert str(e.value) == ("sweep.space.train.lr: has no effect in train.mode top_layers "
+                            "(see train.encoder)")
+    assert not (tmp_path / "reports").exists()
 
 
 def test_the_cli_prints_the_space_error_as_one_line(tmp_path: Path) -> None:
@@ -169,8 +185,8 @@ def test_the_median_pruner_stops_a_trial_below_the_median(monkeypatch: pytest.Mo
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:
             study.tell(trial, loop.schedule.best_value)
-    # trials 0 and 1 are the pruner's start-up; trial 2 runs the warm-up (epochs 1, 2 are not
-    # judged: 2 is the first judged step), then at epoch 2 its best 0.4 is below the median of
+    # trials 0 and 1 are the pruner's start-up; trial 2 runs the warm-up (epoch 1 is not judged;
+    # min_epochs 2 is the first judged step), then at epoch 2 its best 0.4 is below the median of
     # the others' values at step 2 (0.6, 0.7: 0.65), so it stops there: its 0.9 at epoch 3 is
     # never seen. The reported values are the best so far (the kept epoch's value).
     assert runs == {0: (4, [0.5, 0.6, 0.7, 0.8], 0), 1: (4, [0.6, 0.7, 0.8, 0.9], 0),
@@ -206,6 +222,32 @@ def test_the_best_trial_through_its_line_and_apply_reproduces_its_value(
     assert applied.exit_code == 0, applied.output
     assert P.load(params_file) == P.load(tmp_path / "s.yaml")
     assert len(study.get_trials()) == 3
+
+
+def test_a_top_layers_trial_trains_as_the_train_stage(tmp_path: Path, tiny_bert: Path
+                                                      ) -> None:
+    from simtune.cache import stage as cache
+    from simtune.cache.views import layer_for
+
+    raw, params_file = project(tmp_path, tiny_bert, n=48, mode="top_layers")
+    raw["train"]["encoder"].update({"top_layers": 1, "batch_size": 8, "max_epochs": 2,
+                                    "patience": 2})
+    raw["sweep"].update(trials=2, storage=str(tmp_path / "sweep.db"), study="top", space={
+        "train.encoder.lr": {"low": 0.0005, "high": 0.005, "log": True},
+        "train.encoder.head_lr": {"low": 0.001, "high": 0.05, "log": True}})
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    p = P.validate(raw)
+    cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache,
+               layer=layer_for(p.encoders, p.train))
+    study = lib.run(p, tmp_path / "prepared", tmp_path / "cache")
+    assert len(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))) == 2
+    best = study.best_trial.params
+    space.write_yaml(params_file, best)
+    assert P.load(params_file).train.encoder.lr == best["train.encoder.lr"]
+    train = CliRunner().invoke(app, stage_args(tmp_path, params_file))
+    assert train.exit_code == 0, train.output
+    report = json.loads((tmp_path / "train.json").read_text())
+    assert report["best_val"]["val/mrr@10"] == study.best_value
 
 
 def test_trials_leave_no_module_behind(tmp_path: Path, tiny_bert: Path) -> None:

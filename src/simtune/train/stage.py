@@ -93,13 +93,13 @@ def validation_task(data: Data, p: Params) -> RetrievalTask:
 
 
 def fit(p: Params, data: Data, task: RetrievalTask, accelerator: str, live_dir: Path | None,
-        loop_type: Callable[..., EpochLoop] = EpochLoop
+        loop_type: Callable[..., EpochLoop] = EpochLoop, progress: bool = True
         ) -> tuple[SimilarityModule, EpochLoop, pl.Trainer, float]:
     """Build the module and trainer for `p` (effective params, `params.effective`) over loaded
     `data` and fit them, validating on `task` each epoch (a `loop_type` callback). Seeds every
     RNG first, so a fit depends on `p` and the data only (the sweep's trials reuse the data).
     Returns the module (the last epoch's weights), the loop (the kept weights, the history),
-    the trainer and the seconds `trainer.fit` took."""
+    the trainer and the seconds `trainer.fit` took; `progress`: Lightning's progress bar."""
     t = p.train
     pl.seed_everything(t.seed, workers=True, verbose=False)
     module = SimilarityModule(data, p)
@@ -110,7 +110,7 @@ def fit(p: Params, data: Data, task: RetrievalTask, accelerator: str, live_dir: 
         accelerator=accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
         precision=t.precision, max_epochs=t.max_epochs, num_sanity_val_steps=0,
         callbacks=[loop], logger=False, enable_checkpointing=False, enable_model_summary=False,
-        use_distributed_sampler=False, deterministic="warn" if accelerator == "gpu" else True)
+        enable_progress_bar=progress, use_distributed_sampler=False, deterministic="warn" if accelerator == "gpu" else True)
     start = time.perf_counter()
     try:
         trainer.fit(module)

@@ -26,6 +26,7 @@ import pytorch_lightning as pl
 from simtune import params as P
 from simtune.errors import UserError
 from simtune.examples import Data
+from simtune.negatives import mined
 from simtune.params import Params
 from simtune.retrieval.task import RetrievalTask
 from simtune.train import space
@@ -92,10 +93,12 @@ def train_trial(loaded: Loaded, values: dict[str, Any], trial: Any = None
     t = P.effective(p.train)
     p = p.model_copy(update={"train": t})
     check_compatible(loaded.data.kind, t)
+    if t.hard_negatives:
+        mined.check(loaded.data.kind, t)
     check_trainable(loaded.data, t, 1)
     loop_type: Any = functools.partial(PruningLoop, trial) if trial is not None else EpochLoop
     module, loop, trainer, _ = fit(p, loaded.data, loaded.task, loaded.accelerator, None,
-                                   loop_type)
+                                   loop_type, progress=False)
     value = loop.schedule.best_value if getattr(loop, "pruned_at", 0) else \
         loop.history[loop.best_epoch][f"val/{t.monitor}"]
     result = (float(value), len(loop.train_seconds), getattr(loop, "pruned_at", 0))
@@ -172,13 +175,18 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, negatives_dir: Path | No
         callbacks: list[Any] | None = None) -> optuna.Study:
     """Run the missing trials of the study (`sweep.trials` finished ones in all, or until
     `sweep.timeout`) and return it; `callbacks`: more of Optuna's per-trial callbacks."""
+    space.check_mode(p)
+    # a new study's file is written only once the data loaded (bad paths leave nothing); an
+    # existing study that is complete needs no data
+    loaded = None if Path(p.sweep.storage).exists() else load(p, prepared_dir, cache_dir,
+                                                              negatives_dir)
     study = open_study(p)
     done = len(study.get_trials(deepcopy=False, states=FINISHED))
     missing = p.sweep.trials - done
     if missing <= 0:
         log.info("study '%s' already holds %d finished trials", p.sweep.study, done)
         return study
-    loaded = load(p, prepared_dir, cache_dir, negatives_dir)
+    loaded = loaded or load(p, prepared_dir, cache_dir, negatives_dir)
     log.info("study '%s': %d finished trials, running %d more", p.sweep.study, done, missing)
 
     def objective(trial: optuna.Trial) -> float:
