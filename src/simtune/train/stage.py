@@ -110,7 +110,8 @@ def fit(p: Params, data: Data, task: RetrievalTask, accelerator: str, live_dir: 
         accelerator=accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
         precision=t.precision, max_epochs=t.max_epochs, num_sanity_val_steps=0,
         callbacks=[loop], logger=False, enable_checkpointing=False, enable_model_summary=False,
-        enable_progress_bar=progress, use_distributed_sampler=False, deterministic="warn" if accelerator == "gpu" else True)
+        enable_progress_bar=progress, use_distributed_sampler=False,
+        deterministic="warn" if accelerator == "gpu" else True)
     start = time.perf_counter()
     try:
         trainer.fit(module)
