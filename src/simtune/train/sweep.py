@@ -61,13 +61,12 @@ class PruningLoop(EpochLoop):
 
 @dataclass
 class Loaded:
-    """What every trial reuses: the base params, the data (cache rows, splits), the
-    validation task and the accelerator."""
+    """What every trial reuses: the base params, the data (cache rows, splits) and the
+    validation task."""
 
     params: Params
     data: Data
     task: RetrievalTask
-    accelerator: str
 
 
 def load(p: Params, prepared_dir: Path, cache_dir: Path,
@@ -79,9 +78,9 @@ def load(p: Params, prepared_dir: Path, cache_dir: Path,
     if t.devices != 1 or t.num_nodes != 1:
         raise UserError("train.devices: a sweep runs in one process; set train.devices and "
                         "train.num_nodes to 1")
-    accelerator = accelerator_of(t)
+    accelerator_of(t)  # refused before loading anything (each trial checks its own params)
     data = load_data(p, prepared_dir, cache_dir, check_loss=False, negatives_dir=negatives_dir)
-    return Loaded(p, data, validation_task(data, p), accelerator)
+    return Loaded(p, data, validation_task(data, p))
 
 
 def train_trial(loaded: Loaded, values: dict[str, Any], trial: Any = None
@@ -97,7 +96,7 @@ def train_trial(loaded: Loaded, values: dict[str, Any], trial: Any = None
         mined.check(loaded.data.kind, t)
     check_trainable(loaded.data, t, 1)
     loop_type: Any = functools.partial(PruningLoop, trial) if trial is not None else EpochLoop
-    module, loop, trainer, _ = fit(p, loaded.data, loaded.task, loaded.accelerator, None,
+    module, loop, trainer, _ = fit(p, loaded.data, loaded.task, accelerator_of(t), None,
                                    loop_type, progress=False)
     value = loop.schedule.best_value if getattr(loop, "pruned_at", 0) else \
         loop.history[loop.best_epoch][f"val/{t.monitor}"]
