@@ -258,7 +258,7 @@ def test_trials_leave_no_module_behind(tmp_path: Path, tiny_bert: Path) -> None:
     for lr in (0.01, 0.02):
         lib.train_trial(loaded, {"train.lr": lr})
     gc.collect()
-    assert [o for o in gc.get_objects() if isinstance(o, SimilarityModule)] == []
+    assert [o for o in gc.get_objects() if type(o) is SimilarityModule] == []
 
 
 def test_a_killed_sweep_resumes_the_same_study(tmp_path: Path, tiny_bert: Path) -> None:
