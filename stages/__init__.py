@@ -15,9 +15,9 @@ import typer
 from typer.core import TyperGroup
 
 # command -> the module of `stages` that defines it (as that module's Typer `app`), in pipeline
-# order; `search` is a command, not a DVC stage
+# order; `search` and `sweep` are commands, not DVC stages
 COMMANDS = {"prepare": "prepare", "cache": "cache", "negatives": "negatives", "train": "train",
-            "evaluate": "evaluate", "export": "export", "search": "search"}
+            "evaluate": "evaluate", "export": "export", "search": "search", "sweep": "sweep"}
 
 
 class _LazyGroup(TyperGroup):

@@ -50,10 +50,13 @@ PATHS = {
                   "--metrics": "file-opt", "--data-report": "file-opt"},
     ("search",): {"--params": "file-in", "--head": "dir-in", "--prepared": "dir-in",
                   "--cache": "dir-opt"},
+    ("sweep",): {"--params": "file-in", "--prepared": "dir-in", "--cache": "dir-in",
+                 "--negatives": "dir-opt"},
 }
 # numeric options: values that must be refused (a seed may be any integer); flags need none
 INTS = {("cache", "verify"): {"--sample": ["-1", "abc"], "--seed": ["abc"]},
-        ("search",): {"--k": ["0", "-1", "abc"]}, ("cache", "gc"): {"--max-gb": ["-1", "abc"]}}
+        ("search",): {"--k": ["0", "-1", "abc"]}, ("cache", "gc"): {"--max-gb": ["-1", "abc"]},
+        ("sweep",): {"--top": ["0", "-1", "abc"]}}
 ARGS = {("search",): ["what is the capital"]}  # required arguments
 
 

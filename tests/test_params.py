@@ -141,8 +141,8 @@ def test_float_keys_are_found() -> None:
     keys = {".".join(k) for k in _float_keys()}
     assert {"train.lr", "train.loss.temperature", "prepare.split.fractions.val",
             "train.head.dropout", "train.encoder.lr", "cache.store_max_gb",
-            "negatives.margin"} <= keys
-    assert len(keys) == 16  # train.encoder.lora.alpha and .dropout the 15th and 16th
+            "negatives.margin", "sweep.timeout"} <= keys
+    assert len(keys) == 17  # train.encoder.lora.alpha and .dropout, sweep.timeout
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])

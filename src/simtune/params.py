@@ -420,6 +420,139 @@ class EvaluateParams(Section):
     significance: SignificanceParams
 
 
+# --- sweep: `simtune sweep`, an Optuna search over `train.*` (a command, not a DVC stage) -----
+
+# train keys a sweep cannot vary: they change the loaded data, or need more than one process
+_NOT_SWEPT = {
+    "mode": "the loaded representation depends on it",
+    "hard_negatives": "the loaded training rows depend on it",
+    "encoder.top_layers": "the loaded layer cache depends on it",
+    "accelerator": "a sweep runs in one process", "devices": "a sweep runs in one process",
+    "num_nodes": "a sweep runs in one process", "strategy": "a sweep runs in one process",
+}
+# keys that `train.encoder` replaces outside head mode (`effective`)
+HEAD_ONLY = {"batch_size", "max_epochs", "patience", "val_every", "lr"}
+
+
+def train_field(path: str) -> Any:
+    """The `TrainParams` field (pydantic FieldInfo) at a dotted path under `train`
+    (`head.dropout`); `KeyError` naming the first unknown part, `TypeError` for a section or a
+    list (not one value a trial can pick)."""
+    model: type[BaseModel] = TrainParams
+    *parents, leaf = path.split(".")
+    for part in parents:
+        ann = model.model_fields[part].annotation if part in model.model_fields else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            raise KeyError(part)
+        model = ann
+    if leaf not in model.model_fields:
+        raise KeyError(leaf)
+    field = model.model_fields[leaf]
+    ann = field.annotation
+    if (isinstance(ann, type) and issubclass(ann, BaseModel)) or getattr(ann, "__origin__",
+                                                                           None) is list:
+        raise TypeError(path)
+    return field
+
+
+class SpaceEntry(Section):
+    """One swept `train.*` key: a range (`low`, `high`, `log`) or a list of `choices`."""
+
+    low: int | Number | None = Field(default=None, description="range: the lowest value "
+                                     "(integers for an integer key)")
+    high: int | Number | None = Field(default=None, description="range: the highest value")
+    log: bool = Field(default=False, description="range: sample on a log scale (low > 0); "
+                      "absent: a uniform scale")
+    choices: list[bool | int | Number | str] | None = Field(
+        default=None, description="the values to choose from (instead of low/high)")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> SpaceEntry:
+        if self.choices is not None:
+            if self.low is not None or self.high is not None or self.log:
+                raise ValueError("give either choices or low/high (log), not both")
+            if not self.choices:
+                raise ValueError("choices: empty")
+            return self
+        if self.low is None or self.high is None:
+            raise ValueError("needs low and high (a range) or choices")
+        if self.low >= self.high:
+            raise ValueError(f"low {self.low} must be below high {self.high}")
+        if self.log and self.low <= 0:
+            raise ValueError(f"log scale needs low > 0, got low {self.low}")
+        return self
+
+    def values(self) -> list[Any]:
+        """The values the train schema must accept: the bounds, or every choice."""
+        return list(self.choices) if self.choices is not None else [self.low, self.high]
+
+
+class SweepParams(Section):
+    """`sweep`: `simtune sweep`, an Optuna study over `train.*` on the validation split (TPE
+    sampler, pruned each epoch), stored in SQLite so an interrupted sweep resumes."""
+
+    trials: int = Field(gt=0, description="finished (complete or pruned) trials the study "
+                        "should hold; a resumed study runs only the missing ones")
+    timeout: Number = Field(ge=0, description="start no trial after this many seconds of this "
+                            "run (0: no limit)")
+    seed: int = Field(description="seed of the TPE sampler (the trials' training seed is "
+                      "train.seed)")
+    pruner: Literal["median", "halving"] = Field(
+        description="stop a trial early on its validation metric each epoch: `median` "
+        "(below the median of earlier trials at that epoch) or `halving` (successive halving)")
+    min_epochs: int = Field(gt=0, description="the first epoch at which the pruner may stop "
+                            "a trial (median: its warm-up; halving: the first rung)")
+    storage: str = Field(min_length=1, description="the study's SQLite file (e.g. "
+                         "reports/sweep.db; `optuna-dashboard sqlite:///reports/sweep.db` "
+                         "opens it)")
+    study: str = Field(min_length=1, description="study name in the storage (a new name "
+                       "starts a new study; the same name resumes it)")
+    space: dict[str, SpaceEntry] = Field(
+        min_length=1, description="`train.<key>` -> {low, high[, log]} or {choices}: the "
+        "search space")
+
+    @model_validator(mode="after")
+    def _known_keys(self) -> SweepParams:
+        for key in self.space:
+            path = key.removeprefix("train.")
+            try:
+                if not key.startswith("train."):
+                    raise KeyError(key)
+                train_field(path)
+            except KeyError:
+                raise ValueError(f"space.{key}: not a key of the train section (a sweep "
+                                 "varies train.* keys, e.g. train.lr)") from None
+            except TypeError:
+                raise ValueError(f"space.{key}: a section or a list, not one value") from None
+            if path in _NOT_SWEPT:
+                raise ValueError(f"space.{key}: cannot be swept ({_NOT_SWEPT[path]})")
+        return self
+
+
+def _check_space(p: Params) -> None:
+    """The train schema accepts each swept key's bounds and choices (with the other keys as in
+    `train`)."""
+    base = p.train.model_dump()
+    for key, entry in p.sweep.space.items():
+        path = key.removeprefix("train.")
+        for value in entry.values():
+            raw = _with(base, path, value)
+            try:
+                TrainParams.model_validate(raw)
+            except ValidationError as e:
+                err = e.errors()[0]
+                where = _dotted(("train", *err["loc"]))
+                msg = str(err["msg"]).removeprefix("Value error, ")
+                raise ValueError(f"sweep.space.{key}: the value {value!r} is refused by the "
+                                 f"train schema ({where}: {msg})") from None
+
+
+def _with(raw: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """A copy of the nested mapping `raw` with the dotted `path` set to `value`."""
+    head, _, rest = path.partition(".")
+    return {**raw, head: _with(raw[head], rest, value) if rest else value}
+
+
 class Params(Section):
     """The whole `params.yaml`."""
 
@@ -429,6 +562,12 @@ class Params(Section):
     negatives: NegativesParams
     train: TrainParams
     evaluate: EvaluateParams
+    sweep: SweepParams
+
+    @model_validator(mode="after")
+    def _sweep_fits_train(self) -> Params:
+        _check_space(self)
+        return self
 
     @model_validator(mode="after")
     def _mapping_names_defined(self) -> Params:
@@ -463,9 +602,15 @@ def _dotted(loc: tuple[Any, ...]) -> str:
 
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """Field names of the model found at `loc` (the mapping holding an unknown key)."""
+    named = False  # the part is an entry's name in a mapping of models (encoders.models)
     for part in loc:
+        if named:
+            named = False
+            continue
         field = model.model_fields.get(str(part))
         ann = getattr(field, "annotation", None)
+        if getattr(ann, "__origin__", None) is dict:
+            ann, named = ann.__args__[1], True  # type: ignore[union-attr]
         if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
             return []
         model = ann

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,9 @@ from simtune import heads
 from simtune import params as P
 from simtune.atomic import atomic_dir, write_json
 from simtune.errors import UserError
+from simtune.examples import Data
 from simtune.params import Params, TrainParams
-from simtune.retrieval.task import retrieval_task
+from simtune.retrieval.task import RetrievalTask, retrieval_task
 from simtune.train.checkpoint import Resume, fingerprint
 from simtune.train.data import check_trainable, load_data
 from simtune.train.epochs import EpochLoop
@@ -34,7 +36,7 @@ from simtune.train.validation import Schedule, Validator, frozen
 log = logging.getLogger("simtune.train")
 
 
-def _accelerator(t: TrainParams) -> str:
+def accelerator_of(t: TrainParams) -> str:
     gpu = t.accelerator == "gpu" or (t.accelerator == "auto" and torch.cuda.is_available())
     if gpu and not torch.cuda.is_available():
         raise UserError("train.accelerator: 'gpu' requested but CUDA is not available")
@@ -50,7 +52,7 @@ def _accelerator(t: TrainParams) -> str:
     return "gpu" if gpu else "cpu"
 
 
-def _quiet_lightning() -> None:
+def quiet_lightning() -> None:
     """Lightning's tips and deprecation notes are not the user's business."""
     import warnings
 
@@ -66,31 +68,69 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     `negatives_dir`: the negatives stage's output (read when `train.hard_negatives` > 0);
     `checkpoint_dir`: where a checkpoint is kept after each epoch, and a matching one resumed
     (`simtune.train.checkpoint`; removed on success); None: none."""
-    _quiet_lightning()
+    quiet_lightning()
     t = P.effective(p.train)
     p = p.model_copy(update={"train": t})
-    accelerator = _accelerator(t)
+    accelerator = accelerator_of(t)
     pl.seed_everything(t.seed, workers=True, verbose=False)
     data = load_data(p, prepared_dir, cache_dir, negatives_dir=negatives_dir)
     check_trainable(data, t, t.devices * t.num_nodes)
-    module = SimilarityModule(data, p)
-    # groups: the test evaluation's corpus (the train texts, or leave-one-out); pairs: the val
-    # documents with binary gains (the test ranks every document with graded gains)
+    resumes: list[Resume] = []
+
+    def resume(loop: EpochLoop) -> list[pl.Callback]:
+        """After the loop: the checkpoint saves what the loop recorded."""
+        if checkpoint_dir is None:
+            return []
+        resumes.append(Resume(checkpoint_dir, fingerprint(p, prepared_dir, data.tables,
+                                                          negatives_dir), loop))
+        return resumes[-1:]
+
+    module, loop, trainer, seconds = fit(p, data, validation_task(data, p), accelerator,
+                                         live_dir, extra=resume)
+    if trainer.global_rank != 0:
+        return {}
+    result = report_of(loop, seconds, len(data.splits["train"]))
+    save(module, loop, p, out)
+    write_json(report, result)
+    for done in resumes:
+        done.finish()
+    sec = result["seconds"]
+    log.info("trained %d epochs (best %d: val %s = %.4f), %.2f s/epoch training + %.2f "
+             "s/epoch validation (%d of every metric)", result["epochs"], loop.best_epoch,
+             t.monitor, loop.schedule.best_value, sec["per_epoch_train"],
+             sec["per_epoch_validation"], result["full_validations"])
+    return result
+
+
+def validation_task(data: Data, p: Params) -> RetrievalTask:
+    """The validation split's retrieval task. Groups: the test evaluation's corpus (the train
+    texts, or leave-one-out); pairs: the val documents with binary gains (the test ranks every
+    document with graded gains)."""
     against_train = data.kind == "groups" and p.evaluate.corpus == "train"
-    task = retrieval_task(data, "val", "train" if against_train else "split")
+    return retrieval_task(data, "val", "train" if against_train else "split")
+
+
+def fit(p: Params, data: Data, task: RetrievalTask, accelerator: str, live_dir: Path | None,
+        loop_type: Callable[..., EpochLoop] = EpochLoop, progress: bool = True,
+        extra: Callable[[EpochLoop], list[pl.Callback]] | None = None
+        ) -> tuple[SimilarityModule, EpochLoop, pl.Trainer, float]:
+    """Build the module and trainer for `p` (effective params, `params.effective`) over loaded
+    `data` and fit them, validating on `task` each epoch (a `loop_type` callback). Seeds every
+    RNG first, so a fit depends on `p` and the data only (the sweep's trials reuse the data).
+    Returns the module (the last epoch's weights), the loop (the kept weights, the history),
+    the trainer and the seconds `trainer.fit` took; `progress`: Lightning's progress bar;
+    `extra`: callbacks to run after the loop's, given the loop (the resumable checkpoint)."""
+    t = p.train
+    pl.seed_everything(t.seed, workers=True, verbose=False)
+    module = SimilarityModule(data, p)
     validator = Validator(data, task, module.rep.embed_split, module.head, frozen(module.rep))
-    loop = EpochLoop(Schedule(t.val_every, t.patience, t.max_epochs), validator, t.monitor,
+    loop = loop_type(Schedule(t.val_every, t.patience, t.max_epochs), validator, t.monitor,
                      live_dir)
-    callbacks: list[pl.Callback] = [loop]
-    resume = None
-    if checkpoint_dir is not None:  # after the loop: it saves what the loop recorded
-        resume = Resume(checkpoint_dir, fingerprint(p, prepared_dir, data.tables,
-                                                    negatives_dir), loop)
-        callbacks.append(resume)
     trainer = pl.Trainer(
         accelerator=accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
         precision=t.precision, max_epochs=t.max_epochs, num_sanity_val_steps=0,
-        callbacks=callbacks, logger=False, enable_checkpointing=False, enable_model_summary=False,
+        callbacks=[loop, *(extra(loop) if extra else [])], logger=False,
+        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=progress,
         use_distributed_sampler=False, deterministic="warn" if accelerator == "gpu" else True)
     start = time.perf_counter()
     try:
@@ -100,19 +140,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
             raise
         raise UserError(diverged(t, trainer.current_epoch + 1, module._step,
                                  "the update overflows float32")) from None
-    if trainer.global_rank != 0:
-        return {}
-    result = report_of(loop, time.perf_counter() - start, len(data.splits["train"]))
-    save(module, loop, p, out)
-    write_json(report, result)
-    if resume is not None:
-        resume.finish()
-    sec = result["seconds"]
-    log.info("trained %d epochs (best %d: val %s = %.4f), %.2f s/epoch training + %.2f "
-             "s/epoch validation (%d of every metric)", result["epochs"], loop.best_epoch,
-             t.monitor, loop.schedule.best_value, sec["per_epoch_train"],
-             sec["per_epoch_validation"], result["full_validations"])
-    return result
+    return module, loop, trainer, time.perf_counter() - start
 
 
 def report_of(loop: EpochLoop, total: float, n_train: int) -> dict[str, Any]:

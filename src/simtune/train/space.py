@@ -1,0 +1,112 @@
+"""The sweep's search space (`sweep.space` of params.yaml) as Optuna suggestions, and a trial's
+values applied three ways: to the params (a trial), as `dvc exp run -S` overrides (the line
+that reproduces a trial through the pipeline), and into params.yaml in place (`--apply`,
+comments kept). Lightning-free; Optuna is used only through the trial passed in.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+from simtune import params as P
+from simtune.atomic import write_bytes
+from simtune.errors import UserError
+
+
+def check_mode(p: P.Params) -> None:
+    """Every swept key matters in `train.mode` (checked when a sweep starts, not when
+    params.yaml loads: another mode must not break the pipeline's stages)."""
+    head = p.train.mode == "head"
+    for key in p.sweep.space:
+        path = key.removeprefix("train.")
+        if (path in P.HEAD_ONLY and not head) or (path.startswith("encoder.") and head):
+            raise UserError(f"sweep.space.{key}: has no effect in train.mode {p.train.mode} "
+                            "(see train.encoder)")
+
+
+def suggest(trial: Any, space: dict[str, P.SpaceEntry]) -> dict[str, Any]:
+    """`train.<key>` -> the value `trial` (an `optuna.Trial`) picks from each entry: a choice,
+    an integer of an integer key's range, else a float; on a log scale where `log`."""
+    values: dict[str, Any] = {}
+    for key, entry in space.items():
+        if entry.choices is not None:
+            values[key] = trial.suggest_categorical(key, entry.choices)
+        elif P.train_field(key.removeprefix("train.")).annotation in (int, "int"):
+            values[key] = trial.suggest_int(key, int(entry.low), int(entry.high), log=entry.log)
+        else:
+            values[key] = trial.suggest_float(key, float(entry.low), float(entry.high),
+                                              log=entry.log)
+    return values
+
+
+def _set(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        raw = raw[part]
+    raw[leaf] = value
+
+
+def apply(p: P.Params, values: dict[str, Any]) -> P.Params:
+    """`p` with each dotted key (`train.lr`) set to its value, validated as params.yaml is."""
+    raw = p.model_dump()
+    for key, value in values.items():
+        _set(raw, key, value)
+    return P.validate(raw)
+
+
+def literal(value: Any) -> str:
+    """A value as YAML (and DVC's -S parser) read it back to the same value: floats by their
+    shortest exact repr, booleans lower-case."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def overrides(values: dict[str, Any]) -> str:
+    """The `dvc exp run` line that trains and evaluates with `values` through the pipeline."""
+    return "dvc exp run " + " ".join(f"-S {shlex.quote(f'{k}={literal(v)}')}"
+                                     for k, v in values.items())
+
+
+def parse_overrides(line: str) -> dict[str, Any]:
+    """The `-S key=value` pairs of a `dvc exp run` line, values read as YAML (as DVC reads
+    them); the inverse of `overrides` for its own lines."""
+    import yaml
+
+    words = shlex.split(line)
+    pairs = [words[i + 1] for i, w in enumerate(words) if w == "-S"]
+    out = {}
+    for pair in pairs:
+        key, value = pair.split("=", 1)
+        out[key] = P._yaml_float(yaml.safe_load(value))
+    return out
+
+
+def write_yaml(path: Path, values: dict[str, Any]) -> None:
+    """Set each dotted key of `values` in the YAML file `path` in place: ruamel's round trip
+    keeps comments, order and layout; the file is replaced atomically and must still validate
+    (so a failure leaves it as it was)."""
+    import io
+
+    from ruamel.yaml import YAML
+
+    yaml = YAML()  # round-trip mode
+    yaml.width = 4096  # never re-wrap a long line
+    yaml.preserve_quotes = True
+    yaml.representer.add_representer(  # ruamel writes null as nothing; keep the file's `null`
+        type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null"))
+    raw = yaml.load(path.read_text(encoding="utf-8"))
+    for key, value in values.items():
+        try:
+            _set(raw, key, value)
+        except (KeyError, TypeError):
+            raise UserError(f"{path}: no key {key} to set") from None
+    out = io.StringIO()
+    yaml.dump(raw, out)
+    text = out.getvalue()
+    import yaml as pyyaml
+
+    P.validate(pyyaml.safe_load(text), str(path))
+    write_bytes(path, text.encode("utf-8"))
