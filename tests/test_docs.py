@@ -77,6 +77,9 @@ def test_the_parameters_page_has_every_schema_key_with_its_value(site: Path) -> 
     # a description with `<...>` and `|` outside code is shown as written, not parsed as HTML
     assert "qrels/&lt;split&gt;.tsv" in rows["prepare.file.format"]
     assert "|positive score|" in html.unescape(rows["negatives.margin_type"])
+    # generic types in words, not as typing's repr
+    assert "list of int" in rows["train.loss.matryoshka_dims"]
+    assert "Annotated" not in page and "FieldInfo" not in page
     # a mapping of named entries shows each entry's value
     assert "minilm: <code>mean</code>" in rows["encoders.models.&lt;name&gt;.pooling"]
 

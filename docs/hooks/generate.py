@@ -63,7 +63,8 @@ def _field(model: Any, dotted: str) -> Any:
 
 
 def _allowed(annotation: Any) -> str:
-    """`a` \\| `b` for a Literal (null added for an optional one); else the type's name."""
+    """What the schema accepts, in words: `a` \\| `b` for a Literal, `list of int`, `mapping of
+    str to ...`, alternatives joined by "or" (constraints like > 0 are left to the description)."""
     args = typing.get_args(annotation)
     origin = typing.get_origin(annotation)
     if origin is typing.Literal:
@@ -72,10 +73,12 @@ def _allowed(annotation: Any) -> str:
         return " or ".join(_allowed(a) for a in args)
     if origin is typing.Annotated:
         return _allowed(args[0])
+    if origin is list:
+        return f"list of {_allowed(args[0])}"
+    if origin is dict:
+        return f"mapping of {_allowed(args[0])} to {_allowed(args[1])}"
     if annotation is type(None):
         return "null"
-    if origin is not None:  # list[int], dict[str, str]
-        return f"`{annotation}`".replace("typing.", "")
     return getattr(annotation, "__name__", str(annotation))
 
 
