@@ -23,7 +23,7 @@ export TRANSFORMERS_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint bench clean-venv
+.PHONY: install run test lint bench docs clean-venv
 
 $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -38,11 +38,18 @@ install: $(VENV)/.installed
 run: install
 	PATH="$(BIN):$$PATH" dvc repro
 
-# the tests, after the architecture's import rules (pyproject's importlinter contracts) and ruff
+# the tests, after the architecture's import rules (pyproject's importlinter contracts) and ruff;
+# tests/test_docs.py builds the site with `mkdocs build --strict` (headless-browser checks run
+# where Debian's chromium is installed: `apt-get install chromium`, ~300 MB, not done here)
 test: install
 	$(BIN)/ruff check .
 	cd $(CURDIR) && $(BIN)/lint-imports
 	PATH="$(BIN):$$PATH" pytest -q
+
+# the documentation site, into site/: --strict fails on a broken link or anchor, a page missing
+# from the nav, or a params key without a description (the parameters page is generated)
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # benchmarks: each prints a table and writes bench/<name>.json (peers measured in the same run)
 bench: run

@@ -1,12 +1,13 @@
-"""Run every benchmark, collect bench/results.json and refresh the README's benchmark table.
+"""Run every benchmark, collect bench/results.json and refresh the benchmarks page's tables.
 
     python -m bench.run_all        (what `make bench` runs, after `make run`)
     python -m bench.run_all --collect-only   (reuse the bench/<name>.json files already there)
 
 Each benchmark runs in its own process and writes bench/<name>.json; this script adds the no-op
-`dvc repro` time of the workspace pipeline, writes bench/results.json and replaces the table
-between the README's `<!-- bench:start -->` and `<!-- bench:end -->` markers. `bench.gpu` runs
-where a GPU is present; elsewhere its last figures (bench/gpu.json) are shown as such.
+`dvc repro` time of the workspace pipeline, writes bench/results.json and replaces the tables
+between the `<!-- bench:start -->` and `<!-- bench:end -->` markers of the documentation's
+benchmarks page (docs/benchmarks.md; the README keeps only the headline results). `bench.gpu`
+runs where a GPU is present; elsewhere its last figures (bench/gpu.json) are shown as such.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from bench.common import HERE, machine, table
 
 ROOT = HERE.parent
+PAGE = ROOT / "docs" / "benchmarks.md"  # the tables go between its bench:start/end markers
 BENCHES = ("cache_fill", "train_speed", "eval_topk", "negatives", "layers")
 # train_speed runs two train stages side by side: one torch thread each, or on 2 cores each
 # stage's second thread spin-waits for a core the other stage holds (0.93 instead of 0.82)
@@ -79,12 +81,17 @@ def main() -> None:
                 + table(rows, ["measure", "ours", "peer name", "peer", "ratio", "target"])
                 + time_to_quality(results["layers"]) + gpu_section)
     print(rendered)
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+    PAGE.write_text(between_markers(PAGE.read_text(), rendered))
+
+
+def between_markers(text: str, rendered: str) -> str:
+    """`text` with what lies between its bench markers replaced by `rendered`; a page without
+    both markers is an error (the tables would silently go nowhere)."""
     start, end = "<!-- bench:start -->", "<!-- bench:end -->"
-    if start in text and end in text:
-        head, rest = text.split(start, 1)
-        readme.write_text(f"{head}{start}\n{rendered}\n{end}{rest.split(end, 1)[1]}")
+    if start not in text or end not in text:
+        raise SystemExit(f"{PAGE}: no {start} ... {end} markers to write the tables between")
+    head, rest = text.split(start, 1)
+    return f"{head}{start}\n{rendered}\n{end}{rest.split(end, 1)[1]}"
 
 
 if __name__ == "__main__":

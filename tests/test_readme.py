@@ -1,13 +1,149 @@
-"""The README documents every params key of the schema."""
+"""The README: one screenful whose links resolve, whose layout is the code's, and whose quickstart
+runs as written (on a small CSV and a tiny random encoder instead of the user's data and MiniLM)."""
 
 from __future__ import annotations
 
-from simtune import params as P
-from tests.conftest import ROOT
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cache_helpers import encoder_params, sentences
+from tests.conftest import ROOT, save_tiny_bert
+from tests.dvc_project import DvcProject
+
+README = ROOT / "README.md"
+STAGES = ("prepare", "cache", "negatives", "train", "evaluate", "export")
 
 
-def test_readme_documents_every_params_key() -> None:
-    readme = (ROOT / "README.md").read_text()
-    keys = [k for k, _ in P.documented_keys()]
-    assert len(keys) >= 25
-    assert [k for k in keys if f"| `{k}` |" not in readme] == []
+def section(title: str) -> str:
+    """The README's `## <title>...` section, up to the next `## `."""
+    text = README.read_text()
+    match = re.search(rf"^## {re.escape(title)}.*?$(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert match, f"README has no section '## {title}'"
+    return match.group(1)
+
+
+def code_block(text: str, lang: str = "") -> str:
+    match = re.search(rf"```{lang}\n(.*?)```", text, re.S)
+    assert match
+    return match.group(1)
+
+
+def test_the_readme_is_one_screenful_of_setup_quickstart_and_results() -> None:
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 150
+    for title in ("Set-up: two commands", "Quickstart", "Results on TREC", "Which mode",
+                  "Layout", "Documentation"):
+        section(title)
+    assert code_block(section("Set-up"), "bash").split("\n")[:2] == [
+        "make run    # creates .venv, installs everything, runs the pipeline (dvc repro) on TREC",
+        "make test   # creates .venv if needed, runs the test suite"]
+    assert len(section("Which mode").strip().splitlines()) == 3
+
+
+def test_every_link_of_the_readme_resolves_and_every_docs_page_is_linked() -> None:
+    links = re.findall(r"\]\(([^)\s]+)\)", README.read_text())
+    local = [link for link in links if not re.match(r"https?://", link)]
+    assert [link for link in local if not (ROOT / link.split("#")[0]).is_file()] == []
+    # every page but the home page, found by walking the nav's nested lists of {title: page}
+    pages, todo = [], [yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, list):
+            todo += item
+        elif isinstance(item, dict):
+            todo += list(item.values())
+        elif item != "index.md":
+            pages.append(f"docs/{item}")
+    assert len(pages) >= 14
+    assert sorted(set(pages) - set(local)) == []
+
+
+def test_the_layout_names_every_package_of_the_code() -> None:
+    block = code_block(section("Layout"))
+    named = re.findall(r"^\s*([\w/]+)/ ", block, re.M)
+    packages = sorted(p.name for p in (ROOT / "src" / "simtune").iterdir()
+                      if (p / "__init__.py").is_file())
+    assert sorted(n for n in named if "/" not in n and (ROOT / "src" / "simtune" / n).is_dir()
+                  ) == packages
+    assert all((ROOT / n).is_dir() or (ROOT / "src" / "simtune" / n).is_dir() for n in named)
+    for core in ("params", "errors", "encoders", "tokens", "heads", "model"):
+        assert (ROOT / "src" / "simtune" / f"{core}.py").is_file() and core in block
+
+
+def _quickstart() -> list[str]:
+    return [line for line in code_block(section("Quickstart"), "bash").splitlines()
+            if line.strip()]
+
+
+def _params_edit(line: str) -> dict[str, str]:
+    """`# params.yaml: a.b: x, c.d: y` -> {"a.b": "x", "c.d": "y"}."""
+    body = line.split("params.yaml:", 1)[1]
+    return dict(pair.strip().split(": ", 1) for pair in body.split(","))
+
+
+def _set(raw: dict, dotted: str, value: str) -> None:
+    *path, last = dotted.split(".")
+    node = raw
+    for key in path:
+        node = node[key]
+    assert last in node, dotted  # the README names real keys
+    node[last] = yaml.safe_load(value)
+
+
+@pytest.mark.integration
+def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
+    """Every line of the quickstart, in order, in a copy of the project: the params edit it
+    describes is applied to params.yaml, every command runs in bash. Only the encoder (a tiny
+    random BERT) and the epochs (a few) differ from what a user runs."""
+    project = DvcProject(tmp_path / "project")
+    home = tmp_path / "home"
+    home.mkdir()
+    rows = [f'"{s}",L{i % 3}' for i, s in enumerate(sentences(60))]
+    (home / "tickets.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
+    project.env["HOME"] = str(home)
+    params = project.path / "params.yaml"
+    raw = yaml.safe_load(params.read_text())
+    raw["encoders"] = encoder_params(save_tiny_bert(tmp_path / "tiny-bert"))
+    raw["cache"]["device"] = "cpu"
+    raw["train"].update(batch_size=8, max_epochs=2)
+    raw["train"]["encoder"].update(batch_size=8, max_epochs=1)
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+    lines = _quickstart()
+    assert 8 <= len(lines) <= 12
+    outputs: dict[str, str] = {}
+    for line in lines:
+        command = re.sub(r"\s+#.*$", "", line).strip()
+        if line.startswith("#"):
+            edit = _params_edit(line)
+            assert edit == {"prepare.source": "file",
+                            "prepare.file.path": "data/raw/tickets.csv"}
+            for key, value in edit.items():
+                _set(raw, key, value)
+            params.write_text(yaml.safe_dump(raw, sort_keys=False))
+            continue
+        if command == "source .venv/bin/activate":  # the test's PATH already has the venv's bin
+            continue
+        proc = project.run("bash", "-c", command)
+        outputs[command.split()[0] + " " + command.split()[1]] = proc.stdout
+        if command == "dvc repro":
+            assert {s for s in STAGES if f"Running stage '{s}'" in proc.stdout} == set(STAGES)
+            assert (project.path / "data" / "raw" / "tickets.csv").is_file()
+        elif command.startswith("cat reports/metrics.json"):
+            assert set(json.loads(proc.stdout)) >= {"trained", "baseline", "lift"}
+        elif command.startswith("dvc exp run -S train.mode=top_layers"):
+            assert "Running stage 'cache'" in proc.stdout  # the layer states are cached
+            assert "Running stage 'train'" in proc.stdout
+        elif command.startswith("dvc exp run"):
+            assert "Running stage 'train'" in proc.stdout
+            assert "Running stage 'cache'" not in proc.stdout
+        elif command.startswith("simtune search"):
+            hits = proc.stdout.strip().splitlines()
+            assert len(hits) == 5
+            assert all(re.match(r"-?\d\.\d{4}  \S", hit) for hit in hits)
+    assert set(outputs) == {"cp ~/tickets.csv", "dvc repro", "cat reports/metrics.json",
+                            "dvc exp", "simtune search"}

@@ -15,11 +15,11 @@ Export directory layout (`simtune export`), format version 3:
   included, plus sentence-transformers' `sentence_bert_config.json` (`max_seq_length`).
 - `head/` — `model.safetensors` + `config.json` (see `simtune.heads`): what `load_model` reads.
 - sentence-transformers files (`modules.json`, `config_sentence_transformers.json`, the module
-  folders; see `simtune.st_layout`): every head type is written as sentence-transformers' own
+  folders; see `simtune.export.st_layout`): every head type is written as sentence-transformers' own
   `Dense` modules, so plain `SentenceTransformer(dir)` loads it (`"sentence_transformers":
   "plain"`); a head type without a `Dense` form would be served by `simtune.st_module.HeadModule`
   and need `trust_remote_code=True`.
-- `README.md` — the model card (`simtune.model_card`).
+- `README.md` — the model card (`simtune.export.model_card`).
 
 Older exports still load with `load_model`: version 2 (no `sentence_transformers` key, the head
 as `HeadModule`, no `encoder/` for `minilm`) and version 1 (also no `encoder_name`, not

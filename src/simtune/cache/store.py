@@ -3,8 +3,8 @@
 Layout (root: `cache.store`, or `$SIMTUNE_STORE` when set):
 
     <root>/vectors/<fingerprint>/   one directory per encoder fingerprint, in the shard format of
-                                    `simtune.store`, keyed by *content hash* (never by a user key,
-                                    so every workspace and data set can share it)
+                                    `simtune.cache.vectors`, keyed by *content hash* (never by a
+                                    user key, so every workspace and data set can share it)
         manifest.json, shard-*.arrow
         journal-r<rank>.json        only while a fill runs (a killed fill's shards are adopted)
         .lock                       held (flock) by the one process filling this fingerprint

@@ -2,7 +2,7 @@
 
 One format serves both places vectors live: a workspace *view* `cache/<encoder>/` (what the
 pipeline reads; a DVC output) and each fingerprint directory of the machine-wide shared store
-(`simtune.shared`). A directory holds:
+(`simtune.cache.store`). A directory holds:
 
 - shards: uncompressed Arrow IPC files, one record batch each, columns `text_id: string` (the
   key: the workspace's id in a view, the content hash in the store), `text_hash: string`

@@ -1,0 +1,199 @@
+"""MkDocs hook: the generated parts of the site, built from the code so they cannot drift.
+
+`reference/parameters.md` is written at build time from the pydantic schema.
+The descriptions live once, in `src/simtune/params.py` (`documented_keys`); the values shown are
+those of the checked-in `params.yaml`, and the allowed values come from the schema's `Literal`
+annotations. The architecture page's module map (each module's docstring) and import rules
+(pyproject.toml's import-linter contracts) are filled in the same way.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the backport (import-linter's dependency)
+    import tomli as tomllib
+
+import yaml
+from mkdocs.structure.files import File, Files
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = "reference/parameters.md"
+SECTIONS = {
+    "prepare": "which data to load and how to split it ([Your data](../data.md))",
+    "encoders": "the frozen encoders and their settings ([Your encoder](../encoder.md))",
+    "cache": "how vectors are filled, kept and read ([The cache and the store](../cache.md))",
+    "negatives": "hard negatives mined from the cache ([Training](../training.md#hard-negatives))",
+    "train": "the model, loss and schedule ([Training modes](../modes.md), "
+             "[Training in detail](../training.md))",
+    "evaluate": "the test-split evaluation ([Evaluation](../evaluation.md))",
+}
+
+
+def _schema() -> Any:
+    if str(ROOT / "src") not in sys.path:  # the checkout's code, not an installed copy
+        sys.path.insert(0, str(ROOT / "src"))
+    from simtune import params
+
+    return params
+
+
+def _field(model: Any, dotted: str) -> Any:
+    """The pydantic field behind a dotted key (`<name>` steps into a mapping's value model)."""
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        if part == "<name>":
+            continue
+        field = model.model_fields[part]
+        if i == len(parts) - 1:
+            return field
+        ann = field.annotation
+        if typing.get_origin(ann) is dict:
+            ann = typing.get_args(ann)[1]
+        model = ann
+    raise KeyError(dotted)
+
+
+def _allowed(annotation: Any) -> str:
+    """What the schema accepts, in words: `a` \\| `b` for a Literal, `list of int`, `mapping of
+    str to ...`, alternatives joined by "or" (constraints like > 0 are left to the description)."""
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return " \\| ".join(f"`{a}`" for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_allowed(a) for a in args)
+    if origin is typing.Annotated:
+        return _allowed(args[0])
+    if origin is list:
+        return f"list of {_allowed(args[0])}"
+    if origin is dict:
+        return f"mapping of {_allowed(args[0])} to {_allowed(args[1])}"
+    if annotation is type(None):
+        return "null"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _value(raw: dict[str, Any], dotted: str) -> str:
+    """The key's value in params.yaml, one `name: value` per entry under a `<name>` step."""
+    head, _, rest = dotted.partition(".<name>.")
+    node: Any = raw
+    for part in head.split("."):
+        node = node[part]
+    if rest:
+        return "<br>".join(f"{name}: `{_yaml(entry[rest])}`" for name, entry in node.items())
+    return f"`{_yaml(node)}`"
+
+
+def _yaml(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def _dotted(key: str) -> str:
+    """A dotted name as code that wraps only after a dot (a narrow column never cuts a name)."""
+    escaped = key.replace("<", "&lt;").replace(">", "&gt;")
+    return f'<code class="param-key">{escaped.replace(".", ".<wbr>")}</code>'
+
+
+def _cell(text: str) -> str:
+    """Markdown-table-safe: pipes escaped, and `<...>` outside code spans shown, not parsed."""
+    parts = re.split(r"(`[^`]*`)", text)
+    return "".join(p if p.startswith("`") else
+                   p.replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+                   for p in parts)
+
+
+def render() -> str:
+    """The whole page: one table per params.yaml section, every key of the schema in order."""
+    params = _schema()
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    lines = [
+        "# Parameters",
+        "",
+        "Every key of `params.yaml`, generated from the typed schema in "
+        "`src/simtune/params.py` when the site is built (the descriptions live there, once). "
+        "Unknown keys and wrong types are refused with one line naming the key; every float "
+        "must be finite. *Value* is the one in the checked-in `params.yaml`; change it there "
+        "or per experiment with `dvc exp run -S key=value`.",
+        "",
+    ]
+    keys = params.documented_keys()
+    for section, about in SECTIONS.items():
+        lines += [f"## `{section}`", "", f"{about[0].upper()}{about[1:]}.", "",
+                  "| key | value | allowed | meaning |", "|---|---|---|---|"]
+        for key, description in keys:
+            if key.split(".")[0] != section:
+                continue
+            field = _field(params.Params, key)
+            lines.append(f"| {_dotted(key)} | {_value(raw, key)} | {_allowed(field.annotation)} "
+                         f"| {_cell(description)} |")
+        lines.append("")
+    missing = {k.split(".")[0] for k, _ in keys} - set(SECTIONS)
+    if missing:
+        raise ValueError(f"params sections without a heading in {__file__}: {sorted(missing)}")
+    return "\n".join(lines)
+
+
+def on_files(files: Files, config: Any) -> Files:
+    """Puts the generated page in place of the checked-in stub (which only says that it is
+    generated, for readers of the repository itself; mkdocs >= 1.6: `File.generated`)."""
+    stub = files.get_file_from_path(PAGE)
+    if stub is not None:
+        files.remove(stub)
+    files.append(File.generated(config, PAGE, content=render()))
+    return files
+
+
+# --- the architecture page: the module map and the import rules, from the code itself ---------
+
+def _first_paragraph(path: Path) -> str:
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+def modules_table() -> str:
+    """Every module of `src/simtune` and `stages`, with the first paragraph of its docstring."""
+    lines = ["| module | what it is |", "|---|---|"]
+    for package in (ROOT / "src" / "simtune", ROOT / "stages"):
+        for path in sorted(package.rglob("*.py"), key=lambda p: (len(p.parts), str(p))):
+            if "__pycache__" in path.parts or path.name == "__main__.py":
+                continue
+            dotted = ".".join(path.relative_to(package.parent).with_suffix("").parts)
+            dotted = dotted.removesuffix(".__init__")
+            lines.append(f"| {_dotted(dotted)} | {_cell(_first_paragraph(path))} |")
+    return "\n".join(lines)
+
+
+def contracts_list() -> str:
+    """The import-linter contracts of pyproject.toml, as `lint-imports` checks them."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    out = []
+    for contract in config["contracts"]:
+        fields = []
+        for key, value in contract.items():
+            if key in ("name", "type"):
+                continue
+            shown = " \\| ".join(value) if key == "layers" else value
+            if isinstance(shown, list):
+                shown = ", ".join(f"`{v}`" for v in shown)
+            elif key != "layers":
+                shown = f"`{shown}`"
+            fields.append(f"    - {key.replace('_', ' ')}: {shown}")
+        out += [f"- **{contract['name']}** (`{contract['type']}`)", "", *fields, ""]
+    return "\n".join(out)
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
+    """Fills the architecture page's generated parts."""
+    if page.file.src_uri != "architecture.md":
+        return markdown
+    return (markdown.replace("<!-- generated:modules -->", modules_table())
+            .replace("<!-- generated:contracts -->", contracts_list()))
