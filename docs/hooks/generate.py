@@ -35,6 +35,7 @@ SECTIONS = {
     "train": "the model, loss and schedule ([Training modes](../modes.md), "
              "[Training in detail](../training.md))",
     "evaluate": "the test-split evaluation ([Evaluation](../evaluation.md))",
+    "sweep": "the settings search of `simtune sweep` ([Experiments](../experiments.md#sweeps))",
 }
 
 
@@ -88,8 +89,9 @@ def _value(raw: dict[str, Any], dotted: str) -> str:
     node: Any = raw
     for part in head.split("."):
         node = node[part]
-    if rest:
-        return "<br>".join(f"{name}: `{_yaml(entry[rest])}`" for name, entry in node.items())
+    if rest:  # entries may leave a key out (a sweep range has no `choices`): those are skipped
+        return "<br>".join(f"{name}: `{_yaml(entry[rest])}`" for name, entry in node.items()
+                           if rest in entry) or "(none)"
     return f"`{_yaml(node)}`"
 
 
