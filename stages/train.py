@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 import typer
@@ -23,8 +25,16 @@ def train(
     negatives: Path = dir_option("negatives", "mined negatives (read when "
                                  "train.hard_negatives > 0)"),
 ) -> None:
-    """Train a head on the cached embeddings (Lightning; AMP, DDP, GradCache, early stopping)."""
+    """Train a head on the cached embeddings (Lightning; AMP, DDP, GradCache, early stopping).
+    A second train writing the same outputs at once is refused, not queued (`.<name>.lock`
+    beside each output, held by local rank 0: the other ranks of a DDP launch are its own)."""
     from simtune import params as P
+    from simtune.atomic import lock_file, locked
     from simtune.train import stage as lib
 
-    lib.run(P.load(params), prepared, cache, out, report, live, negatives)
+    p = P.load(params)
+    with contextlib.ExitStack() as held:
+        for output in (out, report, live) if os.environ.get("LOCAL_RANK", "0") == "0" else ():
+            held.enter_context(locked(lock_file(output), busy=f"another train is writing "
+                                      f"{output}; wait for it to finish (or stop it)"))
+        lib.run(p, prepared, cache, out, report, live, negatives)
