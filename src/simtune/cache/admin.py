@@ -54,7 +54,8 @@ def verify(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CachePar
                 _compare(results[-1], Path(out) / label, prepared, ids, name,
                          encoders.models[name], sample, seed, device)
     for directory in sorted(Path(out).iterdir()):
-        if directory.name not in seen and (directory / vectors.MANIFEST).is_file():
+        if directory.name not in seen and not directory.name.startswith(".") and (
+                directory / vectors.MANIFEST).is_file():  # a dot name: a temp dir, not a view
             results.append(_verify_view(directory, root, None))
     return results
 
