@@ -39,15 +39,18 @@ def verify(params: Path = PARAMS, prepared: Path = PREPARED, out: Path = OUT,
            sample: int = typer.Option(64, min=0, help="cached texts to re-embed and compare "
                                       "(0: checksums and rows only)"),
            seed: int = typer.Option(0, help="seed of the sample")) -> None:
-    """Check checksums and row counts, re-embed a random sample; exit 1 on any mismatch."""
+    """Check every view (checksums, schema, rows, settings; the layer states of top_layers mode
+    too) and the store shards behind it, re-embed a random sample; exit 1 on any problem."""
     from simtune import params as P
     from simtune.cache import admin as lib
+    from simtune.cache.views import layer_for
     from simtune.encoders import resolve_device
 
     p = P.load(params)
     if not out.is_dir():
         raise UserError(f"{out}: no cache here (run the cache stage)")
-    results = lib.verify(prepared, out, p.encoders, sample, seed, resolve_device(p.cache.device))
+    results = lib.verify(prepared, out, p.encoders, p.cache, sample, seed,
+                         resolve_device(p.cache.device), layer_for(p.encoders, p.train))
     for r in results:
         status = "ok" if not r.problems else "FAILED"
         print(f"{r.encoder}: {status}: {r.rows} rows, {r.sampled} re-embedded, "
@@ -65,13 +68,19 @@ def gc(params: Path = PARAMS,
                                     "cache.store_max_gb; 0 keeps only the current settings)"),
        dry_run: bool = typer.Option(False, "--dry-run", help="say what would go, drop nothing")
        ) -> None:
-    """Bound the shared store: drop least recently used encoder settings, never the current."""
+    """Bound the shared store: drop least recently used encoder settings, never the current,
+    never anything that is not a store entry (listed as skipped), never through a symlink."""
     from simtune import params as P
     from simtune.cache import admin as lib
     from simtune.cache import store
+    from simtune.cache.views import layer_for
 
     p = P.load(params)
-    kept, dropped = lib.gc(p.encoders, p.cache, max_gb, dry_run)
+    try:
+        layer = layer_for(p.encoders, p.train)
+    except UserError:  # the layer of a model that cannot load is not in use either
+        layer = None
+    kept, dropped, skipped = lib.gc(p.encoders, p.cache, max_gb, dry_run, layer)
     print(f"store {store.root(p.cache.store)}: kept {len(kept)} encoder settings "
           f"({sum(e.bytes for e in kept) / 1e6:.1f} MB), "
           f"{'would drop' if dry_run else 'dropped'} {len(dropped)} "
@@ -80,3 +89,5 @@ def gc(params: Path = PARAMS,
         print(f"  keep {e.fingerprint} {e.encoder}: {e.rows} rows, {e.bytes / 1e6:.1f} MB")
     for e in dropped:
         print(f"  drop {e.fingerprint} {e.encoder}: {e.rows} rows, {e.bytes / 1e6:.1f} MB")
+    for path, why in skipped:
+        print(f"  skip {path}: {why}; left alone")

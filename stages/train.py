@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 import typer
@@ -28,11 +30,18 @@ def train(
     checkpoint: Path = dir_option("checkpoints/train", "resumable checkpoint after each epoch: "
                                   "a killed run resumes from it; deleted on success"),
 ) -> None:
-    """Train a head on the cached embeddings (Lightning; AMP, DDP, GradCache, early stopping)."""
+    """Train a head on the cached embeddings (Lightning; AMP, DDP, GradCache, early stopping).
+    A second train writing the same outputs at once is refused, not queued (`.<name>.lock`
+    beside each output, held by local rank 0: the other ranks of a DDP launch are its own)."""
     from simtune import params as P
-    from simtune.atomic import write_json
+    from simtune.atomic import lock_file, locked, write_json
     from simtune.train import stage as lib
 
-    result = lib.run(P.load(params), prepared, cache, out, report, live, negatives, checkpoint)
-    if result:  # the first process writes the reports (the others return {})
-        write_json(metrics, lib.headline(result))
+    p = P.load(params)
+    with contextlib.ExitStack() as held:
+        for output in (out, report, live) if os.environ.get("LOCAL_RANK", "0") == "0" else ():
+            held.enter_context(locked(lock_file(output), busy=f"another train is writing "
+                                      f"{output}; wait for it to finish (or stop it)"))
+        result = lib.run(p, prepared, cache, out, report, live, negatives, checkpoint)
+        if result:  # the first process writes the reports (the others return {})
+            write_json(metrics, lib.headline(result))

@@ -1,13 +1,19 @@
-"""Write outputs so that a failure never leaves a half-written file or directory behind.
+"""Write outputs so that a failure never leaves a half-written file or directory behind, and
+so that two processes never write the same output at once.
 
 Every output is first written under a temporary name next to its destination (same filesystem, so
-the final `os.replace` is atomic) and renamed into place only when complete.
+the final `os.replace` is atomic) and renamed into place only when complete. `locked` holds an
+exclusive `flock` on a lock file for a block (the cache fill per store entry and view, `train`
+per output): it dies with its process, so a killed run never leaves a stale lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -38,6 +44,57 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     os.replace(tmp, dest)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def lock_file(output: Path) -> Path:
+    """The lock file of a stage output: `.<name>.lock` beside it (never inside it: the output
+    is replaced whole, and DVC hashes what is inside)."""
+    output = Path(output)
+    return output.parent / f".{output.name}.lock"
+
+
+@contextlib.contextmanager
+def locked(path: Path, waiting: str | None = None, busy: str | None = None) -> Iterator[None]:
+    """Hold an exclusive `flock` on the file `path` (created, with its folder, if needed) for
+    the block. If another process holds it: with `busy`, raise `UserError(busy)` at once;
+    otherwise log `waiting` (if given) once and wait. The file is never removed (unlinking a
+    lock file races with a process about to take it); it holds nothing."""
+    from simtune.errors import UserError
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise UserError(f"{path}: cannot create the lock file: {e.strerror or e}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            if busy is not None:
+                raise UserError(busy) from None
+            if waiting:
+                logging.getLogger("simtune").info("%s", waiting)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def is_locked(path: Path) -> bool:
+    """Whether another process holds the `flock` of the file `path` right now."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def _umask() -> int:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from simtune import params as P
-from simtune.cache import backends, batching, store, vectors
+from simtune.cache import backends, batching, policy, store, vectors
 from simtune.cache import stage as cache
 from simtune.encoders import FrozenEncoder, describe, fingerprint
 from simtune.errors import UserError
@@ -86,7 +86,7 @@ def test_export_made_once_per_fingerprint(tmp_path: Path, tiny_bert: Path, monke
     assert (r.cached, r.embedded) == (10, 10)
     assert counts["rows"] == len(backends.CHECK_TEXTS)  # the data itself went through ONNX
     assert exported.stat().st_mtime_ns == before
-    assert [e.bytes >= exported.stat().st_size for e in store.entries(_entry(p).parents[1])
+    assert [e.bytes >= exported.stat().st_size for e in policy.entries(_entry(p).parents[1])
             ] == [True]  # the export counts toward cache.store_max_gb
 
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from simtune.cache import policy, store, vectors
 from simtune.cache import stage as cache
-from simtune.cache import store, vectors
 from simtune.errors import UserError
 from stages import app
 from tests.cache_helpers import (
@@ -55,7 +55,7 @@ def test_settings_switched_back_and_forth_embed_nothing_the_second_time(
         back = _fill(prepared, out, params(tiny_bert, {"max_length": 32}))
     assert (first.embedded, other.embedded, back.embedded, counts["rows"]) == (30, 30, 0, 0)
     assert (out / "tiny" / "part-00000.arrow").read_bytes() == view_32  # the same bytes again
-    assert len(store.entries(store.root(""))) == 2
+    assert len(policy.entries(store.root(""))) == 2
 
 
 def test_another_workspace_reuses_every_vector(tmp_path: Path, tiny_bert: Path) -> None:
@@ -80,7 +80,7 @@ def test_a_pulled_view_feeds_an_empty_store(tmp_path: Path, tiny_bert: Path,
     with count_forward() as counts:
         r = _fill(make_prepared(tmp_path / "grown", sentences(33)), tmp_path / "cache", p)
     assert (r.cached, r.embedded, counts["rows"]) == (30, 3, 3)
-    assert store.entries(tmp_path / "teammate-store")[0].rows == 33
+    assert policy.entries(tmp_path / "teammate-store")[0].rows == 33
     table = vectors.load(tmp_path / "cache" / "tiny", checksums=True)
     assert len(table) == 33 and before != (tmp_path / "cache" / "tiny" /
                                            "part-00000.arrow").read_bytes()
@@ -148,7 +148,7 @@ def test_a_model_that_cannot_load_loses_nothing(tmp_path: Path, tiny_bert: Path)
         _fill(prepared, tmp_path / "cache", params(broken))
     assert {f.name: f.read_bytes() for f in view.iterdir()} == files
     assert len(vectors.load(view, checksums=True)) == 30
-    assert sum(e.rows for e in store.entries(store.root(""))) == 30
+    assert sum(e.rows for e in policy.entries(store.root(""))) == 30
 
 
 def test_a_manifest_naming_a_path_outside_is_damaged(tmp_path: Path, tiny_bert: Path) -> None:
@@ -168,7 +168,7 @@ def test_size_policy_and_gc_keep_the_current_settings(tmp_path: Path, tiny_bert:
     # a budget below one entry: the fill at 16 evicts the older entry, never its own
     _fill(prepared, tmp_path / "cache", params(tiny_bert, {"max_length": 16},
                                                store_max_gb=1e-9))
-    [left] = store.entries(store.root(""))
+    [left] = policy.entries(store.root(""))
     assert left.fingerprint == vectors.read_manifest(tmp_path / "cache" / "tiny").fingerprint
     # gc from the command line, with other settings now current: drops the 16 entry
     _fill(prepared, tmp_path / "cache", params(tiny_bert, {"max_length": 32}))
@@ -179,12 +179,12 @@ def test_size_policy_and_gc_keep_the_current_settings(tmp_path: Path, tiny_bert:
     dry = CliRunner().invoke(app, ["cache", "gc", "--params", str(params_file), "--max-gb", "0",
                                    "--dry-run"])
     assert dry.exit_code == 0 and "would drop 1" in dry.output, dry.output
-    assert len(store.entries(store.root(""))) == 2
+    assert len(policy.entries(store.root(""))) == 2
     result = CliRunner().invoke(app, ["cache", "gc", "--params", str(params_file),
                                       "--max-gb", "0"])
     assert result.exit_code == 0, result.output
     assert "kept 1 encoder settings" in result.output and "dropped 1" in result.output
-    [kept] = store.entries(store.root(""))
+    [kept] = policy.entries(store.root(""))
     assert kept.fingerprint == vectors.read_manifest(tmp_path / "cache" / "tiny").fingerprint
 
 

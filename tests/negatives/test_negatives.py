@@ -21,6 +21,7 @@ from simtune import params as P
 from simtune.cache import stage as cache
 from simtune.cache.views import open_cache
 from simtune.negatives.stage import mine
+from simtune.negatives.stage import run as run_negatives
 from simtune.prepare import stage as prepare
 from simtune.prepare.prepared import write as write_prepared
 from simtune.train import gradcache
@@ -333,3 +334,22 @@ def test_groups_data_gets_an_empty_table_and_training_refuses(tmp_path: Path,
     assert pq.read_table(tmp_path / "negatives" / "negatives.parquet").num_rows == 0
     assert "mined negatives are for pairs data, the prepared data is groups" in _error(
         tmp_path, params_file)
+
+
+@pytest.mark.parametrize("count", [8, 0])
+def test_item12_nothing_mined_log_names_the_real_reason(tmp_path: Path, tiny_bert: Path,
+                                                         caplog: pytest.LogCaptureFixture,
+                                                         count: int) -> None:
+    from tests.train_helpers import project
+
+    _, params_file = project(tmp_path, tiny_bert)
+    raw = yaml.safe_load(params_file.read_text())
+    raw["negatives"]["count"] = count
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    caplog.set_level("INFO", logger="simtune")
+    run_negatives(P.load(params_file), tmp_path / "prepared", tmp_path / "cache",
+                  tmp_path / "negatives", tmp_path / "negatives.json")
+    [line] = [r.getMessage() for r in caplog.records if "nothing mined" in r.getMessage()]
+    reason = ("negatives.count is 0" if count == 0 else
+              "the data is groups: hard negatives are mined for pairs")
+    assert line == f"{tmp_path / 'negatives'}: nothing mined ({reason})"

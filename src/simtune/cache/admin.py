@@ -7,13 +7,16 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import torch
 
-from simtune.cache import store, vectors
+from simtune.cache import policy, store, vectors, views
+from simtune.cache.formats import Format
 from simtune.cache.stage import texts_per_encoder
 from simtune.encoders import FrozenEncoder, changes, describe, fingerprint
 from simtune.errors import UserError
-from simtune.params import CacheParams, EncodersParams
+from simtune.params import CacheParams, EncoderParams, EncodersParams
+from simtune.prepare.prepared import Prepared
 from simtune.prepare.prepared import load as load_prepared
 
 log = logging.getLogger("simtune.cache")
@@ -28,58 +31,94 @@ class VerifyResult:
     max_abs_diff: float
 
 
-def verify(prepared_dir: Path, out: Path, encoders: EncodersParams, sample: int, seed: int,
-           device: torch.device) -> list[VerifyResult]:
-    """Full check of each encoder's cache: checksums, rows, fingerprint against the current
-    settings, and `sample` random cached texts re-embedded and compared."""
+def verify(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParams,
+           sample: int, seed: int, device: torch.device, layer: int | None = None
+           ) -> list[VerifyResult]:
+    """Full check of every view under `out`: checksums, schema and rows, fingerprint against the
+    current settings (each encoder's vectors and, with `layer`, the query encoder's layer
+    states), the sha256 of the store shards behind it, and `sample` random cached texts
+    re-embedded and compared (pooled vectors only). A view under `out` the params do not name
+    gets the checks that need no settings."""
     prepared = load_prepared(prepared_dir)
-    results = []
+    root = store.root(cp.store)
+    results, seen = [], set()
     for target, ids in texts_per_encoder(prepared, encoders).items():
-        name = target.name
-        spec, directory = encoders.models[name], Path(out) / target.view
-        problems = vectors.verify(directory)
-        description = describe(name, spec, role=target.role)
-        manifest = None if problems else vectors.read_manifest(directory)
-        if manifest is not None and manifest.fingerprint != fingerprint(description):
-            problems.append(f"{directory / vectors.MANIFEST}: filled with other encoder settings "
-                            f"({changes(manifest.description, description)})")
-        if problems:
-            results.append(VerifyResult(target.view, 0, problems, 0, float("nan")))
-            continue
-        table = vectors.load(directory)
-        texts = prepared.text_map(ids)
-        pool = sorted(set(table.ids.to_pylist()) & texts.keys())
-        picked = random.Random(seed).sample(pool, min(sample, len(pool)))
-        diff = 0.0
-        if picked:
-            encoder = FrozenEncoder(name, spec, device, target.role)
-            fresh = encoder.encode([texts[t] for t in picked], 64)
-            stored = table.vectors[table.index(picked)].float()
-            diff = float((fresh - stored).abs().max())
-            scale = max(1.0, float(fresh.abs().max()))
-            tol = (1e-4 if spec.dtype == "float32" else 2e-3) * scale
-            if diff > tol:
-                problems.append(f"{directory}: re-embedded vectors differ by {diff:.3g} "
-                                f"(tolerance {tol:.3g})")
-        results.append(VerifyResult(target.view, len(table), problems, len(picked), diff))
+        name, spec = target.name, encoders.models[target.name]
+        fmts = [Format()] + ([Format(layer)] if layer is not None and name == encoders.query
+                             else [])
+        for fmt in fmts:
+            label = views.view_name(name, spec, target.role, fmt.layer)
+            seen.add(label)
+            results.append(_verify_view(Path(out) / label, root, describe(
+                name, spec, fmt.layer, target.role)))
+            if fmt.layer is None and not results[-1].problems:
+                _compare(results[-1], Path(out) / label, prepared, ids, name, spec, target.role,
+                         sample, seed, device)
+    for directory in sorted(Path(out).iterdir()):
+        if directory.name not in seen and not directory.name.startswith(".") and (
+                directory / vectors.MANIFEST).is_file():  # a dot name: a temp dir, not a view
+            results.append(_verify_view(directory, root, None))
     return results
 
 
+def _verify_view(directory: Path, root: Path, description: dict | None) -> VerifyResult:
+    """Checksums, schema, rows, fingerprint (against `description`, if given), store shards."""
+    name = directory.name
+    problems = vectors.verify(directory)
+    if problems:
+        return VerifyResult(name, 0, problems, 0, float("nan"))
+    manifest = vectors.read_manifest(directory)
+    assert manifest is not None
+    if description is not None and manifest.fingerprint != fingerprint(description):
+        problems.append(f"{directory / vectors.MANIFEST}: filled with other encoder settings "
+                        f"({changes(manifest.description, description)})")
+    hashes = set(vectors.cached_hashes(directory, manifest).values())
+    problems += store.check_behind(root, manifest, hashes)
+    return VerifyResult(name, manifest.rows, problems, 0, float("nan") if problems else 0.0)
+
+
+def _compare(result: VerifyResult, directory: Path, prepared: Prepared, ids: pa.Array,
+             name: str, spec: EncoderParams, role: str, sample: int, seed: int,
+             device: torch.device) -> None:
+    """Re-embed `sample` random cached texts of the view (as `role` texts) and compare them
+    with the stored ones."""
+    table = vectors.load(directory)
+    texts = prepared.text_map(ids)
+    pool = sorted(set(table.ids.to_pylist()) & texts.keys())
+    picked = random.Random(seed).sample(pool, min(sample, len(pool)))
+    if not picked:
+        return
+    fresh = FrozenEncoder(name, spec, device, role).encode([texts[t] for t in picked], 64)
+    stored = table.vectors[table.index(picked)].float()
+    diff = float((fresh - stored).abs().max())
+    scale = max(1.0, float(fresh.abs().max()))
+    tol = (1e-4 if spec.dtype == "float32" else 2e-3) * scale
+    if diff > tol:
+        result.problems.append(f"{directory}: re-embedded vectors differ by {diff:.3g} "
+                               f"(tolerance {tol:.3g})")
+    result.sampled, result.max_abs_diff = len(picked), diff
+
+
 def gc(encoders: EncodersParams, cp: CacheParams, max_gb: float | None = None,
-       dry_run: bool = False) -> tuple[list[store.Entry], list[store.Entry]]:
-    """Apply the store's size policy now: drop least-recently-used fingerprints until the store
+       dry_run: bool = False, layer: int | None = None
+       ) -> tuple[list[policy.Entry], list[policy.Entry], list[tuple[Path, str]]]:
+    """Apply the store's size policy now: drop least-recently-used store entries until the store
     holds at most `max_gb` (default `cache.store_max_gb`; 0 keeps only the current settings).
-    The fingerprints of the current `encoders` settings are always kept.
-    Returns (kept, dropped) entries."""
+    The entries of the current settings (each encoder's vectors; with `layer`, the query
+    encoder's layer states) are always kept; what is not a store entry is never touched.
+    Returns (kept, dropped, skipped: (path, why))."""
     root = store.root(cp.store)
     keep = set()
-    for name, spec in encoders.models.items():
+    for name in encoders.models:
         try:
-            keep.update(fingerprint(describe(name, spec, role=r)) for r in ("query", "document"))
+            spec = encoders.models[name]
+            layers = [None] + ([layer] if layer is not None and name == encoders.query else [])
+            keep.update(fingerprint(describe(name, spec, k, r)) for k in layers
+                        for r in ("query", "document"))
         except UserError as e:  # a model that is gone cannot be in use
             log.warning("%s: its vectors are not protected from gc", e)
     budget = cp.store_max_gb if max_gb is None else max_gb
-    dropped = store.evict(root, int(budget * 1e9), keep, dry_run=dry_run)
+    dropped = policy.evict(root, int(budget * 1e9), keep, dry_run=dry_run)
     gone = {e.fingerprint for e in dropped}
-    kept = [e for e in store.entries(root) if e.fingerprint not in gone]
-    return kept, dropped
+    kept = [e for e in policy.entries(root) if e.fingerprint not in gone]
+    return kept, dropped, policy.skipped(root)

@@ -15,7 +15,7 @@ import contextlib
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from simtune.cache import backends, batching, formats, store, vectors, views
+from simtune.cache import backends, batching, formats, policy, store, vectors, views
 from simtune.cache.formats import Format
 from simtune.cache.progress import Progress
 from simtune.encoders import FrozenEncoder, describe, fingerprint, resolve_device
@@ -115,32 +115,54 @@ def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParam
     if prepared.texts.num_rows == 0:
         raise UserError(f"{prepared_dir}: prepared data has no texts")
     dist = dist or dist_from_env()
+    needs = texts_per_encoder(prepared, encoders)
+    described = described_in_use(encoders, needs, layer)
+    keep = {fingerprint(d) for d in described.values()}
     results = []
-    for target, ids in texts_per_encoder(prepared, encoders).items():
+    for target, ids in needs.items():
         name, role = target.name, target.role
         texts = prepared.text_map(ids)
         spec = encoders.models[name]
         results.append(fill_encoder(name, spec, texts, Path(out) / target.view, cp, dist,
-                                    role=role))
+                                    role=role, keep=keep,
+                                    description=described[target.view, None]))
         if layer is not None and name == encoders.query:
             fmt = Format(layer)
             views.check_layer_size(name, spec, texts, fmt, cp, role)
             results.append(fill_encoder(name, spec, texts,
                                         Path(out) / views.view_name(name, spec, role, layer),
-                                        cp, dist, fmt=fmt, role=role))
+                                        cp, dist, fmt=fmt, role=role, keep=keep,
+                                        description=described[target.view, layer]))
     return results
+
+
+def described_in_use(encoders: EncodersParams, targets: Iterable[Target], layer: int | None
+                     ) -> dict[tuple[str, int | None], dict]:
+    """(view, layer) -> settings description of every store entry the current params use: each
+    target's vectors (its encoder in its role) and, with `layer`, the query encoder's layer
+    states. The size policy never drops them (their fingerprints)."""
+    out = {}
+    for target in targets:
+        spec = encoders.models[target.name]
+        out[target.view, None] = describe(target.name, spec, role=target.role)
+        if layer is not None and target.name == encoders.query:
+            out[target.view, layer] = describe(target.name, spec, layer, target.role)
+    return out
 
 
 def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Path,
                  cp: CacheParams, dist: Dist,
                  encoder_factory: Callable[..., FrozenEncoder] = FrozenEncoder,
-                 fmt: Format = VECTORS, role: str = "query") -> FillResult:
+                 fmt: Format = VECTORS, role: str = "query", keep: set[str] | None = None,
+                 description: dict | None = None) -> FillResult:
     """Make `view` hold the vectors of `texts` (workspace id -> text), embedded as `role`
     texts (`query` | `document`: the prompt before each), under the current fingerprint.
     Texts the store lacks are embedded into it first (rank `r` of `w` embeds every w-th of the
     length-sorted missing texts) by `cp.backend` (`simtune.backends`); nothing stored is
-    touched before the encoder has loaded, and the view is replaced only when complete."""
-    description = describe(name, spec, fmt.layer, role)
+    touched before the encoder has loaded, and the view is replaced only when complete. The
+    store shards copied into the view are re-hashed first. The size policy then keeps this
+    fingerprint and those in `keep` (every entry the current params use)."""
+    description = description or describe(name, spec, fmt.layer, role)
     fp = fingerprint(description)
     root = store.root(cp.store)
     directory = store.fingerprint_dir(root, fp)
@@ -149,7 +171,8 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Pa
     with _rank0_locks(dist, root, view, directory, label):
         if dist.rank == 0:
             views.say_what_changed(view, root, label, description, fp)
-            manifest = store.begin_fill(directory, label, fp, description, spec.dtype)
+            manifest = store.begin_fill(directory, label, fp, description, spec.dtype,
+                                        needed=set(by_hash))
             views.import_view(view, directory, manifest, by_hash, fmt)
         dist.barrier()
         manifest = vectors.read_manifest(directory)
@@ -172,7 +195,7 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Pa
                        cp.shard_rows, fmt)
             log.info("cache %s: %d rows in %s (store entry %s: %d rows)", label, len(texts),
                      view, fp, final.rows)
-            store.evict(root, int(cp.store_max_gb * 1e9), keep={fp})
+            policy.evict(root, int(cp.store_max_gb * 1e9), keep={fp} | (keep or set()))
         dist.barrier()
     return result
 

@@ -105,11 +105,15 @@ def load(directory: Path, fingerprint: str | None = None, checksums: bool = Fals
             if vectors.sha256_of(directory / s.file) != s.sha256:
                 raise UserError(f"{directory / s.file}: checksum mismatch (corrupted shard)")
     tables = [vectors.open_shard(directory, s, manifest) for s in manifest.shards]
+    if tables and manifest.dim is None:
+        raise UserError(f"{directory / vectors.MANIFEST}: damaged cache manifest (no dim, but "
+                        "shards; a fill was interrupted: run the cache stage)")
     return assemble(directory, manifest, tables)
 
 
 def assemble(directory: Path, manifest: vectors.Manifest, tables: list[pa.Table]) -> StatesTable:
-    """A `StatesTable` over opened shards (zero-copy for one shard)."""
+    """A `StatesTable` over opened shards (zero-copy for one shard). A row whose value count is
+    not a multiple of the hidden size is a damaged shard (`UserError`)."""
     hidden = int(manifest.dim or 0)
     ids_chunks = [c for t in tables for c in t.column("text_id").chunks]
     ids = pa.concat_arrays(ids_chunks) if ids_chunks else pa.array([], pa.string())
@@ -117,6 +121,9 @@ def assemble(directory: Path, manifest: vectors.Manifest, tables: list[pa.Table]
     for t in tables:
         for chunk in t.column("states").chunks:
             offs = chunk.offsets.to_numpy()
+            if hidden and ((offs - offs[0]) % hidden).any():
+                raise UserError(f"{directory}: damaged layer cache shard (a row is not whole "
+                                f"tokens of hidden size {hidden})")
             lengths.append(np.diff(offs) // max(hidden, 1))
             values = chunk.values.to_numpy(zero_copy_only=True)[offs[0]:offs[-1]]
             flats.append(values.reshape(-1, hidden))

@@ -8,38 +8,37 @@ Layout (root: `cache.store`, or `$SIMTUNE_STORE` when set):
         manifest.json, shard-*.arrow
         journal-r<rank>.json        only while a fill runs (a killed fill's shards are adopted)
         .lock                       held (flock) by the one process filling this fingerprint
-        .verified.json              shards whose sha256 was checked, by (size, mtime, inode)
+        .verified.json              shards whose sha256 was checked, by (size, mtime, inode,
+                                    sha256); shards copied into a view are re-hashed anyway
         .used                       touched on every use: the clock of the size policy
         onnx/model.onnx             `cache.backend: onnx` only: the encoder's export
 
 Fingerprints live side by side, so switching a setting back and forth re-embeds nothing. Shards
 are immutable once listed; a shard whose checksum fails is dropped (with a warning naming it)
 and its rows are embedded again. The size policy evicts whole fingerprints, least recently used
-first, never one in use (`evict`, run after each fill and by `simtune cache gc`).
+first, never one in use by the current params (`simtune.cache.policy`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from simtune import atomic
 from simtune.atomic import write_json
 from simtune.cache import vectors
 from simtune.errors import UserError
 
 log = logging.getLogger("simtune.shared")
 ENV = "SIMTUNE_STORE"
-_VERIFIED, _USED, _LOCK = ".verified.json", ".used", ".lock"
+_VERIFIED, USED, LOCK = ".verified.json", ".used", ".lock"
 
 
 def root(configured: str) -> Path:
@@ -54,62 +53,52 @@ def fingerprint_dir(store_root: Path, fp: str) -> Path:
 
 @contextlib.contextmanager
 def locked(directory: Path, what: str) -> Iterator[None]:
-    """Hold an exclusive lock on `directory` (created if needed) for the block. Another process
-    holding it makes this one wait, saying so once; the lock dies with its process (flock)."""
+    """Hold the exclusive lock of `directory` (created if needed) for the block: another
+    process holding it makes this one wait, saying so once (`simtune.atomic.locked`)."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(directory / _LOCK, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as e:
         raise UserError(f"{directory}: cannot use the shared cache store: "
                         f"{e.strerror or e}") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            log.info("%s: waiting for another process filling the same store entry", what)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+    with atomic.locked(directory / LOCK, waiting=f"{what}: waiting for another process "
+                       "filling the same store entry"):
         yield
-    finally:
-        os.close(fd)  # closing releases the lock
 
 
 def touch_used(directory: Path) -> None:
     with contextlib.suppress(OSError):
-        (directory / _USED).write_text(f"{time.time():.0f}\n")
-
-
-def last_used(directory: Path) -> float:
-    for p in (directory / _USED, directory / vectors.MANIFEST):
-        with contextlib.suppress(OSError):
-            return p.stat().st_mtime
-    return 0.0
+        (directory / USED).write_text(f"{time.time():.0f}\n")
 
 
 def begin_fill(directory: Path, encoder: str, fingerprint: str, description: dict[str, Any],
-               dtype: str) -> vectors.Manifest:
+               dtype: str, needed: set[str] | frozenset[str] = frozenset()) -> vectors.Manifest:
     """Make a store directory ready for a fill under `fingerprint` (rank 0, lock held).
 
     Adopts the journaled shards of an interrupted fill, drops shards that fail their checks
-    (warning naming each), and removes files belonging to nothing (temp files, unjournaled
-    shards). Returns the manifest, written."""
+    (warning naming each; `needed`: content hashes about to be copied into a view, whose shards
+    are always re-hashed), and removes files belonging to nothing (temp files, unjournaled
+    shards). A manifest off its schema, or saying other settings than `fingerprint`,
+    `description`, `dtype`, is started afresh. Returns the manifest, written."""
     try:
         manifest = vectors.read_manifest(directory)
     except UserError as e:
         log.warning("%s; starting this store entry afresh", e)
         manifest = None
-    if manifest is not None and manifest.fingerprint != fingerprint:
-        log.warning("%s: holds fingerprint %s, expected %s; starting it afresh",
-                    directory / vectors.MANIFEST, manifest.fingerprint, fingerprint)
+    if manifest is not None and (manifest.fingerprint, manifest.description, manifest.dtype) != (
+            fingerprint, description, dtype):
+        log.warning("%s: holds fingerprint %s (%s), expected %s (%s); starting it afresh",
+                    directory / vectors.MANIFEST, manifest.fingerprint, manifest.dtype,
+                    fingerprint, dtype)
         manifest = None
     if manifest is None:
         manifest = vectors.Manifest(encoder, fingerprint, description, dtype)
     adopted = _adopt_journals(directory, manifest)
     if adopted:
         log.info("cache %s: kept %d shards of an interrupted fill", encoder, adopted)
-    _drop_bad_shards(directory, manifest)
-    keep = {s.file for s in manifest.shards} | {vectors.MANIFEST, _VERIFIED, _USED, _LOCK}
+    _drop_bad_shards(directory, manifest, needed)
+    if not manifest.shards:
+        manifest.dim = None  # taken from the next shards written (a dim they disagreed with)
+    keep = {s.file for s in manifest.shards} | {vectors.MANIFEST, _VERIFIED, USED, LOCK}
     for p in directory.iterdir():
         if p.is_file() and p.name not in keep:
             p.unlink()
@@ -139,9 +128,13 @@ def _adopt_journals(directory: Path, manifest: vectors.Manifest) -> int:
     return adopted
 
 
-def _drop_bad_shards(directory: Path, manifest: vectors.Manifest) -> None:
-    """Check each shard once (sha256, rows, schema), remembering good ones by (size, mtime,
-    inode) so an unchanged shard is not re-hashed on every fill; drop the bad ones."""
+def _drop_bad_shards(directory: Path, manifest: vectors.Manifest,
+                     needed: set[str] | frozenset[str]) -> None:
+    """Check each shard against the manifest (size, rows, schema, dim, dtype: cheap, the file
+    is mapped) and its sha256; drop the bad ones. The sha256 of a good shard is remembered by
+    (size, mtime, inode, sha256) so an unchanged shard is not re-hashed on every fill, except
+    a shard holding `needed` rows: what goes into a view is always re-hashed (bit rot keeps
+    size and mtime)."""
     memo_path = directory / _VERIFIED
     try:
         memo = json.loads(memo_path.read_text())
@@ -151,15 +144,11 @@ def _drop_bad_shards(directory: Path, manifest: vectors.Manifest) -> None:
     for s in manifest.shards:
         path = directory / s.file
         try:
-            st = path.stat()
-            stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+            st = path.lstat()
+            stamp = [st.st_size, st.st_mtime_ns, st.st_ino, s.sha256]
         except OSError:
             stamp = None
-        if stamp is not None and memo.get(s.file) == stamp:
-            good.append(s)
-            fresh_memo[s.file] = stamp
-            continue
-        problem = _check(directory, s, manifest)
+        problem = _check(directory, s, manifest, memo.get(s.file) == stamp, needed)
         if problem:
             log.warning("%s; dropping its %d rows from the store, they will be embedded again",
                         problem, s.rows)
@@ -172,18 +161,46 @@ def _drop_bad_shards(directory: Path, manifest: vectors.Manifest) -> None:
     write_json(memo_path, fresh_memo)
 
 
-def _check(directory: Path, shard: vectors.Shard, manifest: vectors.Manifest) -> str | None:
-    """The problem with one shard, or None if it is intact."""
+def _check(directory: Path, shard: vectors.Shard, manifest: vectors.Manifest,
+           hashed: bool = False, wanted: set[str] | frozenset[str] = frozenset()) -> str | None:
+    """The problem with one shard, or None if it is intact. `hashed`: its sha256 was checked
+    before and it has not changed since, so it is re-hashed only if it holds `wanted` rows
+    (content hashes)."""
     path = directory / shard.file
     try:
-        if path.is_file() and vectors.sha256_of(path) != shard.sha256:
+        if path.is_symlink() or not path.is_file():
+            return f"{path}: cache shard listed in the manifest is missing (or not a file)"
+        if not hashed and vectors.sha256_of(path) != shard.sha256:
             return f"{path}: checksum mismatch (corrupted shard)"
-        vectors.open_shard(directory, shard, manifest)
+        table = vectors.open_shard(directory, shard, manifest)
+        copied = bool(wanted) and not wanted.isdisjoint(table.column("text_hash").to_pylist())
+        if hashed and copied and vectors.sha256_of(path) != shard.sha256:
+            return f"{path}: checksum mismatch (corrupted shard)"
     except UserError as e:
         return str(e)
     except OSError as e:
         return f"{path}: unreadable cache shard: {e.strerror or e}"
     return None
+
+
+REPAIR = ("run `simtune cache` to repair it: the fill drops the bad store shard and takes its rows "
+          "back from the view, or embeds them again")
+
+
+def check_behind(store_root: Path, view_manifest: vectors.Manifest, hashes: set[str]
+                 ) -> list[str]:
+    """Problems of the store shards a view was copied from: every shard of its store entry
+    holding one of the view's content `hashes` is re-hashed (sha256, no memo); an unreadable
+    one counts too. [] when intact, or when this machine's store has no such entry."""
+    entry = fingerprint_dir(store_root, view_manifest.fingerprint)
+    try:
+        manifest = vectors.read_manifest(entry)
+    except UserError as e:
+        return [f"{e}; {REPAIR}"]
+    if manifest is None:
+        return []
+    return [f"{problem}; {REPAIR}" for s in manifest.shards
+            if (problem := _check(entry, s, manifest, hashed=True, wanted=hashes))]
 
 
 class Journal:
@@ -215,69 +232,3 @@ def finish_fill(directory: Path) -> vectors.Manifest:
         path.unlink()
     touch_used(directory)
     return manifest
-
-
-@dataclass
-class Entry:
-    """One fingerprint directory of the store, for the size policy and `cache gc`."""
-
-    path: Path
-    fingerprint: str
-    encoder: str
-    rows: int
-    bytes: int
-    last_used: float
-
-
-def entries(store_root: Path) -> list[Entry]:
-    """Every fingerprint directory of the store, least recently used first."""
-    out = []
-    base = Path(store_root) / "vectors"
-    for d in sorted(base.iterdir()) if base.is_dir() else []:
-        if not d.is_dir():
-            continue
-        try:
-            manifest = vectors.read_manifest(d)
-        except UserError:
-            manifest = None
-        size = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())  # ONNX export too
-        out.append(Entry(d, d.name, manifest.encoder if manifest else "?",
-                         manifest.rows if manifest else 0, size, last_used(d)))
-    return sorted(out, key=lambda e: (e.last_used, e.fingerprint))
-
-
-def evict(store_root: Path, max_bytes: int, keep: set[str], dry_run: bool = False
-          ) -> list[Entry]:
-    """Drop least-recently-used fingerprints (never those in `keep`, never one being filled)
-    until the store holds at most `max_bytes`. Returns what was (or would be) dropped."""
-    found = entries(store_root)
-    total = sum(e.bytes for e in found)
-    dropped = []
-    for e in found:
-        if total <= max_bytes:
-            break
-        if e.fingerprint in keep or _busy(e.path):
-            continue
-        if not dry_run:
-            shutil.rmtree(e.path, ignore_errors=True)
-        log.info("store: %s %s (%s, %d rows, %.1f MB, last used %s)",
-                 "would drop" if dry_run else "dropped", e.fingerprint, e.encoder, e.rows,
-                 e.bytes / 1e6, time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used)))
-        total -= e.bytes
-        dropped.append(e)
-    return dropped
-
-
-def _busy(directory: Path) -> bool:
-    """Whether another process holds the fill lock of `directory` right now."""
-    try:
-        fd = os.open(directory / _LOCK, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except OSError:
-        return True
-    finally:
-        os.close(fd)

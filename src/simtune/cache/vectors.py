@@ -20,7 +20,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import secrets
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -33,13 +32,13 @@ import pyarrow.compute as pc
 import torch
 
 from simtune.atomic import write_json
+from simtune.cache import schema
 from simtune.encoders import sha256_of
 from simtune.errors import UserError
 
 log = logging.getLogger("simtune.store")
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-_SHARD_NAME = re.compile(r"^(shard-[0-9a-f]{12}-r\d{1,5}|part-\d{5})\.arrow$")
 DTYPES = {"float32": (pa.float32(), np.float32), "float16": (pa.float16(), np.float16)}
 
 
@@ -70,30 +69,27 @@ class Manifest:
 
 
 def read_manifest(directory: Path) -> Manifest | None:
-    """The manifest of `directory`, or None if there is none. A damaged one is a `UserError`."""
+    """The manifest of `directory`, or None if there is none. A damaged one (not JSON, or any
+    field off the checked schema of `simtune.cache.schema`) is a `UserError`."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
         return None
     try:
         raw = json.loads(path.read_text())
-        raw.pop("rows", None)
-        raw["shards"] = [Shard(**s) for s in raw["shards"]]
-        manifest = Manifest(**raw)
-    except (ValueError, TypeError, KeyError) as e:
-        raise UserError(f"{path}: damaged cache manifest ({e})") from None
-    for s in manifest.shards:
-        if not valid_shard_name(s.file):
-            raise UserError(f"{path}: damaged cache manifest (shard file {s.file[:80]!r} is "
-                            "not a shard name of this store)")
-    if manifest.format_version != FORMAT_VERSION:
-        raise UserError(f"{path}: cache format version {manifest.format_version}, this simtune "
+    except (ValueError, OSError) as e:
+        raise UserError(f"{path}: damaged cache manifest ({str(e)[:200]})") from None
+    version = raw.get("format_version") if isinstance(raw, dict) else None
+    if isinstance(version, int) and version != FORMAT_VERSION:
+        raise UserError(f"{path}: cache format version {version}, this simtune "
                         f"reads {FORMAT_VERSION}; run the cache stage")
-    return manifest
+    checked = schema.validate(raw, path)
+    fields = checked.model_dump(exclude={"rows", "shards"})
+    return Manifest(**fields, shards=[Shard(**s.model_dump()) for s in checked.shards])
 
 
 def valid_shard_name(name: str) -> bool:
     """Whether `name` is a plain shard file name (no directory part, our own pattern)."""
-    return isinstance(name, str) and bool(_SHARD_NAME.match(name))
+    return isinstance(name, str) and bool(schema.SHARD_NAME.match(name))
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:
@@ -153,7 +149,8 @@ def shard_dim(path: Path) -> int:
 
 
 def open_shard(directory: Path, shard: Shard, manifest: Manifest) -> pa.Table:
-    """Memory-map one shard, checking size, rows, schema and fingerprint against the manifest."""
+    """Memory-map one shard, checking size, rows, schema (columns, dtype, dim: see
+    `schema.check_table`), nulls and fingerprint against the manifest."""
     path = directory / shard.file
     if not path.is_file():
         raise UserError(f"{path}: cache shard listed in the manifest is missing")
@@ -171,6 +168,8 @@ def open_shard(directory: Path, shard: Shard, manifest: Manifest) -> pa.Table:
         raise UserError(f"{path}: shard fingerprint does not match {directory / MANIFEST}")
     if table.num_rows != shard.rows:
         raise UserError(f"{path}: {table.num_rows} rows, the manifest says {shard.rows}")
+    schema.check_table(path, reader.schema, manifest.dtype, manifest.dim)
+    schema.check_nulls(path, table)
     return table
 
 
@@ -225,6 +224,9 @@ def load(directory: Path, fingerprint: str | None = None, checksums: bool = Fals
             if sha256_of(directory / s.file) != s.sha256:
                 raise UserError(f"{directory / s.file}: checksum mismatch (corrupted shard)")
     tables = [open_shard(directory, s, manifest) for s in manifest.shards]
+    if tables and manifest.dim is None:
+        raise UserError(f"{directory / MANIFEST}: damaged cache manifest (no dim, but shards; "
+                        "a fill was interrupted: run the cache stage)")
     dim = manifest.dim or 0
     if not tables:
         empty = torch.empty(0, dim, dtype=getattr(torch, manifest.dtype))

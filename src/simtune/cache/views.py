@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 
 from simtune.atomic import atomic_dir
-from simtune.cache import formats, states, store, vectors
+from simtune.cache import formats, policy, states, vectors
 from simtune.cache.formats import Format
 from simtune.cache.states import StatesTable
 from simtune.encoders import (
@@ -47,7 +47,7 @@ def say_what_changed(view: Path, root: Path, name: str, description: dict, fp: s
     except UserError:
         old = None
     if old is None:
-        last = [e for e in store.entries(root) if e.encoder == name and e.fingerprint != fp]
+        last = [e for e in policy.entries(root) if e.encoder == name and e.fingerprint != fp]
         old = vectors.read_manifest(last[-1].path) if last else None
     if old is not None and old.fingerprint != fp:
         log.warning("cache %s: encoder changed (%s); vectors under the previous settings stay "
@@ -58,12 +58,13 @@ def import_view(view: Path, directory: Path, manifest: vectors.Manifest,
                  by_hash: dict[str, str], fmt: Format) -> None:
     """Rows of an existing view with the same fingerprint that the store lacks (a teammate's
     `dvc pull`, a cache from before the store existed) go into the store: no re-embedding.
-    Only intact shards are taken."""
+    Only intact shards are taken (checksum, schema, dtype and dim as the store entry's)."""
     try:
         old = vectors.read_manifest(view)
     except UserError:
         return
-    if old is None or old.fingerprint != manifest.fingerprint:
+    if old is None or (old.fingerprint, old.dtype) != (manifest.fingerprint, manifest.dtype) or (
+            manifest.dim not in (None, old.dim)):
         return
     have = vectors.cached_hashes(directory, manifest)
     for s in old.shards:

@@ -146,7 +146,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path
     result["seconds"] = time.perf_counter() - start
     write_json(report, result)
     if prepared.kind != "pairs" or not n.count:  # say why the table is empty
-        log.info("%s: nothing mined (%s)", out, "negatives.count is 0" if n.count else
+        log.info("%s: nothing mined (%s)", out, "negatives.count is 0" if not n.count else
                  f"the data is {prepared.kind}: hard negatives are mined for pairs")
         return result
     log.info("%s: %d negatives for %d training queries among %d documents (%d with fewer than "
