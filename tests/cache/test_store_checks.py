@@ -185,7 +185,7 @@ def test_item1_layer_states_manifest_dim_checked(tmp_path: Path, tiny_bert: Path
     with count_forward() as counts:
         _fill(prepared, tmp_path / "cache", p, layer=1)
     assert counts["rows"] == 0 and (view / "part-00000.arrow").read_bytes() == good
-    assert states.load(view, checksums=True).hidden == 32
+    assert states.load(view, checksums=True).manifest.dim == 32
 
 
 # --- item 3: bit rot in a store shard -----------------------------------------------------------
