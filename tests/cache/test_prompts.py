@@ -39,7 +39,9 @@ def _pairs(root: Path, model: Path, prompts: dict[str, Any] | None, **train: Any
     raw["encoders"] = encoder_params(model, prompts=prompts)
     raw["cache"] = cache_params()
     raw["train"]["loss"]["name"] = "mnrl"
-    raw["train"].update(train)
+    # an `encoder` given in part keeps the rest of params.yaml's train.encoder (lora, ...)
+    raw["train"].update({k: {**raw["train"][k], **v} if k == "encoder" else v
+                         for k, v in train.items()})
     p = P.validate(raw)
     write_prepared(prepare.build(p.prepare), root / "prepared", root / "prepare.json")
     return p
