@@ -4,6 +4,7 @@ and counting real encoder forward passes."""
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import torch
 from simtune import params as P
 from simtune.prepare import stage as prepare
 from simtune.prepare.prepared import write as write_prepared
-from tests.conftest import WORDS, repo_params
+from tests.conftest import WORDS, repo_params, save_tiny_bert
 
 
 def sentences(n: int, start: int = 0) -> list[str]:
@@ -27,7 +28,6 @@ def sentences(n: int, start: int = 0) -> list[str]:
 
 def make_prepared(root: Path, texts: list[str], raw: dict[str, Any] | None = None) -> Path:
     """Prepare a groups data set of `texts` (one label, half train) into root/prepared."""
-    import json
 
     root.mkdir(parents=True, exist_ok=True)
     data = root / "data.jsonl"
@@ -61,6 +61,26 @@ def params(model: Path, enc: dict[str, Any] | None = None, **cache: Any) -> P.Pa
     raw["encoders"] = encoder_params(model, **(enc or {}))
     raw["cache"] = cache_params(**cache)
     return P.validate(raw)
+
+
+def two_encoder_pairs(root: Path, tiny_bert: Path, **cache: Any) -> P.Params:
+    """12 (query, document) pairs prepared under `root`: queries embedded by `tiny` (the given
+    model), documents by `docs` (another tiny BERT, 16-d); `cache` keys update cache_params."""
+    other = save_tiny_bert(root / "doc-model", seed=5, hidden=16)
+    raw = repo_params()
+    data = root / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"q": q, "d": d}) + "\n"
+                            for q, d in zip(sentences(12), sentences(12, 50), strict=True)))
+    raw["prepare"].update(source="file")
+    raw["prepare"]["file"].update(path=str(data), kind="pairs")
+    raw["prepare"]["file"]["columns"].update(query="q", positive="d")
+    raw["encoders"] = encoder_params(tiny_bert)
+    raw["encoders"]["models"]["docs"] = {**raw["encoders"]["models"]["tiny"], "model": str(other)}
+    raw["encoders"]["document"] = "docs"
+    raw["cache"] = cache_params(**cache)
+    p = P.validate(raw)
+    write_prepared(prepare.build(p.prepare), root / "prepared", root / "r.json")
+    return p
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ from tests.cache_helpers import (
     make_prepared,
     params,
     sentences,
+    two_encoder_pairs,
 )
 from tests.conftest import ROOT, repo_params, write_params
 
@@ -192,24 +193,7 @@ def test_duplicate_texts_are_embedded_once(tmp_path: Path, tiny_bert: Path) -> N
 
 
 def test_two_encoders_for_pairs(tmp_path: Path, tiny_bert: Path) -> None:
-    from simtune import params as P
-    from simtune.prepare import stage as prepare
-    from tests.conftest import save_tiny_bert
-
-    other = save_tiny_bert(tmp_path / "doc-model", seed=5, hidden=16)
-    raw = repo_params()
-    data = tmp_path / "pairs.jsonl"
-    data.write_text("".join(json.dumps({"q": q, "d": d}) + "\n"
-                            for q, d in zip(sentences(12), sentences(12, 50), strict=True)))
-    raw["prepare"].update(source="file")
-    raw["prepare"]["file"].update(path=str(data), kind="pairs")
-    raw["prepare"]["file"]["columns"].update(query="q", positive="d")
-    raw["encoders"] = encoder_params(tiny_bert)
-    raw["encoders"]["models"]["docs"] = {**raw["encoders"]["models"]["tiny"], "model": str(other)}
-    raw["encoders"]["document"] = "docs"
-    raw["cache"] = cache_params()
-    p = P.validate(raw)
-    write_prepared(prepare.build(p.prepare), tmp_path / "prepared", tmp_path / "r.json")
+    p = two_encoder_pairs(tmp_path, tiny_bert)
     results = {r.encoder: r for r in _fill(tmp_path / "prepared", tmp_path / "cache", p)}
     assert (results["tiny"].embedded, results["docs"].embedded) == (12, 12)
     assert vectors.load(tmp_path / "cache" / "docs").dim == 16

@@ -22,8 +22,6 @@ from simtune import params as P
 from simtune.cache import policy, states, store, vectors
 from simtune.cache import stage as cache
 from simtune.errors import UserError
-from simtune.prepare import stage as prepare
-from simtune.prepare.prepared import write as write_prepared
 from stages import app
 from tests.cache_helpers import (
     cache_params,
@@ -32,8 +30,9 @@ from tests.cache_helpers import (
     make_prepared,
     params,
     sentences,
+    two_encoder_pairs,
 )
-from tests.conftest import repo_params, save_tiny_bert, write_params
+from tests.conftest import repo_params, write_params
 
 
 def _fill(prepared: Path, out: Path, p: P.Params, layer: int | None = None
@@ -311,31 +310,13 @@ def test_item10_verify_checks_the_top_layers_state_cache(tmp_path: Path,
 # --- item 11: the size policy never evicts an entry in use --------------------------------------
 
 
-def _pairs_two_encoders(tmp_path: Path, tiny_bert: Path, **cp: Any) -> P.Params:
-    other = save_tiny_bert(tmp_path / "doc-model", seed=5, hidden=16)
-    raw = repo_params()
-    data = tmp_path / "pairs.jsonl"
-    data.write_text("".join(json.dumps({"q": q, "d": d}) + "\n"
-                            for q, d in zip(sentences(12), sentences(12, 50), strict=True)))
-    raw["prepare"].update(source="file")
-    raw["prepare"]["file"].update(path=str(data), kind="pairs")
-    raw["prepare"]["file"]["columns"].update(query="q", positive="d")
-    raw["encoders"] = encoder_params(tiny_bert)
-    raw["encoders"]["models"]["docs"] = {**raw["encoders"]["models"]["tiny"], "model": str(other)}
-    raw["encoders"]["document"] = "docs"
-    raw["cache"] = cache_params(**cp)
-    p = P.validate(raw)
-    write_prepared(prepare.build(p.prepare), tmp_path / "prepared", tmp_path / "r.json")
-    return p
-
-
 def _fingerprints(out: Path) -> set[str]:
     return {vectors.read_manifest(d).fingerprint for d in out.iterdir()}
 
 
 def test_item11_fill_never_evicts_an_entry_in_use_two_encoders(tmp_path: Path,
                                                                tiny_bert: Path) -> None:
-    p = _pairs_two_encoders(tmp_path, tiny_bert, store_max_gb=1e-9)  # any entry is over it
+    p = two_encoder_pairs(tmp_path, tiny_bert, store_max_gb=1e-9)  # any entry is over it
     prepared = tmp_path / "prepared"
     _fill(prepared, tmp_path / "old", params(tiny_bert, {"max_length": 8}))  # not in use
     _fill(prepared, tmp_path / "cache", p)
