@@ -153,7 +153,11 @@ class SimilarityModule(pl.LightningModule):
         trainable = [q for q in self.rep.parameters() if q.requires_grad]
         if trainable:
             groups.append({"params": trainable, "lr": self.t.encoder.lr})
-        return torch.optim.AdamW(groups, weight_decay=self.t.weight_decay)
+        # one fused kernel per step instead of a loop over tensors (sentence-transformers'
+        # trainer does the same by default): it counts once the encoder's weights train
+        fused = all(q.is_floating_point() and q.device.type in ("cpu", "cuda")
+                    for g in groups for q in g["params"])
+        return torch.optim.AdamW(groups, weight_decay=self.t.weight_decay, fused=fused)
 
     # --- data ----------------------------------------------------------------------------------
 
