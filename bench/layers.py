@@ -154,6 +154,8 @@ def measure(encoder: str, name: str, n: int, rows: tuple[str, ...], epochs: int,
                "cache": str(cache_dir), "work": str(rw), "store": str(store)}
         fill = (run_row("fill", job, rw) if row == "head" or row.startswith("top")
                 else {"fill_s": 0.0, "cache_bytes": 0, "layer": None})
+        if not (cache_dir / encoder).is_dir():  # scoring reads the vectors: no head row ran
+            run_row("fill", job, rw)  # full and the peer need no cache: not counted
         res = run_row("st" if row == "st" else "ours", job, rw)
         res.update(fill, encoder=encoder, data=name, row=row)
         out.append(res)

@@ -1,16 +1,21 @@
-"""`simtune sweep` in one process vs the same trials as separate train-stage processes (the cost
-a `dvc exp run --queue` grid pays per trial at least: Python, torch and Lightning start-up and
-the cache reloaded; DVC's own checkout and commit come on top), head mode on the workspace's
-data (TREC by default); resident memory after the first and after the last in-process trial.
+"""`simtune sweep` against the loop users have without it: a `dvc exp run --queue` grid.
 
-    python -m bench.sweep [--trials 50] [--subprocess 5] [--set train.max_epochs=20 ...]
+Per data set (TREC-50 questions; news title -> body pairs), in a throw-away git copy of the
+project (the machine's shared store, so a text embedded before is not embedded again):
+  1. `dvc repro` with params.yaml's defaults: the default model's validation and test metrics;
+  2. the in-process sweep over the `sweep` section (TPE, the median pruner, the section's
+     `fixed` schedule; a SQLite study in the copy): seconds and resident memory per trial;
+  3. (TREC) the sweep's first `--queue` trials again as a DVC grid, `dvc exp run --queue train
+     -S ...` each, run by `dvc queue start -j 1`: what those trials cost as DVC experiments
+     (a process start-up, the cache reloaded, DVC's checkout and commit; no pruning);
+  4. the best trial through the pipeline (`dvc exp run -S <the sweep's line>`): its validation
+     value must equal the sweep's, then its test metrics beside the defaults'.
+For news pairs the loss is MNRL (`train.loss.name=mnrl`) and its `scale` is swept in place of
+SupCon's temperature.
 
-The in-process sweep is the real one (TPE, the median pruner, a SQLite study in a temp dir) over
-the workspace's `sweep` section; the first `--subprocess` trials (the pruner's start-up: never
-pruned) are then rerun one `python -m stages train` process each, with the same params, and
-must reach the same validation value. `--set` overrides params for both (e.g. a short
-`train.max_epochs` for a quick check). Needs `data/prepared` and `cache` (`dvc repro cache`).
-Prints a Markdown table and writes bench/sweep.json.
+    python -m bench.sweep [--trials 50] [--queue 10] [--sets trec,news_pairs]
+
+Prints Markdown tables and writes bench/sweep.json.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ import json
 import logging
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,32 +34,69 @@ from typing import Any
 import yaml
 
 from bench.common import machine, rss_mb, table, write_results
+from bench.exp_queue import _copy_project, _run
 
 ROOT = Path(__file__).resolve().parents[1]
+# data set -> params set on top of params.yaml, and space keys replaced
+SETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "trec": ({}, {}),
+    "news_pairs": ({"prepare.source": "news_pairs", "train.loss.name": "mnrl"},
+                   {"train.loss.temperature": None,
+                    "train.loss.scale": {"low": 10.0, "high": 50.0, "log": True}}),
+}
+METRICS = ("p@1", "mrr@10", "ndcg@10", "map@r")
 
 
 def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
 
 
-def _params(tmp: Path, trials: int, sets: list[str]) -> Path:
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["sweep"].update(trials=trials, timeout=0, storage=str(tmp / "sweep.db"), study="bench")
-    raw["train"]["mode"] = "head"
-    for kv in sets:
-        key, value = kv.split("=", 1)
-        *parents, leaf = key.split(".")
-        section = raw
-        for part in parents:
-            section = section[part]
-        section[leaf] = yaml.safe_load(value)
-    f = tmp / "params.yaml"
-    f.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return f
+def _set(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        raw = raw[part]
+    raw[leaf] = value
 
 
-def in_process(params_file: Path, prepared: Path, cache: Path) -> dict[str, Any]:
-    """The sweep as `simtune sweep` runs it; seconds and resident memory after each trial."""
+def project_for(work: Path, name: str, trials: int) -> tuple[Path, dict[str, str]]:
+    """A git copy of the project with the data set's params and the sweep's storage in it."""
+    project = work / name
+    _copy_project(project)
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    sets, space = SETS[name]
+    for key, value in sets.items():
+        _set(raw, key, value)
+    for key, entry in space.items():
+        if entry is None:
+            raw["sweep"]["space"].pop(key)
+        else:
+            raw["sweep"]["space"][key] = entry
+    raw["sweep"].update(trials=trials, timeout=0, study=f"bench-{name}")
+    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DVC_NO_ANALYTICS": "1",
+           "PYTHONPATH": f"{project / 'src'}:{project}",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], _commit("copy")):
+        _run(project, env, *cmd)
+    return project, env
+
+
+def _commit(msg: str) -> list[str]:
+    return ["git", "-c", "user.name=bench", "-c", "user.email=b@example.invalid", "commit",
+            "-qm", msg]
+
+
+def pipeline_result(project: Path, monitor: str) -> dict[str, Any]:
+    """The workspace's validation value (train report) and test metrics (evaluate)."""
+    train = json.loads((project / "reports" / "train.json").read_text())
+    test = json.loads((project / "reports" / "metrics.json").read_text())
+    return {"val": train["best_val"][f"val/{monitor}"], "kept_epoch": train["best_epoch"],
+            "test": test["trained"], "lift": test["lift"]}
+
+
+def in_process(project: Path) -> dict[str, Any]:
+    """The sweep as `simtune sweep` runs it (in this process, over the copy's data); seconds
+    and resident memory after each trial."""
     import optuna
 
     from simtune import params as P
@@ -68,89 +109,137 @@ def in_process(params_file: Path, prepared: Path, cache: Path) -> dict[str, Any]
         rows.append({"trial": trial.number, "state": trial.state.name.lower(),
                      "value": trial.value, "params": trial.params,
                      "epochs": trial.user_attrs.get("epochs"),
+                     "pruned_at": trial.user_attrs.get("pruned_at"),
                      "s": trial.duration.total_seconds() if trial.duration else None,
-                     "rss_mb": rss_mb(), "peak_rss_mb": _peak_mb(),
-                     "elapsed_s": time.perf_counter() - start})
+                     "rss_mb": rss_mb(), "peak_rss_mb": _peak_mb()})
 
-    lib.run(P.load(params_file), prepared, cache, callbacks=[record])
-    return {"wall_s": time.perf_counter() - start, "trials": rows}
+    cwd = Path.cwd()
+    os.chdir(project)  # sweep.storage is relative to the project
+    try:
+        p = P.load(project / "params.yaml")
+        study = lib.run(p, project / "data" / "prepared", project / "cache",
+                        project / "negatives", callbacks=[record])
+    finally:
+        os.chdir(cwd)
+    from simtune.train import space
+
+    return {"wall_s": time.perf_counter() - start, "trials": rows,
+            "best_value": study.best_value, "best_line": space.overrides(lib.best_values(study))}
 
 
-def as_processes(params_file: Path, trials: list[dict[str, Any]], prepared: Path, cache: Path,
-                 tmp: Path) -> list[dict[str, Any]]:
-    """Each trial's params through the train stage, one process each (wall seconds)."""
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "HF_HUB_OFFLINE": "1"}
-    out = []
+def as_queue(project: Path, env: dict[str, str], fixed: dict[str, Any],
+             trials: list[dict[str, Any]]) -> float:
+    """The trials as a DVC grid: one queued `dvc exp run train -S ...` each (the sweep's fixed
+    keys too), run by one queue worker; its wall seconds."""
+    from simtune.train import space
+
+    dvc = [sys.executable, "-m", "dvc"]
     for t in trials:
-        raw = yaml.safe_load(params_file.read_text())
-        for key, value in t["params"].items():
-            *parents, leaf = key.split(".")
-            section = raw
-            for part in parents:
-                section = section[part]
-            section[leaf] = value
-        d = tmp / f"trial{t['trial']}"
-        d.mkdir()
-        (d / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-        cmd = [sys.executable, "-m", "stages", "train", "--params", str(d / "params.yaml"),
-               "--prepared", str(prepared), "--cache", str(cache), "--out", str(d / "head"),
-               "--report", str(d / "train.json"), "--live", str(d / "live")]
-        t0 = time.perf_counter()
-        subprocess.run(cmd, cwd=d, env=env, check=True, capture_output=True)
-        wall = time.perf_counter() - t0
-        report = json.loads((d / "train.json").read_text())
-        monitor = raw["train"]["monitor"]
-        out.append({"trial": t["trial"], "s": wall, "value": report["best_val"][f"val/{monitor}"],
-                    "same_value": report["best_val"][f"val/{monitor}"] == t["value"]})
+        line = space.overrides({**fixed, **t["params"]}).removeprefix("dvc exp run ")
+        _run(project, env, *dvc, "exp", "run", "--queue", "train", *_split(line))
+    t0 = time.perf_counter()
+    _run(project, env, *dvc, "queue", "start", "-j", "1")
+    while any(s in _run(project, env, *dvc, "queue", "status").stdout
+              for s in ("Queued", "Running")):
+        time.sleep(1)
+    seconds = time.perf_counter() - t0
+    status = _run(project, env, *dvc, "queue", "status").stdout
+    if status.count("Success") != len(trials):
+        raise SystemExit(f"bench.sweep: the DVC queue did not finish every trial:\n{status}")
+    return seconds
+
+
+def _split(line: str) -> list[str]:
+    import shlex
+
+    return shlex.split(line)
+
+
+def measure(work: Path, name: str, trials: int, queue: int) -> dict[str, Any]:
+    project, env = project_for(work, name, trials)
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    monitor, dvc = raw["train"]["monitor"], [sys.executable, "-m", "dvc"]
+    t0 = time.perf_counter()
+    _run(project, env, *dvc, "repro")
+    repro_s = time.perf_counter() - t0
+    default = pipeline_result(project, monitor)
+    for cmd in (["git", "add", "-A"], _commit("defaults")):
+        _run(project, env, *cmd)
+    print(f"{name}: defaults val {default['val']:.4f}, test p@1 {default['test']['p@1']:.4f} "
+          f"({repro_s:.0f} s)", flush=True)
+    sweep = in_process(project)
+    rows = sweep["trials"]
+    print(f"{name}: {len(rows)} trials in {sweep['wall_s']:.0f} s, best val "
+          f"{sweep['best_value']:.4f}", flush=True)
+    out: dict[str, Any] = {"repro_s": repro_s, "default": default, "sweep": sweep,
+                           "fixed": raw["sweep"]["fixed"]}
+    if queue:
+        first = rows[:queue]
+        queue_s = as_queue(project, env, raw["sweep"]["fixed"], first)
+        out["queue"] = {"trials": len(first), "s": queue_s,
+                        "in_process_s": sum(t["s"] for t in first)}
+        print(f"{name}: the first {len(first)} trials, DVC queue {queue_s:.0f} s vs in-process "
+              f"{out['queue']['in_process_s']:.0f} s", flush=True)
+    t0 = time.perf_counter()
+    _run(project, env, *dvc, "exp", "run", *_split(sweep["best_line"])[3:])
+    out["best_pipeline_s"] = time.perf_counter() - t0
+    out["best"] = pipeline_result(project, monitor)
+    out["best_reproduces_the_sweep"] = out["best"]["val"] == sweep["best_value"]
     return out
 
 
+def tables(results: dict[str, Any], trials: int) -> str:
+    lines, speed, quality = [], [], []
+    for name, r in results.items():
+        rows = r["sweep"]["trials"]
+        done = [t for t in rows if t["state"] in ("complete", "pruned")]
+        speed.append({"data": name, "run": f"in-process sweep, {len(rows)} trials "
+                      f"({sum(t['state'] == 'pruned' for t in rows)} pruned)",
+                      "s": r["sweep"]["wall_s"],
+                      "trials/min": 60 * len(done) / r["sweep"]["wall_s"],
+                      "RSS MB after 1 / last": f"{rows[0]['rss_mb']:.0f} / "
+                                                 f"{rows[-1]['rss_mb']:.0f}"})
+        if "queue" in r:
+            q = r["queue"]
+            speed.append({"data": name, "run": f"its first {q['trials']} trials, in-process",
+                          "s": q["in_process_s"],
+                          "trials/min": 60 * q["trials"] / q["in_process_s"]})
+            speed.append({"data": name, "run": f"the same {q['trials']}, `dvc exp run --queue`"
+                          " grid (1 worker)", "s": q["s"],
+                          "trials/min": 60 * q["trials"] / q["s"]})
+        for who, m, s in (("defaults (params.yaml)", r["default"], r["repro_s"]),
+                          (f"best of {trials} (sweep, then `dvc exp run -S ...`)", r["best"],
+                           r["sweep"]["wall_s"] + r["best_pipeline_s"])):
+            quality.append({"data": name, "params": who, "val": m["val"], "kept epoch":
+                            m["kept_epoch"], **{f"test {k}": m["test"][k] for k in METRICS},
+                            "s": s})
+    lines.append(table(speed, ["data", "run", "s", "trials/min", "RSS MB after 1 / last"]))
+    lines.append(table(quality, ["data", "params", "val", "kept epoch",
+                                 *(f"test {k}" for k in METRICS), "s"]))
+    return "\n\n".join(lines)
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trials", type=int, default=50)
-    ap.add_argument("--subprocess", type=int, default=5)
-    ap.add_argument("--set", action="append", default=[], dest="sets")
-    ap.add_argument("--prepared", type=Path, default=ROOT / "data" / "prepared")
-    ap.add_argument("--cache", type=Path, default=ROOT / "cache")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trials", type=int, default=50, help="trials of each sweep")
+    ap.add_argument("--queue", type=int, default=10, help="trials rerun as a DVC grid (TREC)")
+    ap.add_argument("--sets", default=",".join(SETS), help="data sets, comma-separated")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")  # a line per trial
-    with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        params_file = _params(tmp, args.trials, args.sets)
-        sweep = in_process(params_file, args.prepared.resolve(), args.cache.resolve())
-        rows = sweep["trials"]
-        first = [t for t in rows[: args.subprocess] if t["state"] == "complete"]
-        procs = as_processes(params_file, first, args.prepared.resolve(),
-                             args.cache.resolve(), tmp)
-    same = {p["trial"] for p in procs}
-    in_s = sum(t["s"] for t in rows if t["trial"] in same)
-    sub_s = sum(p["s"] for p in procs)
-    finished = [t for t in rows if t["state"] in ("complete", "pruned")]
-    result = {
-        "machine": machine(), "sets": args.sets, "trials": len(rows),
-        "pruned": sum(t["state"] == "pruned" for t in rows),
-        "in_process_trials_per_min": 60 * len(finished) / sweep["wall_s"],
-        "same_trials": sorted(same),
-        "same_trials_per_min": {"in_process": 60 * len(same) / max(in_s, 1e-9),
-                                "processes": 60 * len(same) / max(sub_s, 1e-9)},
-        "processes_reach_the_same_value": all(p["same_value"] for p in procs),
-        "rss_mb": {"after_1": rows[0]["rss_mb"], f"after_{len(rows)}": rows[-1]["rss_mb"]},
-        "peak_rss_mb": {"after_1": rows[0]["peak_rss_mb"],
-                        f"after_{len(rows)}": rows[-1]["peak_rss_mb"]},
-        "sweep": sweep, "processes": procs,
-    }
-    print(table([{"what": "in-process sweep (all trials, pruned included)",
-                  "trials/min": result["in_process_trials_per_min"]},
-                 {"what": f"in-process, trials {sorted(same)}",
-                  "trials/min": result["same_trials_per_min"]["in_process"]},
-                 {"what": "the same trials, one train process each",
-                  "trials/min": result["same_trials_per_min"]["processes"]}],
-                ["what", "trials/min"]))
-    print(table([{"after trial": n, "RSS MB": r["rss_mb"], "peak RSS MB": r["peak_rss_mb"]}
-                 for n, r in ((1, rows[0]), (len(rows), rows[-1]))],
-                ["after trial", "RSS MB", "peak RSS MB"]))
-    print(f"processes reach the sweep's values: {result['processes_reach_the_same_value']}")
-    print(f"wrote {write_results('sweep', result)}")
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="simtune-bench-sweep-") as d:
+        for name in args.sets.split(","):
+            results[name] = measure(Path(d), name, args.trials,
+                                    args.queue if name == "trec" else 0)
+    text = tables(results, args.trials)
+    print(text)
+    for name, r in results.items():
+        print(f"{name}: the best trial through the pipeline reaches the sweep's validation "
+              f"value: {r['best_reproduces_the_sweep']}; line: {r['sweep']['best_line']}")
+    command = " ".join(["python -m bench.sweep", *sys.argv[1:]])
+    path = write_results("sweep", {"machine": machine(), "command": command,
+                                   "results": results, "table": text})
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -510,41 +510,59 @@ class SweepParams(Section):
     space: dict[str, SpaceEntry] = Field(
         min_length=1, description="`train.<key>` -> {low, high[, log]} or {choices}: the "
         "search space")
+    fixed: dict[str, bool | int | Number | str] = Field(
+        description="`train.<key>` -> value every trial trains with instead of train's (e.g. "
+        "a shorter schedule: {train.max_epochs: 40}); the best trial's line and `--apply` "
+        "carry them, so the pipeline trains as the trial did ({}: train's own values)")
 
     @model_validator(mode="after")
     def _known_keys(self) -> SweepParams:
-        for key in self.space:
-            path = key.removeprefix("train.")
-            try:
-                if not key.startswith("train."):
-                    raise KeyError(key)
-                train_field(path)
-            except KeyError:
-                raise ValueError(f"space.{key}: not a key of the train section (a sweep "
-                                 "varies train.* keys, e.g. train.lr)") from None
-            except TypeError:
-                raise ValueError(f"space.{key}: a section or a list, not one value") from None
-            if path in _NOT_SWEPT:
-                raise ValueError(f"space.{key}: cannot be swept ({_NOT_SWEPT[path]})")
+        for what, keys in (("space", self.space), ("fixed", self.fixed)):
+            for key in keys:
+                _check_sweep_key(what, key)
+        for key in self.fixed:
+            if key in self.space:
+                raise ValueError(f"fixed.{key}: also in sweep.space (a key is either searched "
+                                 "or fixed)")
         return self
 
 
+def _check_sweep_key(what: str, key: str) -> None:
+    """`key` (of sweep.space or sweep.fixed) names one value of the train section a sweep may
+    set; `ValueError` naming it otherwise."""
+    path = key.removeprefix("train.")
+    try:
+        if not key.startswith("train."):
+            raise KeyError(key)
+        train_field(path)
+    except KeyError:
+        raise ValueError(f"{what}.{key}: not a key of the train section (a sweep "
+                         "varies train.* keys, e.g. train.lr)") from None
+    except TypeError:
+        raise ValueError(f"{what}.{key}: a section or a list, not one value") from None
+    if path in _NOT_SWEPT:
+        raise ValueError(f"{what}.{key}: cannot be swept ({_NOT_SWEPT[path]})")
+
+
 def _check_space(p: Params) -> None:
-    """The train schema accepts each swept key's bounds and choices (with the other keys as in
-    `train`)."""
+    """The train schema accepts the fixed values, then each swept key's bounds and choices
+    (with the other keys as in `train` and the fixed ones)."""
     base = p.train.model_dump()
-    for key, entry in p.sweep.space.items():
-        path = key.removeprefix("train.")
-        for value in entry.values():
-            raw = _with(base, path, value)
-            try:
-                TrainParams.model_validate(raw)
-            except ValidationError as e:
-                err = e.errors()[0]
-                where = _dotted(("train", *err["loc"]))
-                msg = str(err["msg"]).removeprefix("Value error, ")
-                raise ValueError(f"sweep.space.{key}: the value {value!r} is refused by the "
-                                 f"train schema ({where}: {msg})") from None
+    checks = [("fixed", key, value) for key, value in p.sweep.fixed.items()]
+    checks += [("space", key, value) for key, entry in p.sweep.space.items()
+               for value in entry.values()]
+    for what, key, value in checks:
+        raw = _with(base, key.removeprefix("train."), value)
+        try:
+            TrainParams.model_validate(raw)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = _dotted(("train", *err["loc"]))
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            raise ValueError(f"sweep.{what}.{key}: the value {value!r} is refused by the "
+                             f"train schema ({where}: {msg})") from None
+        if what == "fixed":
+            base = raw
 
 
 def _with(raw: dict[str, Any], path: str, value: Any) -> dict[str, Any]:

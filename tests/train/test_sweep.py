@@ -37,8 +37,11 @@ SPACE = {"train.lr": {"low": 0.002, "high": 0.05, "log": True},
 
 def _sweep_project(root: Path, model: Path, trials: int) -> tuple[dict[str, Any], Path]:
     raw, params_file = project(root, model, n=48)
+    # fixed: a schedule other than train's (3 epochs, patience 2), so a line that left the
+    # fixed keys out would not reproduce the trial
     raw["sweep"].update(trials=trials, storage=str(root / "reports" / "sweep.db"),
-                        study="test", space=SPACE, min_epochs=1)
+                        study="test", space=SPACE, min_epochs=1,
+                        fixed={"train.max_epochs": 4, "train.patience": 3})
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     return raw, params_file
 
@@ -81,11 +84,29 @@ def _args(root: Path, params_file: Path, *extra: str) -> list[str]:
     ({"train.batch_size": {"low": 8.5, "high": 64}},
      "params.yaml: sweep.space.train.batch_size: the value 8.5 is refused by the train "
      "schema (train.batch_size: Input should be a valid integer)"),
+    ({"fixed": {"train.max_epoch": 40}},
+     "params.yaml: sweep: fixed.train.max_epoch: not a key of the train section (a sweep "
+     "varies train.* keys, e.g. train.lr)"),
+    ({"fixed": {"train.hard_negatives": 2}},
+     "params.yaml: sweep: fixed.train.hard_negatives: cannot be swept (the loaded training "
+     "rows depend on it)"),
+    ({"fixed": {"train.lr": 0.01}},
+     "params.yaml: sweep: fixed.train.lr: also in sweep.space (a key is either searched or "
+     "fixed)"),
+    ({"fixed": {"train.patience": -1}},
+     "params.yaml: sweep.fixed.train.patience: the value -1 is refused by the train schema "
+     "(train.patience: Input should be greater than or equal to 0)"),
+    # the fixed values hold while the space is checked (params.yaml's batch 1024 fits chunks
+    # of 512; a swept 256 does not)
+    ({"fixed": {"train.gradcache.chunk_size": 512}, "train.batch_size": {"choices": [256, 1024]}},
+     "params.yaml: sweep.space.train.batch_size: the value 256 is refused by the train schema "
+     "(train: gradcache.chunk_size (512) is larger than the batch size (256))"),
 ])
 def test_a_bad_space_gives_one_line_naming_the_key(entry: dict[str, Any], message: str
                                                   ) -> None:
     raw = repo_params()
-    raw["sweep"]["space"] = entry
+    raw["sweep"]["fixed"] = entry.pop("fixed", {})
+    raw["sweep"]["space"] = entry or raw["sweep"]["space"]
     with pytest.raises(UserError) as e:
         P.validate(raw)
     assert str(e.value) == message
@@ -204,7 +225,8 @@ def test_the_best_trial_through_its_line_and_apply_reproduces_its_value(
     study = optuna.load_study(study_name="test", storage=storage)
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 3
     line = result.stdout.strip().splitlines()[-1]
-    assert line == space.overrides(study.best_trial.params)
+    assert line == space.overrides({"train.max_epochs": 4, "train.patience": 3,
+                                    **study.best_trial.params})  # the fixed keys first
     # the -S line applied to params.yaml as DVC does, then the train stage
     for key, value in space.parse_overrides(line).items():
         *parents, leaf = key.split(".")
@@ -234,7 +256,7 @@ def test_a_top_layers_trial_trains_as_the_train_stage(tmp_path: Path, tiny_bert:
                                     "patience": 2})
     raw["sweep"].update(trials=2, storage=str(tmp_path / "sweep.db"), study="top", space={
         "train.encoder.lr": {"low": 0.0005, "high": 0.005, "log": True},
-        "train.encoder.head_lr": {"low": 0.001, "high": 0.05, "log": True}})
+        "train.encoder.head_lr": {"low": 0.001, "high": 0.05, "log": True}}, fixed={})
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     p = P.validate(raw)
     cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache,

@@ -16,14 +16,15 @@ from simtune.errors import UserError
 
 
 def check_mode(p: P.Params) -> None:
-    """Every swept key matters in `train.mode` (checked when a sweep starts, not when
+    """Every swept and fixed key matters in `train.mode` (checked when a sweep starts, not when
     params.yaml loads: another mode must not break the pipeline's stages)."""
     head = p.train.mode == "head"
-    for key in p.sweep.space:
-        path = key.removeprefix("train.")
-        if (path in P.HEAD_ONLY and not head) or (path.startswith("encoder.") and head):
-            raise UserError(f"sweep.space.{key}: has no effect in train.mode {p.train.mode} "
-                            "(see train.encoder)")
+    for what, keys in (("space", p.sweep.space), ("fixed", p.sweep.fixed)):
+        for key in keys:
+            path = key.removeprefix("train.")
+            if (path in P.HEAD_ONLY and not head) or (path.startswith("encoder.") and head):
+                raise UserError(f"sweep.{what}.{key}: has no effect in train.mode "
+                                f"{p.train.mode} (see train.encoder)")
 
 
 def suggest(trial: Any, space: dict[str, P.SpaceEntry]) -> dict[str, Any]:

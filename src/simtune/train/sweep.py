@@ -69,11 +69,17 @@ class Loaded:
     task: RetrievalTask
 
 
+def with_fixed(p: Params) -> Params:
+    """The base params of every trial: `p` with `sweep.fixed` applied to `train`."""
+    return space.apply(p, p.sweep.fixed) if p.sweep.fixed else p
+
+
 def load(p: Params, prepared_dir: Path, cache_dir: Path,
          negatives_dir: Path | None = None) -> Loaded:
-    """Load the data once for every trial (`load_data` with the base params: the swept keys
-    never change what is loaded, see `params._NOT_SWEPT`)."""
+    """Load the data once for every trial (`load_data` with the base params, `sweep.fixed`
+    applied: the swept and fixed keys never change what is loaded, see `params._NOT_SWEPT`)."""
     quiet_lightning()
+    p = with_fixed(p)
     t = P.effective(p.train)
     if t.devices != 1 or t.num_nodes != 1:
         raise UserError("train.devices: a sweep runs in one process; set train.devices and "
@@ -107,9 +113,9 @@ def train_trial(loaded: Loaded, values: dict[str, Any], trial: Any = None
 
 
 def _fingerprint(p: Params) -> str:
-    """The study's identity beyond its name: the space and every train key it does not vary
-    (a resumed study must search the same thing)."""
-    raw = p.train.model_dump()
+    """The study's identity beyond its name: the space and every train key it does not vary,
+    the fixed ones as fixed (a resumed study must search the same thing)."""
+    raw = with_fixed(p).train.model_dump()
     for key in p.sweep.space:
         *parents, leaf = key.removeprefix("train.").split(".")
         section = raw
@@ -140,6 +146,7 @@ def open_study(p: Params) -> optuna.Study:
     known = study.user_attrs.get("fingerprint")
     if known is None:
         study.set_user_attr("fingerprint", mark)
+        study.set_user_attr("fixed", dict(sw.fixed))  # the best trial's line carries them
     elif known != mark:
         raise UserError(f"sweep.study: study '{sw.study}' in {sw.storage} searched another space "
                         "or other fixed train keys; use a new study name")
@@ -209,9 +216,10 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, negatives_dir: Path | No
 
 
 def best_values(study: optuna.Study) -> dict[str, Any]:
-    """The best complete trial's params (`train.<key>` -> value); `UserError` when none."""
+    """What reproduces the best complete trial: the study's fixed values and the trial's
+    params (`train.<key>` -> value); `UserError` when there is no complete trial."""
     try:
-        return dict(study.best_trial.params)
+        return {**study.user_attrs.get("fixed", {}), **study.best_trial.params}
     except ValueError:
         raise UserError(f"sweep: study '{study.study_name}' has no complete trial yet") from None
 
