@@ -31,7 +31,7 @@ affordable on 2 CPU cores; the split is the prepare stage's (0.8 / 0.1 / 0.1).
     python -m bench.layers [--epochs 1] [--trec 2690] [--news 400] [--encoders minilm,mpnet]
                            [--sets trec,news_pairs,news_outlets] [--rows head,top2,st,...]
 
-Prints a Markdown table and writes bench/layers.json.
+Prints a Markdown table and writes bench/layers.json (`--name`: another file).
 """
 
 from __future__ import annotations
@@ -264,6 +264,7 @@ def main() -> None:
     ap.add_argument("--sets", default=",".join(SETS), help="data sets, comma-separated")
     ap.add_argument("--rows", default="", help="rows to measure, comma-separated (all)")
     ap.add_argument("--seed", type=int, default=13, help="seed of the subsamples")
+    ap.add_argument("--name", default="layers", help="results file: bench/<name>.json")
     args = ap.parse_args()
     wanted = set(args.rows.split(",")) if args.rows else None
     results = []
@@ -283,7 +284,7 @@ def main() -> None:
     command = " ".join(["python -m bench.layers", *sys.argv[1:]])
     print(f"\nmachine: {machine()}; encoder rows and the peer: {args.epochs} epoch(s)\n")
     print(text)
-    path = write_results("layers", {"machine": machine(), "epochs": args.epochs,
+    path = write_results(args.name, {"machine": machine(), "epochs": args.epochs,
                                     "subsample": {"trec": args.trec, "news": args.news},
                                     "command": command, "rows": summary_rows(results),
                                     "results": results, "table": text})
