@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import resource
+import shlex
 import sys
 import tempfile
 import time
@@ -136,7 +137,7 @@ def as_queue(project: Path, env: dict[str, str], fixed: dict[str, Any],
     dvc = [sys.executable, "-m", "dvc"]
     for t in trials:
         line = space.overrides({**fixed, **t["params"]}).removeprefix("dvc exp run ")
-        _run(project, env, *dvc, "exp", "run", "--queue", "train", *_split(line))
+        _run(project, env, *dvc, "exp", "run", "--queue", "train", *shlex.split(line))
     t0 = time.perf_counter()
     _run(project, env, *dvc, "queue", "start", "-j", "1")
     while any(s in _run(project, env, *dvc, "queue", "status").stdout
@@ -147,12 +148,6 @@ def as_queue(project: Path, env: dict[str, str], fixed: dict[str, Any],
     if status.count("Success") != len(trials):
         raise SystemExit(f"bench.sweep: the DVC queue did not finish every trial:\n{status}")
     return seconds
-
-
-def _split(line: str) -> list[str]:
-    import shlex
-
-    return shlex.split(line)
 
 
 def measure(work: Path, name: str, trials: int, queue: int) -> dict[str, Any]:
@@ -181,7 +176,7 @@ def measure(work: Path, name: str, trials: int, queue: int) -> dict[str, Any]:
         print(f"{name}: the first {len(first)} trials, DVC queue {queue_s:.0f} s vs in-process "
               f"{out['queue']['in_process_s']:.0f} s", flush=True)
     t0 = time.perf_counter()
-    _run(project, env, *dvc, "exp", "run", *_split(sweep["best_line"])[3:])
+    _run(project, env, *dvc, "exp", "run", *shlex.split(sweep["best_line"])[3:])
     out["best_pipeline_s"] = time.perf_counter() - t0
     out["best"] = pipeline_result(project, monitor)
     out["best_reproduces_the_sweep"] = out["best"]["val"] == sweep["best_value"]
