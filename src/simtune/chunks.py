@@ -26,7 +26,7 @@ import torch
 from simtune.errors import UserError
 from simtune.params import EncoderParams
 
-MIN_STEP = 16  # tokens a window must advance past the overlap: fewer gives near-copies
+MIN_STEP = 16  # new tokens a window must bring (or half of one): fewer gives near-copies
 
 
 def chunked(spec: EncoderParams) -> bool:
@@ -74,7 +74,8 @@ class Chunker:
 
     `tokenizer`: the encoder's (a fast tokenizer: word ids and character offsets)."""
 
-    def __init__(self, tokenizer: Any, spec: EncoderParams, prompt: str) -> None:
+    def __init__(self, tokenizer: Any, spec: EncoderParams, prompt: str,
+                 name: str = "<name>") -> None:
         from tokenizers import Tokenizer
 
         self.spec, self.prompt = spec, prompt
@@ -88,12 +89,13 @@ class Chunker:
         prompt_tokens = len(self.backend.encode(prompt, add_special_tokens=False).ids) if (
             prompt) else 0
         self.body = spec.max_length - special - prompt_tokens  # text tokens one window holds
-        if self.max > 1 and self.body - self.overlap < MIN_STEP:
+        least = min(MIN_STEP, self.body // 2)
+        if self.max > 1 and self.body - self.overlap < max(least, 1):
             raise UserError(
-                f"encoders.models: chunks.overlap {self.overlap} leaves {self.body - self.overlap}"
-                f" new tokens per window of {self.body} text tokens (max_length "
-                f"{spec.max_length}, prompt {prompt_tokens}, special {special}); at least "
-                f"{MIN_STEP} are needed: lower chunks.overlap or raise max_length")
+                f"encoders.models.{name}.chunks.overlap: {self.overlap} leaves "
+                f"{self.body - self.overlap} new tokens per window of {self.body} text tokens "
+                f"(max_length {spec.max_length}, prompt {prompt_tokens}, special {special}); "
+                f"at least {least} are needed: lower chunks.overlap or raise max_length")
 
     def windows(self, texts: list[str], cut: Cut | None = None) -> list[list[str]]:
         """Each text's windows (one: the text itself when it fits or chunking is off), in text
@@ -115,7 +117,7 @@ class Chunker:
         encodings = self.backend.encode_batch(texts, add_special_tokens=False)
         out = []
         for text, enc in zip(texts, encodings, strict=True):
-            windows, end = self._cut_one(text, enc.offsets, enc.word_ids)
+            windows, end = self._cut_one(text, enc.offsets)
             out.append(windows)
             if cut is not None:
                 cut.over += 1
@@ -124,15 +126,15 @@ class Chunker:
                 cut.cut += end < len(enc.ids)
         return out
 
-    def _cut_one(self, text: str, offsets: list[tuple[int, int]], words: list[int | None]
-                 ) -> tuple[list[str], int]:
+    def _cut_one(self, text: str, offsets: list[tuple[int, int]]) -> tuple[list[str], int]:
         """(windows of one over-long text, tokens covered from the start). Windows of `body`
-        tokens, each starting `body - overlap` (or a little less: word starts) after the
-        last; a window ends before a word it would cut, unless that word fills it."""
+        tokens, each starting `body - overlap` tokens (or a few less: a word's start) after
+        the last; a window ends before a word it would cut, unless that word fills it. A word
+        starts after whitespace (a text without spaces is cut between tokens)."""
         n, start, windows = len(offsets), 0, []
 
         def word_start(i: int, low: int) -> int:  # back to the first token of i's word
-            while i > low and words[i] is not None and words[i] == words[i - 1]:
+            while i > low and not text[offsets[i][0] - 1:offsets[i][0]].isspace():
                 i -= 1
             return i
 

@@ -287,7 +287,7 @@ class FrozenEncoder:
         self.fast = fast_path(self.tokenizer, spec.max_length)  # None: the transformers call
         self.role, self.prompt = role, prompt_of(spec, role)
         self.skip = prompt_skip(self.tokenizer, spec, role)
-        self.chunker = Chunker(self.tokenizer, spec, self.prompt)
+        self.chunker = Chunker(self.tokenizer, spec, self.prompt, name)
         log.info("loaded encoder '%s' from %s (dim %d) on %s", name, path, self.dim, device)
 
     def as_role(self, role: str) -> FrozenEncoder:
@@ -297,7 +297,7 @@ class FrozenEncoder:
         other = copy.copy(self)
         other.role, other.prompt = role, prompt_of(self.spec, role)
         other.skip = prompt_skip(self.tokenizer, self.spec, role)
-        other.chunker = Chunker(self.tokenizer, self.spec, other.prompt)
+        other.chunker = Chunker(self.tokenizer, self.spec, other.prompt, self.name)
         return other
 
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:

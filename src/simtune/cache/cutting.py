@@ -24,7 +24,7 @@ def split(name: str, spec: EncoderParams, role: str, texts: dict[str, str], labe
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir(name, spec),
                                                            local_files_only=True)
-    chunker = Chunker(tokenizer, spec, prompt_of(spec, role))
+    chunker = Chunker(tokenizer, spec, prompt_of(spec, role), name)
     cut = Cut()
     ids = list(texts)
     windows = dict(zip(ids, chunker.windows([texts[i] for i in ids], cut), strict=True))
