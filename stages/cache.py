@@ -16,12 +16,13 @@ app = typer.Typer(help="Fill the embedding cache (check it: `cache verify`; boun
 PARAMS = file_option("params.yaml", "params file (`encoders` and `cache` sections)")
 PREPARED = dir_option("data/prepared", "prepared data directory")
 OUT = dir_option("cache", "cache root: one cache/<encoder>/ directory per encoder")
+REPORT = typer.Option(None, help="write what each view holds and what the window cuts (JSON)")
 
 
 @app.callback(invoke_without_command=True)
 @user_errors
 def cache(ctx: typer.Context, params: Path = PARAMS, prepared: Path = PREPARED,
-          out: Path = OUT) -> None:
+          out: Path = OUT, report: Path | None = REPORT) -> None:
     """Embed every text each encoder needs, once, into cache/<encoder>/ (incremental)."""
     if ctx.invoked_subcommand:
         return
@@ -30,7 +31,9 @@ def cache(ctx: typer.Context, params: Path = PARAMS, prepared: Path = PREPARED,
     from simtune.cache.views import layer_for
 
     p = P.load(params)
-    lib.fill(prepared, out, p.encoders, p.cache, layer=layer_for(p.encoders, p.train))
+    results = lib.fill(prepared, out, p.encoders, p.cache, layer=layer_for(p.encoders, p.train))
+    if report is not None and lib.dist_from_env().rank == 0:
+        lib.write_report(report, results)
 
 
 @app.command()

@@ -21,8 +21,10 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 
+from simtune.chunks import Chunker, chunked, pool_windows
 from simtune.errors import UserError, shorten
 from simtune.params import EncoderParams
+from simtune.progress import Progress
 from simtune.tokens import fast_path
 
 log = logging.getLogger("simtune.encoders")
@@ -72,12 +74,14 @@ def model_config(name: str, spec: EncoderParams) -> Any:
 
 
 def describe(name: str, spec: EncoderParams, layer: int | None = None,
-             role: str = "query") -> dict[str, Any]:
+             role: str = "query", chunks: bool = True) -> dict[str, Any]:
     """Everything the fingerprint covers, as a readable dict (kept in the manifest so a rebuild
     can say what changed), for the `role` texts (`query` | `document`: its prompt). `layer` k:
     the token states after layer k instead of the pooled vector (pooling, normalisation and
     `include_prompt` then change nothing stored, but stay in the description: one setting, one
-    fingerprint). A prompt enters only when set: caches filled without prompts stay valid."""
+    fingerprint). A prompt enters only when set: caches filled without prompts stay valid.
+    `chunks` False: what one window's vector depends on (a store entry: every chunk setting
+    shares it); True: a text's, the chunk settings added when chunking is on (a view)."""
     files = {f.name: sha256_of(f) for f in _model_files(model_dir(name, spec))}
     out: dict[str, Any] = {
         "format_version": CACHE_FORMAT_VERSION, "pooling": spec.pooling,
@@ -87,7 +91,14 @@ def describe(name: str, spec: EncoderParams, layer: int | None = None,
         out.update(prompt=prompt_of(spec, role), include_prompt=spec.prompts.include_prompt)
     if layer is not None:
         out["layer"] = layer
+    if chunks and chunked(spec):
+        out["chunks"] = spec.chunks.model_dump()
     return out
+
+
+def window_level(description: dict[str, Any]) -> dict[str, Any]:
+    """A view's description less its chunk settings: its store entry's (`describe`)."""
+    return {k: v for k, v in description.items() if k != "chunks"}
 
 
 def fingerprint(description: dict[str, Any]) -> str:
@@ -276,6 +287,7 @@ class FrozenEncoder:
         self.fast = fast_path(self.tokenizer, spec.max_length)  # None: the transformers call
         self.role, self.prompt = role, prompt_of(spec, role)
         self.skip = prompt_skip(self.tokenizer, spec, role)
+        self.chunker = Chunker(self.tokenizer, spec, self.prompt, name)
         log.info("loaded encoder '%s' from %s (dim %d) on %s", name, path, self.dim, device)
 
     def as_role(self, role: str) -> FrozenEncoder:
@@ -285,6 +297,7 @@ class FrozenEncoder:
         other = copy.copy(self)
         other.role, other.prompt = role, prompt_of(self.spec, role)
         other.skip = prompt_skip(self.tokenizer, self.spec, role)
+        other.chunker = Chunker(self.tokenizer, self.spec, other.prompt, self.name)
         return other
 
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
@@ -321,12 +334,20 @@ class FrozenEncoder:
         return [out[i][mask[i]] for i in range(len(out))]  # any padding side
 
     @torch.inference_mode()
-    def encode(self, texts: list[str], batch_size: int) -> torch.Tensor:
+    def encode(self, texts: list[str], batch_size: int, progress: bool = False
+               ) -> torch.Tensor:
         """(N, dim) float32 on CPU, in the order of `texts` (as `role` texts); length-sorted
-        batches inside."""
-        order = sorted(range(len(texts)), key=self.token_lengths(texts).__getitem__)
-        out = torch.empty(len(texts), self.dim)
-        for i in range(0, len(order), batch_size):
-            idx = order[i : i + batch_size]
-            out[idx] = self.embed(self.tokenize([texts[j] for j in idx])).cpu()
-        return out
+        batches inside. A text longer than the window is its windows' pooled vector
+        (`simtune.chunks`) when the encoder chunks; `progress`: a bar or periodic log lines."""
+        windows = self.chunker.windows(list(texts))
+        flat = [w for ws in windows for w in ws]
+        order = sorted(range(len(flat)), key=self.token_lengths(flat).__getitem__)
+        out = torch.empty(len(flat), self.dim)
+        with Progress(len(flat), f"encoding with {self.name}", enabled=progress) as bar:
+            for i in range(0, len(order), batch_size):
+                idx = order[i : i + batch_size]
+                out[idx] = self.embed(self.tokenize([flat[j] for j in idx])).cpu()
+                bar.update(len(idx))
+        counts = torch.tensor([len(ws) for ws in windows], dtype=torch.long)
+        chunks = self.spec.chunks
+        return pool_windows(out, counts, chunks.pool if chunks else "first", self.spec.normalize)

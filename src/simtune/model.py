@@ -51,16 +51,17 @@ class Model:
         self.normalize_output = normalize_output
 
     @torch.inference_mode()
-    def encode(self, texts: list[str], batch_size: int = 64, role: str = "query"
-               ) -> torch.Tensor:
+    def encode(self, texts: list[str], batch_size: int = 64, role: str = "query",
+               progress: bool = False) -> torch.Tensor:
         """(N, dim) float32 on CPU, in the order of `texts`; unit rows when `normalize_output`.
         `role`: `query` (groups' texts and pairs' queries; sentence-transformers' `encode` and
         `encode_query` of the export) or `document` (its `encode_document`): which of the
-        encoder's prompts goes before each text."""
+        encoder's prompts goes before each text. `progress`: a bar on a terminal, a log line
+        every 10 s elsewhere."""
         if role not in ("query", "document"):
             raise UserError(f"role: '{role}' is not a role (query or document)")
         encoder = self.encoder.as_role(role)
-        x = encoder.encode(list(texts), batch_size).to(self.encoder.device)
+        x = encoder.encode(list(texts), batch_size, progress).to(self.encoder.device)
         out = self.head(x).float()
         if self.normalize_output:
             out = torch.nn.functional.normalize(out, dim=-1)

@@ -21,7 +21,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from simtune.errors import UserError, echo
-from simtune.params import EncoderParams, EncoderPrompts
+from simtune.params import ChunkParams, EncoderParams, EncoderPrompts
 
 HEAD_TYPES = ("identity", "linear", "skip_connection", "gated", "mlp")
 MAX_BYTES = 1 << 20  # these files are a few hundred bytes; a larger one is not ours
@@ -50,6 +50,7 @@ class SavedEncoder(EncoderParams):
     `prompts` existed have none."""
 
     prompts: EncoderPrompts | None = None
+    chunks: ChunkParams | None = None  # folders written before chunking: truncated texts
 
 
 class TrainingMeta(_File):

@@ -142,6 +142,17 @@ class EncoderPrompts(Section):
     )
 
 
+class ChunkParams(Section):
+    """How a text longer than `max_length` tokens is seen: overlapping windows, pooled."""
+
+    max: int = Field(gt=0, description="windows per text at most (1: off, a long text is "
+                     "truncated at max_length; what lies past the last window is dropped)")
+    overlap: int = Field(ge=0, description="tokens two consecutive windows share")
+    pool: Literal["mean", "max", "first"] = Field(
+        description="how the windows' vectors make the text's: `mean`, `max` (elementwise) or "
+        "`first` (then re-normalised when `normalize`)")
+
+
 class EncoderParams(Section):
     """One frozen encoder: a local Hugging Face model and how its output becomes one vector."""
 
@@ -155,7 +166,9 @@ class EncoderParams(Section):
         "Qwen3-Embedding)"
     )
     normalize: bool = Field(description="L2-normalise the pooled vector")
-    max_length: int = Field(gt=0, description="tokens kept per text (longer texts are truncated)")
+    max_length: int = Field(gt=0, description="tokens per window: a text longer than this is "
+                            "truncated, or split into windows (`chunks`)")
+    chunks: ChunkParams
     dtype: Literal["float32", "float16"] = Field(description="storage dtype of cached vectors")
     prompts: EncoderPrompts | None = Field(
         description="prompts put before texts by role ({query, document, include_prompt}; "

@@ -24,7 +24,7 @@ from simtune import params as P
 from simtune.cache import stage as cache
 from simtune.cache.views import layer_for
 from simtune.evaluate import stage as evaluate
-from simtune.train import checkpoint
+from simtune.train import checkpoint, epoch_log
 from simtune.train import stage as train
 from simtune.train.data import load_data
 from tests.conftest import ROOT
@@ -185,6 +185,11 @@ def _crash_in_epoch_3(root: Path, params_file: Path, ckpt: Path,
     assert _epoch_of(ckpt / checkpoint.FILE) == 2
 
 
+def _epoch_lines(messages: list[str]) -> list[str]:
+    """The "epoch k/N" of each per-epoch log line (`simtune.train.epoch_log`)."""
+    return [m.split(":")[0] for m in messages if m.startswith("epoch ")]
+
+
 def _same_heads(a: Path, b: Path) -> None:
     got, want = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
     assert got.keys() == want.keys()
@@ -212,11 +217,16 @@ def test_a_checkpoint_from_other_settings_is_never_resumed(
     assert other == {**fresh, "seconds": other["seconds"], "samples_per_s":
                      other["samples_per_s"]}
     _same_heads(tmp_path / "headother", tmp_path / "headfresh")
-    # with the same settings, head mode resumes and ends as the uninterrupted run
+    # with the same settings, head mode resumes and ends as the uninterrupted run; its
+    # per-epoch log lines (no terminal) number on from the checkpoint's epoch
+    monkeypatch.setattr(epoch_log, "interactive", lambda: False)
     caplog.clear()
     _crash_in_epoch_3(tmp_path, params_file, ckpt, monkeypatch)
+    assert _epoch_lines(caplog.messages) == ["epoch 1/4", "epoch 2/4"]
+    caplog.clear()
     resumed = _train(tmp_path, params_file, "resumed", ckpt)
     assert f"{ckpt / checkpoint.FILE}: resuming after epoch 2" in caplog.text
+    assert _epoch_lines(caplog.messages) == ["epoch 3/4", "epoch 4/4"] and resumed["epochs"] == 4
     assert "other settings" not in caplog.text
     assert resumed["best_val"] == pytest.approx(fresh["best_val"], abs=1e-6)
     assert resumed["best_epoch"] == fresh["best_epoch"]

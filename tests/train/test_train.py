@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -20,6 +21,7 @@ from typer.testing import CliRunner
 from simtune import heads
 from simtune import params as P
 from simtune.retrieval.task import by_split, retrieval_task
+from simtune.train import epoch_log
 from simtune.train.data import load_data
 from simtune.train.sampling import EpochBatches
 from stages import app
@@ -150,7 +152,7 @@ def test_full_mode_gradcache_gradients_equal_plain(tmp_path: Path, tiny_bert: Pa
 def test_ddp_two_cpu_processes_equal_one_with_double_batch(small: tuple[Path, Path],
                                                           chunk: int) -> None:
     """gloo DDP, batch 8 x 2 processes (with GradCache: chunks of 3, one all-reduce per step)
-    == 1 process, batch 16, no GradCache."""
+    == 1 process, batch 16, no GradCache; the per-epoch log lines come from one process."""
     root, params_file = small
     _edit(params_file, max_epochs=2, patience=5, batch_size=16)
     _train(root, params_file, "one")
@@ -160,6 +162,8 @@ def test_ddp_two_cpu_processes_equal_one_with_double_batch(small: tuple[Path, Pa
     proc = subprocess.run([sys.executable, "-m", "stages", *stage_args(root, params_file, "two")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # one log line per epoch, from the first process only (both write to this stderr)
+    assert [line[:2] for line in epoch_lines(proc.stderr)] == [(1, 2), (2, 2)]
     one, two = _weights(root, "one"), _weights(root, "two")
     for k in one:
         assert torch.allclose(one[k], two[k], atol=1e-5), (k, (one[k] - two[k]).abs().max())
@@ -259,6 +263,70 @@ def test_training_curves_have_one_increasing_step_per_epoch(small: tuple[Path, P
     assert [step for step, _ in rows("val/map@r")] == [2, 4, 5]
     val = dict(rows("val/mrr@10"))
     assert max(val.values()) == pytest.approx(report["best_val"]["val/mrr@10"])
+
+
+EPOCH_LINE = re.compile(r"INFO simtune\.train: epoch (\d+)/(\d+): train loss (\S+), val mrr@10 "
+                        r"(\d\.\d{4}) \(best (\d\.\d{4}) at epoch (\d+)\), (\d+\.\d\d) s "
+                        r"training \+ (\d+\.\d\d) s validation")
+
+
+def epoch_lines(output: str) -> list[tuple[int, int, float, float, float, int, float, float]]:
+    """The per-epoch log lines of a non-terminal run's output, parsed: (k, N, loss, val, best,
+    best epoch, training s, validation s); a line that starts as one but does not parse fails."""
+    lines = [line for line in output.splitlines() if "simtune.train: epoch " in line]
+    assert all(EPOCH_LINE.fullmatch(line) for line in lines), lines
+    return [(int(k), int(n), float(loss), float(val), float(best), int(j), float(tr), float(va))
+            for k, n, loss, val, best, j, tr, va in (EPOCH_LINE.fullmatch(line).groups()
+                                                     for line in lines)]
+
+
+def test_a_non_terminal_run_logs_one_line_per_epoch_numbered_as_the_report(
+        small: tuple[Path, Path]) -> None:
+    """Item 6 of issue 27: captured output (not a terminal), early stopping at epoch 3 of 6: lines
+    1/6, 2/6, 3/6 with the curves' loss and monitored metric of each epoch, the best so far,
+    and the epoch's seconds (they add up to the report's training seconds); no progress bar."""
+    root, params_file = small
+    _edit(params_file, max_epochs=6, patience=1, val_every=1, lr=0.05)
+    result = CliRunner().invoke(app, stage_args(root, params_file))
+    assert result.exit_code == 0, result.output
+    report = json.loads((root / "train.json").read_text())
+    lines = epoch_lines(result.output)
+    assert report["epochs"] < 6  # stopped early: N is max_epochs, the count the report's
+    assert [(k, n) for k, n, *_ in lines] == [(k, 6) for k in range(1, report["epochs"] + 1)]
+    curves = root / "live" / "plots" / "metrics"
+
+    def curve(name: str) -> list[float]:
+        return [float(line.split("\t")[1])
+                for line in (curves / f"{name}.tsv").read_text().splitlines()[1:]]
+
+    loss, val = curve("train/loss"), curve("val/mrr@10")
+    assert [x[2] for x in lines] == pytest.approx(loss, rel=1e-3)
+    assert all(math.isfinite(x) and x > 0 for x in loss)
+    assert [x[3] for x in lines] == pytest.approx(val, abs=5e-5)
+    for k, *_, best, j, _, _ in lines:  # the best so far, as early stopping sees it
+        assert j == 1 + max(range(k), key=lambda i: (val[i], -i))
+        assert best == pytest.approx(val[j - 1], abs=5e-5)
+    assert lines[-1][5] == report["best_epoch"]
+    assert sum(x[6] for x in lines) == pytest.approx(report["seconds"]["train"], abs=0.01 * len(
+        lines))
+    assert "Epoch " not in result.output  # Lightning's bar: off where no terminal is attached
+
+
+def test_a_terminal_gets_the_bar_numbered_as_the_report_and_no_lines(
+        small: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal, Lightning's bar instead, its last epoch "Epoch 3/6" for a run that
+    "trained 3 epochs" (Lightning's own: "Epoch 2/5"), the monitored metric beside the loss."""
+    root, params_file = small
+    _edit(params_file, max_epochs=6, patience=1, val_every=1, lr=0.05)
+    monkeypatch.setattr(epoch_log, "interactive", lambda: True)
+    result = CliRunner().invoke(app, stage_args(root, params_file))
+    assert result.exit_code == 0, result.output
+    epochs = json.loads((root / "train.json").read_text())["epochs"]
+    assert epochs < 6 and f"trained {epochs} epochs" in result.output
+    # on stderr, with the log (stdout stays for data)
+    assert re.findall(r"Epoch (\d+)/(\d+)", result.stderr)[-1] == (str(epochs), "6")
+    assert "Epoch" not in result.stdout
+    assert "val/mrr@10" in result.stderr and not epoch_lines(result.output)
 
 
 def test_stage_reduces_a_too_large_batch_and_trains(small: tuple[Path, Path]) -> None:

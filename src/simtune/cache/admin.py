@@ -72,7 +72,8 @@ def _verify_view(directory: Path, root: Path, description: dict | None) -> Verif
     if description is not None and manifest.fingerprint != fingerprint(description):
         problems.append(f"{directory / vectors.MANIFEST}: filled with other encoder settings "
                         f"({changes(manifest.description, description)})")
-    hashes = set(vectors.cached_hashes(directory, manifest).values())
+    hashes = {h for joined in vectors.cached_hashes(directory, manifest).values()
+              for h in joined.split("+")}  # a chunked text: its windows' hashes
     problems += store.check_behind(root, manifest, hashes)
     return VerifyResult(name, manifest.rows, problems, 0, float("nan") if problems else 0.0)
 
@@ -113,7 +114,7 @@ def gc(encoders: EncodersParams, cp: CacheParams, max_gb: float | None = None,
         try:
             spec = encoders.models[name]
             layers = [None] + ([layer] if layer is not None and name == encoders.query else [])
-            keep.update(fingerprint(describe(name, spec, k, r)) for k in layers
+            keep.update(fingerprint(describe(name, spec, k, r, chunks=False)) for k in layers
                         for r in ("query", "document"))
         except UserError as e:  # a model that is gone cannot be in use
             log.warning("%s: its vectors are not protected from gc", e)

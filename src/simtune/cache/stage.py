@@ -23,14 +23,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from simtune.cache import backends, batching, formats, policy, store, vectors, views
+from simtune.atomic import write_json
+from simtune.cache import backends, batching, cutting, formats, policy, store, vectors, views
 from simtune.cache.formats import Format
-from simtune.cache.progress import Progress
 from simtune.encoders import FrozenEncoder, describe, fingerprint, resolve_device
 from simtune.errors import UserError
 from simtune.params import CacheParams, EncoderParams, EncodersParams
 from simtune.prepare.prepared import Prepared, text_id
 from simtune.prepare.prepared import load as load_prepared
+from simtune.progress import Progress
 
 log = logging.getLogger("simtune.cache")
 VECTORS = Format()
@@ -75,6 +76,8 @@ class FillResult:
     cached: int
     embedded: int  # by this rank
     model_loaded: bool
+    view: str = ""
+    cut: dict | None = None  # `chunks.Cut.report()` of the vectors' view
 
 
 @dataclass(frozen=True)
@@ -123,10 +126,14 @@ def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParam
         name, role = target.name, target.role
         texts = prepared.text_map(ids)
         spec = encoders.models[name]
+        windows, cut = cutting.split(name, spec, role, texts, target.view)
         results.append(fill_encoder(name, spec, texts, Path(out) / target.view, cp, dist,
                                     role=role, keep=keep,
-                                    description=described[target.view, None]))
+                                    description=described[target.view, None],
+                                    windows=windows))
+        results[-1].cut = cut.report()
         if layer is not None and name == encoders.query:
+            cutting.refuse_states(name, spec, cut)
             fmt = Format(layer)
             views.check_layer_size(name, spec, texts, fmt, cp, role)
             results.append(fill_encoder(name, spec, texts,
@@ -134,6 +141,14 @@ def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParam
                                         cp, dist, fmt=fmt, role=role, keep=keep,
                                         description=described[target.view, layer]))
     return results
+
+
+def write_report(path: Path, results: list[FillResult]) -> None:
+    """`reports/cache.json`: per view, the texts it holds, how many were already cached, how
+    many this run embedded, and (vectors' views) what the window cuts (`chunks.Cut.report`)."""
+    write_json(path, {r.view: {"texts": r.needed, "cached": r.cached, "embedded": r.embedded,
+                               **({"window": r.cut} if r.cut is not None else {})}
+                      for r in results})
 
 
 def described_in_use(encoders: EncodersParams, targets: Iterable[Target], layer: int | None
@@ -144,9 +159,10 @@ def described_in_use(encoders: EncodersParams, targets: Iterable[Target], layer:
     out = {}
     for target in targets:
         spec = encoders.models[target.name]
-        out[target.view, None] = describe(target.name, spec, role=target.role)
+        out[target.view, None] = describe(target.name, spec, role=target.role, chunks=False)
         if layer is not None and target.name == encoders.query:
-            out[target.view, layer] = describe(target.name, spec, layer, target.role)
+            out[target.view, layer] = describe(target.name, spec, layer, target.role,
+                                               chunks=False)
     return out
 
 
@@ -154,23 +170,28 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Pa
                  cp: CacheParams, dist: Dist,
                  encoder_factory: Callable[..., FrozenEncoder] = FrozenEncoder,
                  fmt: Format = VECTORS, role: str = "query", keep: set[str] | None = None,
-                 description: dict | None = None) -> FillResult:
+                 description: dict | None = None, windows: dict[str, list[str]] | None = None
+                 ) -> FillResult:
     """Make `view` hold the vectors of `texts` (workspace id -> text), embedded as `role`
     texts (`query` | `document`: the prompt before each), under the current fingerprint.
+    `windows` (workspace id -> its windows, `cache.cutting.split`): what is embedded and
+    stored, each window as a text; the view holds each text's windows pooled (`chunks`).
     Texts the store lacks are embedded into it first (rank `r` of `w` embeds every w-th of the
     length-sorted missing texts) by `cp.backend` (`simtune.backends`); nothing stored is
     touched before the encoder has loaded, and the view is replaced only when complete. The
     store shards copied into the view are re-hashed first. The size policy then keeps this
     fingerprint and those in `keep` (every entry the current params use)."""
-    description = description or describe(name, spec, fmt.layer, role)
+    description = description or describe(name, spec, fmt.layer, role, chunks=False)
     fp = fingerprint(description)
+    seen = describe(name, spec, fmt.layer, role)  # the view's: the chunk settings too
     root = store.root(cp.store)
     directory = store.fingerprint_dir(root, fp)
-    by_hash = {text_id(t): t for t in texts.values()}
+    windows = windows or {i: [t] for i, t in texts.items()}
+    by_hash = {text_id(w): w for ws in windows.values() for w in ws}
     label = views.view_name(name, spec, role, fmt.layer)
     with _rank0_locks(dist, root, view, directory, label):
         if dist.rank == 0:
-            views.say_what_changed(view, root, label, description, fp)
+            views.say_what_changed(view, root, label, seen, fingerprint(seen))
             manifest = store.begin_fill(directory, label, fp, description, spec.dtype,
                                         needed=set(by_hash))
             views.import_view(view, directory, manifest, by_hash, fmt)
@@ -179,8 +200,8 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Pa
         assert manifest is not None
         have = vectors.cached_hashes(directory, manifest)
         missing = sorted(h for h in by_hash if h not in have)
-        result = FillResult(name, len(texts), len(texts) - _count_missing(texts, missing), 0,
-                            model_loaded=False)
+        result = FillResult(name, len(texts), len(texts) - _count_missing(windows, missing), 0,
+                            model_loaded=False, view=label)
         log.info("cache %s: %d cached, %d to embed", label, result.cached, len(missing))
         if missing:
             encoder = backends.select(encoder_factory(name, spec, _device(cp, dist), role),
@@ -191,8 +212,9 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Pa
         dist.barrier()
         if dist.rank == 0:
             final = store.finish_fill(directory)
-            views.write_view(view, directory, final, {i: text_id(t) for i, t in texts.items()},
-                       cp.shard_rows, fmt)
+            views.write_view(view, directory, final,
+                             {i: [text_id(w) for w in ws] for i, ws in windows.items()},
+                             cp.shard_rows, fmt, seen)
             log.info("cache %s: %d rows in %s (store entry %s: %d rows)", label, len(texts),
                      view, fp, final.rows)
             policy.evict(root, int(cp.store_max_gb * 1e9), keep={fp} | (keep or set()))
@@ -200,12 +222,12 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Pa
     return result
 
 
-def _count_missing(texts: dict[str, str], missing: list[str]) -> int:
-    """Workspace ids whose text is among the `missing` content hashes."""
+def _count_missing(windows: dict[str, list[str]], missing: list[str]) -> int:
+    """Workspace ids with a window among the `missing` content hashes."""
     if not missing:
         return 0
     gone = set(missing)
-    return sum(text_id(t) in gone for t in texts.values())
+    return sum(any(text_id(w) in gone for w in ws) for ws in windows.values())
 
 
 @contextlib.contextmanager

@@ -191,8 +191,12 @@ def check_behind(store_root: Path, view_manifest: vectors.Manifest, hashes: set[
                  ) -> list[str]:
     """Problems of the store shards a view was copied from: every shard of its store entry
     holding one of the view's content `hashes` is re-hashed (sha256, no memo); an unreadable
-    one counts too. [] when intact, or when this machine's store has no such entry."""
-    entry = fingerprint_dir(store_root, view_manifest.fingerprint)
+    one counts too. [] when intact, or when this machine's store has no such entry. A view of
+    chunked texts names its windows' hashes: its entry is the one of its settings less the
+    chunk settings (`encoders.window_level`)."""
+    from simtune.encoders import fingerprint, window_level
+
+    entry = fingerprint_dir(store_root, fingerprint(window_level(view_manifest.description)))
     try:
         manifest = vectors.read_manifest(entry)
     except UserError as e:

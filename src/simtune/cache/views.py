@@ -11,10 +11,14 @@ import logging
 import random
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from simtune.atomic import atomic_dir
 from simtune.cache import formats, policy, states, vectors
 from simtune.cache.formats import Format
 from simtune.cache.states import StatesTable
+from simtune.chunks import pool_windows
 from simtune.encoders import (
     changes,
     describe,
@@ -86,23 +90,45 @@ def import_view(view: Path, directory: Path, manifest: vectors.Manifest,
                  len(take), view / s.file)
 
 
-def write_view(view: Path, directory: Path, manifest: vectors.Manifest, ids: dict[str, str],
-               shard_rows: int, fmt: Format = VECTORS) -> None:
-    """Write `view` (atomically replaced): the rows `ids` (workspace id -> content hash) taken
-    from the store entry `directory`, sorted by id, in `part-NNNNN.arrow` shards of
-    `shard_rows`. Same inputs give the same bytes on any machine (stable DVC hashes)."""
+def write_view(view: Path, directory: Path, manifest: vectors.Manifest,
+               ids: dict[str, list[str]], shard_rows: int, fmt: Format = VECTORS,
+               description: dict | None = None) -> None:
+    """Write `view` (atomically replaced): the rows `ids` (workspace id -> content hashes of
+    its windows, `simtune.chunks`; one for a text that fits) taken from the store entry
+    `directory`, sorted by id, in `part-NNNNN.arrow` shards of `shard_rows`; a text of several
+    windows gets their pooled vector (its `text_hash`: the windows' hashes joined by `+`).
+    `description`: the view's settings (the store entry's plus the chunk settings). Same inputs
+    give the same bytes on any machine (stable DVC hashes)."""
     table = fmt.load(directory)
     keys = sorted(ids)
-    hashes = [ids[k] for k in keys]
-    rows = fmt.gather(table, table.index(hashes)) if keys else []
-    out = vectors.Manifest(manifest.encoder, manifest.fingerprint, manifest.description,
-                         manifest.dtype, manifest.dim)
+    hashes = ["+".join(ids[k]) for k in keys]
+    if any(len(ids[k]) > 1 for k in keys):
+        if fmt.layer is not None:
+            raise ValueError("layer states are cached one window per text")
+        rows = _pooled_rows(table, [ids[k] for k in keys], description or manifest.description)
+    else:
+        rows = fmt.gather(table, table.index(hashes)) if keys else []
+    description = description or manifest.description
+    out = vectors.Manifest(manifest.encoder, fingerprint(description), description,
+                           manifest.dtype, manifest.dim)
     with atomic_dir(view) as tmp:
         for n, i in enumerate(range(0, len(keys), shard_rows)):
             j = i + shard_rows
             out.shards.append(fmt.write(tmp, 0, keys[i:j], hashes[i:j], rows[i:j], out,
                                         name=f"part-{n:05d}.arrow"))
         vectors.write_manifest(tmp, out)
+
+
+def _pooled_rows(table: vectors.CacheTable, windows: list[list[str]], description: dict
+                 ) -> np.ndarray:
+    """(n, D) in the stored dtype: each text's window vectors pooled by the description's
+    `chunks.pool` (a text of one window: its stored vector as it is)."""
+    flat = [h for ws in windows for h in ws]
+    stored = table.vectors[table.index(flat)]
+    counts = torch.tensor([len(ws) for ws in windows], dtype=torch.long)
+    pooled = pool_windows(stored.float(), counts, description["chunks"]["pool"],
+                          bool(description["normalize"]))
+    return pooled.to(stored.dtype).numpy()
 
 
 def layer_for(encoders: EncodersParams, train: TrainParams) -> int | None:

@@ -42,7 +42,7 @@ def search(p: Params, query: str, k: int, head_dir: Path, prepared_dir: Path,
     corpus = _corpus_vectors(p, name, ids, head_dir, cache_dir, role)
     if corpus is None:
         log.info("embedding the corpus with the model (%d texts)", len(ids))
-        corpus = model.encode([texts[i] for i in ids], role=role)
+        corpus = model.encode([texts[i] for i in ids], role=role, progress=True)
     if k > len(ids):
         log.warning("--k %d is more than the corpus (%d texts): showing all", k, len(ids))
         k = len(ids)

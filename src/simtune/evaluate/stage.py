@@ -187,6 +187,6 @@ def _trained(data: Data, head: heads.Head, head_dir: Path, p: Params,
         ids = data.row_ids["doc" if role == "doc" else "query"]
         # each side with its own prompt: documents get the encoder's document prompt
         return model.encode([texts[ids[r]] for r in rows.tolist()],
-                            role="document" if role == "doc" else "query")
+                            role="document" if role == "doc" else "query", progress=True)
 
     return vectors

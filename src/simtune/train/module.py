@@ -21,7 +21,14 @@ from simtune.train.sampling import EpochBatches
 
 
 def _slice(batch: Any, s: int, e: int) -> Any:
-    """Rows s:e of a batch; token dicts are trimmed to the chunk's own longest text."""
+    """Rows s:e of a batch; token dicts are trimmed to the chunk's own longest text. A token
+    dict of windows (`represent.WINDOWS`: (n,) windows per text) gives texts s:e's windows."""
+    if isinstance(batch, dict) and represent.WINDOWS in batch:
+        counts = batch[represent.WINDOWS]
+        a = int(counts[:s].sum())
+        b = a + int(counts[s:e].sum())
+        return trim_padding({k: v[s:e] if k == represent.WINDOWS else v[a:b]
+                             for k, v in batch.items()})
     if isinstance(batch, dict):
         part = {k: _slice(v, s, e) for k, v in batch.items()}
         return trim_padding(part) if "attention_mask" in part else part

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from simtune.cache import vectors
+from simtune.chunks import Chunker, chunked, pool_windows
 from simtune.encoders import (
     load_pretrained,
     model_dir,
@@ -40,6 +41,7 @@ ROWS = {"text": "rows", "query": "q_rows", "doc": "d_rows", "neg": "neg_rows"}
 PROMPT_ROLE = {"text": "query", "query": "query", "doc": "document", "neg": "document"}
 TEXTS = {"text": "texts", "query": "q_texts", "doc": "d_texts"}
 TOKENS = {"text": "tokens", "query": "q_tokens", "doc": "d_tokens"}
+WINDOWS = "windows"  # full mode with chunks: (n,) windows per text in a token dict
 CHUNK = 1024
 # padded tokens one more forward is worth (small GEMMs run slower on CPU; launches on GPU)
 GROUP_OVERHEAD = {"cpu": 64, "other": 8192}  # TREC top-2 step, 64 rows: 2.79 s one group,
@@ -231,25 +233,38 @@ class LiveEncoder(Representation):
         self.dim = int(self.encoder.config.hidden_size)
         self.prompts = {r: prompt_of(spec, r) for r in ("query", "document")}
         self.skips = {r: prompt_skip(self.tokenizer, spec, r) for r in ("query", "document")}
+        self.chunkers = {r: Chunker(self.tokenizer, spec, self.prompts[r])
+                         for r in ("query", "document")}
 
     def collate(self, split: Any, idx: list[int]) -> dict[str, Any]:
         """Each role's texts, its prompt before each, tokenised (prompt tokens count toward
-        max_length, as in the cache fill)."""
+        max_length, as in the cache fill). With `chunks`, each text's windows (`simtune.chunks`)
+        are rows, and the token dict's `windows` (n,) says how many each text has."""
         out = super().collate(split, idx)
         for role, name in TEXTS.items():
             if name in split.texts:
                 prompt = self.prompts[PROMPT_ROLE[role]]
-                texts = [prompt + split.texts[name][i] for i in idx]
+                windows = self.chunkers[PROMPT_ROLE[role]].windows(
+                    [split.texts[name][i] for i in idx])
+                texts = [prompt + w for ws in windows for w in ws]
                 out[TOKENS[role]] = dict(self.tokenizer(
                     texts, padding=True, truncation=True, max_length=self.spec.max_length,
                     return_tensors="pt"))
+                if chunked(self.spec):
+                    out[TOKENS[role]][WINDOWS] = torch.tensor([len(ws) for ws in windows])
         return out
 
     def forward(self, split: Any, part: dict[str, Any], role: str) -> torch.Tensor:
         tokens = trim_padding(part[TOKENS[role]])
-        tokens = {k: v.to(self.device, non_blocking=True) for k, v in tokens.items()}
+        counts = tokens.get(WINDOWS)
+        tokens = {k: v.to(self.device, non_blocking=True) for k, v in tokens.items()
+                  if k != WINDOWS}
         hidden = self.encoder(**tokens).last_hidden_state
-        return pooled(hidden, tokens["attention_mask"], self.spec, self.skips[PROMPT_ROLE[role]])
+        vectors = pooled(hidden, tokens["attention_mask"], self.spec,
+                         self.skips[PROMPT_ROLE[role]])
+        if counts is None:
+            return vectors
+        return pool_windows(vectors, counts, self.spec.chunks.pool, self.spec.normalize)
 
     def save(self, directory: Path) -> None:
         lora.merged(self.encoder).save_pretrained(directory)  # plain weights, adapters merged

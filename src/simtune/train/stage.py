@@ -29,6 +29,7 @@ from simtune.params import Params, TrainParams
 from simtune.retrieval.task import RetrievalTask, retrieval_task
 from simtune.train.checkpoint import Resume, fingerprint
 from simtune.train.data import check_trainable, load_data
+from simtune.train.epoch_log import progress_callbacks
 from simtune.train.epochs import EpochLoop
 from simtune.train.module import SimilarityModule, diverged
 from simtune.train.validation import Schedule, Validator, frozen
@@ -118,7 +119,8 @@ def fit(p: Params, data: Data, task: RetrievalTask, accelerator: str, live_dir: 
     `data` and fit them, validating on `task` each epoch (a `loop_type` callback). Seeds every
     RNG first, so a fit depends on `p` and the data only (the sweep's trials reuse the data).
     Returns the module (the last epoch's weights), the loop (the kept weights, the history),
-    the trainer and the seconds `trainer.fit` took; `progress`: Lightning's progress bar;
+    the trainer and the seconds `trainer.fit` took; `progress`: each epoch's progress, numbered
+    as the report numbers epochs (`epoch_log`: a bar on a terminal, else a log line per epoch);
     `extra`: callbacks to run after the loop's, given the loop (the resumable checkpoint)."""
     t = p.train
     pl.seed_everything(t.seed, workers=True, verbose=False)
@@ -126,11 +128,12 @@ def fit(p: Params, data: Data, task: RetrievalTask, accelerator: str, live_dir: 
     validator = Validator(data, task, module.rep.embed_split, module.head, frozen(module.rep))
     loop = loop_type(Schedule(t.val_every, t.patience, t.max_epochs), validator, t.monitor,
                      live_dir)
+    shown, bar = progress_callbacks(loop) if progress else ([], False)
     trainer = pl.Trainer(
         accelerator=accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
         precision=t.precision, max_epochs=t.max_epochs, num_sanity_val_steps=0,
-        callbacks=[loop, *(extra(loop) if extra else [])], logger=False,
-        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=progress,
+        callbacks=[loop, *(extra(loop) if extra else []), *shown], logger=False,
+        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=bar,
         use_distributed_sampler=False, deterministic="warn" if accelerator == "gpu" else True)
     start = time.perf_counter()
     try:

@@ -12,14 +12,17 @@ log = logging.getLogger("simtune.progress")
 
 
 class Progress:
-    """Count items done out of `total`; shows the rate in `unit`/s. Use as a context manager."""
+    """Count items done out of `total`; shows the rate in `unit`/s. Use as a context manager.
+    `enabled` False: silent (a caller whose loop is sometimes worth showing, sometimes not)."""
 
-    def __init__(self, total: int, desc: str, unit: str = "texts", every_s: float = 10.0) -> None:
+    def __init__(self, total: int, desc: str, unit: str = "texts", every_s: float = 10.0,
+                 enabled: bool = True) -> None:
         self.total, self.desc, self.unit, self.every_s = total, desc, unit, every_s
+        self.enabled = enabled
         self.done, self.start = 0, time.perf_counter()
         self._last_log = self.start
         self._bar: Any = None
-        if sys.stderr.isatty():
+        if enabled and sys.stderr.isatty():
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -42,7 +45,7 @@ class Progress:
         self.done += n
         if self._bar is not None:
             self._bar.update(self._task, advance=n, rate=f"{self.rate:,.0f} {self.unit}/s")
-        elif time.perf_counter() - self._last_log >= self.every_s:
+        elif self.enabled and time.perf_counter() - self._last_log >= self.every_s:
             self._last_log = time.perf_counter()
             log.info("%s: %d/%d %s (%.0f %s/s)", self.desc, self.done, self.total, self.unit,
                      self.rate, self.unit)
@@ -56,7 +59,7 @@ class Progress:
                  tb: TracebackType | None) -> None:
         if self._bar is not None:
             self._bar.stop()
-        if exc_type is None:
+        if exc_type is None and self.enabled:
             seconds = time.perf_counter() - self.start
             log.info("%s: %d %s in %.1f s (%.0f %s/s)", self.desc, self.done, self.unit, seconds,
                      self.rate, self.unit)

@@ -1,0 +1,85 @@
+"""The train stage's per-epoch progress, numbered as its report numbers epochs: epoch k of
+`train.max_epochs` (the effective one), k 1-based as the kept epoch and "trained n epochs"; a
+resumed run goes on from its checkpoint's epoch (Lightning's `current_epoch` + 1).
+
+Where stderr is a terminal: Lightning's rich bar there (with the log; stdout stays for data),
+described "Epoch k/N" (Lightning's own reads "Epoch k-1/N-1") and showing the monitored validation
+metric beside the training loss. Elsewhere (`dvc exp run > log 2>&1`, CI, nohup), where a bar
+leaves nothing readable: no bar, and one INFO line per epoch on the `simtune.train` logger, from
+the first process only (DDP), after the epoch's validation:
+
+    epoch 2/20: train loss 1.387, val mrr@10 0.6543 (best 0.6543 at epoch 2), 0.98 s training
+    + 0.25 s validation
+
+(one line in the log). The seconds are the epoch's shares of the report's `seconds.train` and
+`seconds.validation` (the report's validation also counts the kept epoch's recomputation at the
+end). Never both bar and lines; neither where `fit` is asked for no progress (the sweep's trials).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import RichProgressBar
+
+from simtune.train.epochs import EpochLoop
+
+log = logging.getLogger("simtune.train")
+
+
+def interactive() -> bool:
+    """Whether stderr, where the stage logs and the bar draws, is a terminal."""
+    return sys.stderr.isatty()
+
+
+def progress_callbacks(loop: EpochLoop) -> tuple[list[pl.Callback], bool]:
+    """(callbacks, whether Lightning's progress bar is on: its `enable_progress_bar`) for a fit
+    whose validation and history are `loop`'s; put them after `loop` in the trainer's list."""
+    if interactive():
+        return [EpochBar(loop)], True
+    return [EpochLog(loop)], False
+
+
+class EpochLog(pl.Callback):
+    """One log line per epoch (the module's docstring), from `loop`'s record of the epoch."""
+
+    def __init__(self, loop: EpochLoop) -> None:
+        self.loop, self._validation_before = loop, 0.0
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, module: Any) -> None:
+        self._validation_before = self.loop.validation_seconds  # restored when resumed
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, module: Any) -> None:
+        if not trainer.is_global_zero:
+            return
+        loop, epoch = self.loop, trainer.current_epoch + 1
+        loss = loop.train_loss.get(epoch, float("nan"))
+        value = loop.history[epoch][f"val/{loop.monitor}"]
+        log.info("epoch %d/%d: train loss %.4g, val %s %.4f (best %.4f at epoch %d), %.2f s "
+                 "training + %.2f s validation", epoch, trainer.max_epochs, loss, loop.monitor,
+                 value, loop.schedule.best_value, loop.best_epoch, loop.train_seconds[-1],
+                 loop.validation_seconds - self._validation_before)
+
+
+class EpochBar(RichProgressBar):
+    """Lightning's rich bar, epochs numbered 1..N, the last validation's monitored metric
+    shown (`val/<monitor>`, from the first epoch's end)."""
+
+    def __init__(self, loop: EpochLoop) -> None:
+        super().__init__(console_kwargs={"stderr": True})  # with the log, not stdout's data
+        self.loop = loop
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        # Lightning's hook for the epoch bar's text, padded as Lightning pads it (no flicker)
+        text = f"Epoch {current_epoch + 1}/{self.trainer.max_epochs}"
+        return f"{text:{len(self.validation_description)}}"
+
+    def get_metrics(self, trainer: pl.Trainer, module: Any) -> dict[str, Any]:
+        items = super().get_metrics(trainer, module)
+        key = f"val/{self.loop.monitor}"
+        if self.loop.history:
+            items[key] = self.loop.history[max(self.loop.history)][key]
+        return items
