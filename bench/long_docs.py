@@ -18,8 +18,10 @@ Encoder settings (MiniLM, params.yaml's encoder otherwise):
 Modes per setting: frozen (the encoder alone: evaluate's baseline of the head row), head
 (params.yaml's head and schedule: the kept epoch shows how much of `patience` ran for nothing)
 and top2 (`train.mode: top_layers`, 2 layers; `--top2-epochs` epochs, a bench bound: the
-layers' own schedule allows more). Lexical rows: BM25 and the hybrid (reciprocal-rank fusion
-of BM25 and the default setting's head) from evaluate's report, and TF-IDF (scikit-learn,
+layers' own schedule allows more; by default only for `--top2`'s settings: the long states
+make these the slow rows on a 2-core machine; top_layers refuses chunks, which is reported).
+Lexical rows: BM25 and the hybrid (reciprocal-rank fusion of BM25 and the default setting's
+head) from evaluate's report, and TF-IDF (scikit-learn,
 fitted on the train split): its cosine ranking gives P@1 / MRR@10 / MAP@R like every other
 row, and a logistic regression on the same vectors (C chosen on the val split) gives its test
 accuracy in the "LR acc" column (a classifier's figure: the issue's TF-IDF + LR numbers).
@@ -28,8 +30,9 @@ Columns: P@1, MRR@10, MAP@R (test), fill s (this row's cache fill: vectors for h
 states for top2), cache MB (what the fill added to the workspace cache), train s/epoch, kept
 (the kept epoch / epochs run).
 
-    python -m bench.long_docs [--docs 600] [--sets bbc,outlets] [--rows t128,chunk-mean,...]
-                              [--top2-epochs 2] [--tiny]
+    python -m bench.long_docs [--docs 400] [--test 0.5] [--sets bbc,outlets]
+                              [--rows t128,chunk-mean,...] [--top2 t128,t512,chunk-mean|all]
+                              [--top2-epochs 1] [--tiny]
 
 `--rows`: settings (t128 ...), modes (head, top2), rows (t512-top2) or lexical rows (bm25,
 hybrid, tfidf), comma-separated. Prints a Markdown table per set and writes
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import logging
 import sys
 import tempfile
@@ -124,18 +128,18 @@ def row_params(raw: dict[str, Any], spec: dict, mode: str, data: Path, store: Pa
 
 
 def switches(spec: dict, default: dict, mode: str) -> list[str]:
-    """The `-S` keys that turn params.yaml's defaults into this row (the top2 rows' bench bound
-    on epochs is not counted)."""
-    def flat(d: Any, prefix: str) -> dict[str, Any]:
+    """The `-S` keys (leaves) that turn params.yaml's defaults into this row; with chunks off
+    in both, their overlap and pool do nothing and are not compared (the top2 rows' bench
+    bound on epochs is not counted)."""
+    def flat(d: Any, prefix: str = "") -> dict[str, Any]:
         if not isinstance(d, dict):
             return {prefix: d}
-        return {k: v for key, val in d.items() for k, v in flat(val, f"{prefix}.{key}").items()}
-    a, b = flat(spec, "enc"), flat(default, "enc")
-    chunks_off = {k: v for k, v in a.items() if k.startswith("enc.chunks")} == {} or \
-        a.get("enc.chunks.max") == 1
-    keys = sorted(k.removeprefix("enc.") for k in a.keys() | b.keys() if a.get(k) != b.get(k)
-                  and not (chunks_off and k.startswith("enc.chunks") and not k.endswith("max")
-                           and b.get("enc.chunks.max", 1) == 1))
+        return {k: v for key, val in d.items()
+                for k, v in flat(val, f"{prefix}.{key}" if prefix else key).items()}
+    a, b = flat(spec), flat(default)
+    if a.get("chunks.max", 1) == 1 and b.get("chunks.max", 1) == 1:
+        a, b = ({k: v for k, v in x.items() if not k.startswith("chunks.")} for x in (a, b))
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
     return keys + (["train.mode"] if mode == "top2" else [])
 
 
@@ -282,7 +286,7 @@ class Bench:
             "documents": len(full), "label_count": len({lab for _, lab in full}),
             "tokens": token_stats(texts, tok),
             "sample": {"docs": self.args.docs or len(full), "fractions": self.fractions,
-                       "examples": __import__("json").loads(
+                       "examples": json.loads(
                            (work / "prepare.json").read_text()).get("examples", {})},
             "data": str(data)}
 
@@ -291,6 +295,10 @@ class Bench:
         from simtune.errors import UserError
 
         if not self.wanted(setting, mode):
+            return
+        top2 = self.args.top2
+        if mode == "top2" and top2 != "all" and setting not in top2.split(",") and not (
+                setting == self.default and "default" in top2.split(",")):
             return
         work = self.root / name
         spec = self.spec(setting)
@@ -350,9 +358,13 @@ class Bench:
                    "default_setting": self.default, "sets": self.sets,
                    "settings": self.settings, "top2_epochs": self.args.top2_epochs,
                    "results": self.rows, "skipped": self.skipped,
-                   "summary": summary(self.rows, self.sets),
+                   "summary": (summed := summary(self.rows, self.sets)),
+                   "rows": summary_rows(summed),
                    "table": rendered(self.rows, self.sets, self.default)}
-        write_results(self.args.name, payload)
+        if self.args.out:
+            Path(self.args.out).write_text(json.dumps(payload, indent=2) + "\n")
+        else:
+            write_results(self.args.name, payload)
         return payload
 
 
@@ -365,7 +377,7 @@ def command() -> str:
 def _label(setting: str, default: str) -> str:
     text = (f"truncate {setting[1:]}" if setting.startswith("t") and setting[1:].isdigit()
             else f"chunks, {setting.split('-', 1)[1]} pool" if setting.startswith("chunk-")
-            else setting)
+            else "params.yaml's encoder" if setting == "default" else setting)
     return text + (" (default)" if setting == default else "")
 
 
@@ -412,7 +424,7 @@ def rendered(rows: list[dict[str, Any]], sets: dict[str, dict], default: str) ->
         tk = s["tokens"]
         ex = s["sample"]["examples"]
         out.append(f"**{name}**: {s['labels']}, `{s['package']}`; {s['documents']:,} documents, "
-                   f"median {tk['median_tokens']:.0f} MiniLM tokens, "
+                   f"median {tk['median_tokens']:.0f} tokens, "
                    f"{tk['share_over_128']:.0%} over 128, {tk['share_over_512']:.0%} over 512; "
                    f"sample {', '.join(f'{k} {v:,}' for k, v in ex.items())}:\n")
         out.append(table(table_rows(rows, name, default), COLUMNS) + "\n")
@@ -465,9 +477,30 @@ def summary(rows: list[dict[str, Any]], sets: dict[str, dict]) -> dict[str, Any]
     return out
 
 
+def summary_rows(summed: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows for bench/run_all's headline table: the issue's two targets per set."""
+    out = []
+    for name, s in summed.items():
+        d = s.get("default_vs_t128_head")
+        if d:
+            out.append({"measure": f"long docs, {name}: head P@1, default settings "
+                        f"({d['default']})", "ours": d["default_p@1"],
+                        "peer name": "truncation at 128 (head)", "peer": d["t128_p@1"],
+                        "ratio": f"{d['delta']:+.3f}", "target": ">= +0.02"})
+        b = s.get("best_single_switch")
+        for key, peer in (("bm25_p@1", "BM25 (P@1)"),
+                          ("tfidf_lr_accuracy", "TF-IDF + LR (accuracy)")):
+            if b and key in s:
+                out.append({"measure": f"long docs, {name}: P@1 of the best single switch "
+                            f"({b['setting']}, {b['mode']})", "ours": b["p@1"],
+                            "peer name": peer, "peer": s[key],
+                            "ratio": f"{b['p@1'] - s[key]:+.3f}", "target": "> 0"})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--docs", type=int, default=600, help="documents per set (0: all)")
+    ap.add_argument("--docs", type=int, default=400, help="documents per set (0: all)")
     ap.add_argument("--sets", default=",".join(SETS), help="sets, comma-separated")
     ap.add_argument("--rows", default="", help="settings, modes, rows or lexical rows "
                     "(comma-separated; all when empty)")
@@ -475,9 +508,11 @@ def main(argv: list[str] | None = None) -> int:
                     "is the chunk window too")
     ap.add_argument("--chunk-max", type=int, default=8, help="windows per text at most")
     ap.add_argument("--overlap", type=int, default=32, help="tokens shared by next windows")
-    ap.add_argument("--test", type=float, default=0.35, help="test fraction (the queries)")
+    ap.add_argument("--test", type=float, default=0.5, help="test fraction (the queries)")
     ap.add_argument("--val", type=float, default=0.1, help="val fraction (early stopping)")
-    ap.add_argument("--top2-epochs", type=int, default=2, help="epochs of the top2 rows")
+    ap.add_argument("--top2", default="t128,t512,chunk-mean",
+                    help="settings trained in top2 mode too ('all': every one)")
+    ap.add_argument("--top2-epochs", type=int, default=1, help="epochs of the top2 rows")
     ap.add_argument("--head-epochs", type=int, default=0,
                     help="head rows' max_epochs and patience (0: params.yaml's schedule)")
     ap.add_argument("--model", default="", help="encoder model (params.yaml's when empty)")
@@ -486,9 +521,10 @@ def main(argv: list[str] | None = None) -> int:
                     "1 top2 epoch")
     ap.add_argument("--keep", default="", help="keep the workspace in this folder")
     ap.add_argument("--name", default="long_docs", help="results file: bench/<name>.json")
+    ap.add_argument("--out", default="", help="results file path (instead of --name's)")
     args = ap.parse_args(argv)
     if args.tiny:
-        args.docs, args.head_epochs, args.top2_epochs = 40, 3, 1
+        args.docs, args.head_epochs, args.top2_epochs, args.top2 = 40, 3, 1, "all"
     args.lengths = tuple(int(x) for x in args.lengths.split(","))
     args.rows = set(filter(None, args.rows.split(",")))
     names = [s for s in args.sets.split(",") if s]
@@ -518,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     print(payload["table"])
     for note in bench.skipped:
         print(f"note: {note}")
-    print(f"\nwrote {ROOT / 'bench' / (args.name + '.json')}")
+    print(f"\nwrote {args.out or ROOT / 'bench' / (args.name + '.json')}")
     return 0
 
 

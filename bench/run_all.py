@@ -24,7 +24,7 @@ from bench.common import HERE, machine, table
 ROOT = HERE.parent
 PAGE = ROOT / "docs" / "benchmarks.md"  # the tables go between its bench:start/end markers
 BENCHES = ("cache_fill", "train_speed", "eval_topk", "negatives", "layers", "layers_full",
-           "sweep")
+           "sweep", "long_docs")
 # train_speed runs two train stages side by side: one torch thread each, or on 2 cores each
 # stage's second thread spin-waits for a core the other stage holds (0.93 instead of 0.82)
 ARGS = {"train_speed": ["--threads", "1"],
@@ -55,6 +55,15 @@ def full_and_sweep(results: dict) -> str:
     full, sweep = results["layers_full"], results["sweep"]
     return (f"\n\n### Full fine-tuning against the peer\n\n`{full['command']}`:\n\n"
             f"{full['table']}\n\n### Sweeps\n\n`{sweep['command']}`:\n\n{sweep['table']}")
+
+
+def long_docs(results: dict) -> str:
+    """bench/long_docs.json's tables (one per long-text set) under their own heading."""
+    long = results["long_docs"]
+    notes = "".join(f"\n- {n}" for n in long.get("skipped", []))
+    return (f"\n\n### Long documents\n\n`{long['command']}` (top-2 rows: "
+            f"{long['top2_epochs']} epoch(s)):\n\n{long['table']}"
+            + (f"\nNot measured:\n{notes}\n" if notes else ""))
 
 
 def gpu(collect_only: bool) -> tuple[dict | None, str]:
@@ -93,7 +102,8 @@ def main() -> None:
     (HERE / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     rendered = (f"Measured on {results['machine']} with `make bench`:\n\n"
                 + table(rows, ["measure", "ours", "peer name", "peer", "ratio", "target"])
-                + time_to_quality(results["layers"]) + full_and_sweep(results) + gpu_section)
+                + time_to_quality(results["layers"]) + full_and_sweep(results)
+                + long_docs(results) + gpu_section)
     print(rendered)
     PAGE.write_text(between_markers(PAGE.read_text(), rendered))
 
