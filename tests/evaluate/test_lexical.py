@@ -1,4 +1,4 @@
-"""BM25 and the RRF hybrid in evaluate's report: every number against an
+"""BM25 and the RRF hybrid in evaluate's report and in `simtune search`: every number against an
 independent computation (bm25s's own retrieval, rankings and metrics by per-query loops, fusion
 by hand); the headline metrics file gains no column."""
 
@@ -12,16 +12,20 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
+from typer.testing import CliRunner
 
 from simtune import heads
 from simtune import params as P
 from simtune.evaluate import lexical, report
 from simtune.evaluate import stage as evaluate
+from simtune.evaluate.search import search
 from simtune.prepare.prepared import load as load_prepared
 from simtune.retrieval import metrics, significance
 from simtune.retrieval.metrics import HEADLINE
 from simtune.retrieval.task import by_rows
 from simtune.train.data import load_data
+from stages import app
+from tests.cache_helpers import sentences
 from tests.conftest import write_params
 from tests.evaluate.test_evaluate import beir_trained, trained  # noqa: F401 (fixtures)
 from tests.lexical_helpers import fuse, library_scores, mean_metrics, query_metrics, ranking
@@ -167,3 +171,37 @@ def test_beir_report_bm25_ranks_every_document_with_graded_gains(
     assert m["bm25"] == pytest.approx(mean_metrics(bm), abs=1e-6)
     assert m["bm25"]["ndcg@10"] > 0 and m["corpus"] == 60
     assert m["hybrid"]["ndcg@10"] > 0 and set(m["hybrid_significance"]) == set(HEADLINE)
+
+
+def _lines(output: str) -> list[tuple[float, str]]:
+    rows = [x.split("  ", 1) for x in output.splitlines() if x[:1].isdigit()]
+    return [(float(s), t) for s, t in rows]
+
+
+def test_search_hybrid_is_the_fusion_by_hand(trained: tuple[Path, Path],  # noqa: F811
+                                             tmp_path: Path) -> None:
+    """`search --hybrid` prints the RRF of the model's and bm25s's full rankings of the corpus
+    (every prepared text); `--no-hybrid` the cosine; no flag: `evaluate.hybrid.enabled`."""
+    root, params_file = trained
+    p, on_file = _params(params_file, tmp_path, hybrid=True)
+    query = sentences(80)[7] + " river"
+    texts = pq.read_table(root / "prepared" / "texts.parquet").column("text").to_pylist()
+    dense = search(p, query, len(texts), root / "head", root / "prepared", root / "cache",
+                   hybrid=False)
+    assert sorted(t for _, t in dense) == sorted(texts)
+    by_text = {t: i for i, t in enumerate(texts)}
+    lex = library_scores(texts, [query])[0]
+    want = fuse([[by_text[t] for _, t in dense], ranking(lex)], p.evaluate.hybrid.rrf_k)[:6]
+    args = ["search", query, "--k", "6", "--params", str(on_file), "--head", str(root / "head"),
+            "--prepared", str(root / "prepared"), "--cache", str(root / "cache")]
+    for flags in ([], ["--hybrid"]):
+        result = CliRunner().invoke(app, args + flags)
+        assert result.exit_code == 0, result.output
+        got = _lines(result.output)
+        assert [t for _, t in got] == [texts[j] for _, j in want]
+        assert [s for s, _ in got] == pytest.approx([s for s, _ in want], abs=5e-5)
+    assert [texts[j] for _, j in want] != [t for _, t in dense[:6]]  # fusion moved something
+    assert max(s for s, _ in want) <= 2 / 61  # an RRF score, not a cosine
+    result = CliRunner().invoke(app, [*args, "--no-hybrid"])
+    assert result.exit_code == 0, result.output
+    assert _lines(result.output) == [(pytest.approx(s, abs=5e-5), t) for s, t in dense[:6]]
