@@ -13,9 +13,10 @@ from simtune.retrieval import lexical, metrics
 from simtune.retrieval.task import Items, RetrievalTask
 from tests.lexical_helpers import fuse, library_scores, mean_metrics, query_metrics, ranking
 
-WORDS = ("cat cats dog dogs running runs bird fish sea river stone stones light dark "
-         "quick slow red blue green tree trees").split()
-STOP = ("the of and a to in is it".split())
+WORDS = ["cat", "cats", "dog", "dogs", "running", "runs", "bird", "fish", "sea", "river",
+         "stone", "stones", "light", "dark", "quick", "slow", "red", "blue", "green", "tree",
+         "trees"]
+STOP = ["the", "of", "and", "a", "to", "in", "is", "it"]
 
 
 def _texts(rng: random.Random, n: int) -> list[str]:
@@ -38,7 +39,7 @@ def test_bm25_rankings_equal_the_librarys(seed: int) -> None:
     scores are the library's exactly; an empty or stopword-only query retrieves nothing."""
     rng = random.Random(seed)
     corpus = _texts(rng, 40)
-    queries = _texts(rng, 15) + ["", "the and of", "unknownword", "cat cat dogs", corpus[1]]
+    queries = [*_texts(rng, 15), "", "the and of", "unknownword", "cat cat dogs", corpus[1]]
     want = library_scores(corpus, queries)
     got = _as_lists(lexical.BM25(corpus).ranker(queries)(slice(0, len(queries)), 40, None))
     for q, row in enumerate(got):
@@ -60,7 +61,7 @@ def test_bm25_k_exclude_and_empty_corpora() -> None:
     want = library_scores(corpus, ["red cat", "cat", "dog"])
     assert idx.tolist() == [ranking(want[0], 3)[:2], ranking(want[1])[:2], [-1, -1]]
     assert scores[2].tolist() == [-torch.inf, -torch.inf]
-    assert rank(slice(1, 2), 9, None)[1].tolist() == [ranking(want[1]) + [-1]]  # k: 4 items
+    assert rank(slice(1, 2), 9, None)[1].tolist() == [[*ranking(want[1]), -1]]  # k: 4 items
     assert rank(slice(1, 2), 9, torch.tensor([0]))[1].shape == (1, 3)  # 3 candidates
     nothing = lexical.BM25(["the", "of and", ""])  # no token in the whole corpus
     assert nothing.ranker(["the cat"])(slice(0, 1), 3, None)[1].tolist() == [[-1, -1, -1]]
