@@ -100,6 +100,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
     dims = _matryoshka_dims(head_dir)
     if dims or p.evaluate.hybrid.enabled:  # every prefix, the hybrid reuse the test vectors
         trained_vectors = report.remember(trained_vectors)
+    if dims:
         baseline_vectors = report.remember(baseline_vectors)
     t = task.score(by_rows(trained_vectors), ks, depth)
     b = task.score(by_rows(baseline_vectors), ks, depth)

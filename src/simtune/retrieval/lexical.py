@@ -25,7 +25,7 @@ import bm25s
 import numpy as np
 import Stemmer
 import torch
-from bm25s.tokenization import Tokenizer
+from bm25s.tokenization import Tokenized, Tokenizer
 
 from simtune.retrieval.metrics import Ranker
 
@@ -48,8 +48,9 @@ class BM25:
                                                  allow_empty=False)
         self._index = bm25s.BM25(method=SETTINGS["method"], k1=SETTINGS["k1"], b=SETTINGS["b"])
         self._indexed = any(corpus_tokens.ids)  # no token in the whole corpus: nothing matches
-        if self._indexed:
-            self._index.index(corpus_tokens, show_progress=False)
+        if self._indexed:  # a copy of the vocabulary: indexing adds "" to the one it is given
+            self._index.index(Tokenized(corpus_tokens.ids, dict(corpus_tokens.vocab)),
+                              show_progress=False)
 
     def tokens(self, queries: Sequence[str]) -> list[list[int]]:
         """Each query's token ids in the corpus vocabulary (words the corpus lacks dropped)."""
