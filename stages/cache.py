@@ -16,7 +16,8 @@ app = typer.Typer(help="Fill the embedding cache (check it: `cache verify`; boun
 PARAMS = file_option("params.yaml", "params file (`encoders` and `cache` sections)")
 PREPARED = dir_option("data/prepared", "prepared data directory")
 OUT = dir_option("cache", "cache root: one cache/<encoder>/ directory per encoder")
-REPORT = typer.Option(None, help="write what each view holds and what the window cuts (JSON)")
+REPORT = typer.Option(None, dir_okay=False,
+                      help="write what each view holds and what the window cuts (JSON)")
 
 
 @app.callback(invoke_without_command=True)

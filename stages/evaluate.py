@@ -1,4 +1,5 @@
-"""`evaluate`: test-split retrieval metrics of the trained head against the frozen baseline."""
+"""`evaluate`: test-split retrieval metrics of the trained head against the frozen baseline and
+BM25 (and, with `evaluate.hybrid.enabled`, their RRF hybrid)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ def evaluate(
     prepared: Path = dir_option("data/prepared", "prepared data directory"),
     cache: Path = dir_option("cache", "embedding cache root"),
     head: Path = dir_option("models/head", "trained head directory"),
-    out: Path = file_option("reports/evaluate.json", "the report: every metric of trained and "
-                            "baseline, the lift and its significance, counts"),
+    out: Path = file_option("reports/evaluate.json", "the report: every metric of trained, "
+                            "baseline and BM25 (and the hybrid), the lifts and their "
+                            "significance, counts"),
     metrics: Path = file_option("reports/metrics.json", "DVC metrics: the headline metrics of "
                                 "the trained model and their lift"),
     plot: Path = file_option("reports/recall_at_k.json", "Recall@k plot data"),
@@ -30,8 +32,8 @@ def evaluate(
     run_baseline: Path = file_option("reports/run_baseline.trec",
                                      "TREC run file of the frozen encoder's rankings"),
 ) -> None:
-    """P@1, Recall@k, MRR@10, nDCG@10, MAP@R of the trained head vs the frozen encoder, the
-    lift's paired significance, and both rankings as TREC run files."""
+    """P@1, Recall@k, MRR@10, nDCG@10, MAP@R of the trained head vs the frozen encoder and BM25,
+    the lifts' paired significance, and both models' rankings as TREC run files."""
     from simtune import params as P
     from simtune.atomic import write_json
     from simtune.evaluate import report

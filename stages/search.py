@@ -20,10 +20,15 @@ def search(
     head: Path = dir_option("models/head", "trained head (or export) directory"),
     prepared: Path = dir_option("data/prepared", "prepared data directory"),
     cache: Path = dir_option("cache", "embedding cache root"),
+    hybrid: bool | None = typer.Option(
+        None, "--hybrid/--no-hybrid", show_default=False,
+        help="rank by reciprocal-rank fusion of the model and BM25 (RRF scores); default: "
+        "params evaluate.hybrid.enabled"),
 ) -> None:
-    """The nearest texts of the prepared corpus to QUERY, with cosine scores."""
+    """The nearest texts of the prepared corpus to QUERY, with cosine (or, hybrid, RRF)
+    scores."""
     from simtune import params as P
     from simtune.evaluate.search import search as lib
 
-    for score, text in lib(P.load(params), query, k, head, prepared, cache):
+    for score, text in lib(P.load(params), query, k, head, prepared, cache, hybrid):
         print(f"{score:.4f}  {text}")

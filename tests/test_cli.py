@@ -31,7 +31,8 @@ from tests.train_helpers import project
 # missing path for an input ("dir-opt", "file-opt": an input whose absence is not an error)
 PATHS = {
     ("prepare",): {"--params": "file-in", "--out": "dir-out", "--report": "file-out"},
-    ("cache",): {"--params": "file-in", "--prepared": "dir-in", "--out": "dir-out"},
+    ("cache",): {"--params": "file-in", "--prepared": "dir-in", "--out": "dir-out",
+                 "--report": "file-out"},
     ("cache", "verify"): {"--params": "file-in", "--prepared": "dir-in", "--out": "dir-in"},
     ("cache", "gc"): {"--params": "file-in"},
     # groups data needs no cache to mine from (an empty table), and train reads negatives only

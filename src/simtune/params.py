@@ -419,6 +419,20 @@ class SignificanceParams(Section):
     seed: int = Field(description="seed of the random sign flips and bootstrap resamples")
 
 
+class HybridParams(Section):
+    """Reciprocal-rank fusion of BM25 and the trained model (evaluate's report, `simtune
+    search`)."""
+
+    enabled: bool = Field(
+        description="fuse: evaluate reports the hybrid (its metrics, lift over the trained model "
+        "and the lift's significance), and `simtune search` ranks by it unless --no-hybrid"
+    )
+    rrf_k: int = Field(
+        ge=0, description="the RRF constant k: an item's fused score is the sum over both full "
+        "rankings of 1 / (k + its rank); larger k flattens the weight of the top ranks"
+    )
+
+
 class EvaluateParams(Section):
     """`evaluate`: the retrieval task on the test split."""
 
@@ -431,6 +445,7 @@ class EvaluateParams(Section):
     )
     run_depth: int = Field(gt=0, description="results per query in the TREC run files")
     significance: SignificanceParams
+    hybrid: HybridParams
 
 
 # --- sweep: `simtune sweep`, an Optuna search over `train.*` (a command, not a DVC stage) -----

@@ -56,10 +56,14 @@ def test_evaluate_writes_trained_baseline_lift(trained: tuple[Path, Path]) -> No
     root, params_file = trained
     result = CliRunner().invoke(app, _evaluate_args(root, params_file))
     assert result.exit_code == 0, result.output
-    m = json.loads((root / "metrics.json").read_text())
-    # the headline only: what `dvc exp show` makes a column of
+    m = json.loads((root / "metrics.json").read_text())  # the full report (--out)
     assert set(m) == {"trained", "baseline", "lift", "significance", "queries", "corpus",
-                      "queries_without_relevant"}
+                      "queries_without_relevant", "bm25", "lift_over_bm25",
+                      "significance_over_bm25", "bm25_settings"}  # hybrid: off in params.yaml
+    # the headline only, what `dvc exp show` makes a column of: BM25 adds no column
+    headline = json.loads((root / "headline.json").read_text())
+    assert headline == {part: {k: m[part][k] for k in metrics.HEADLINE}
+                        for part in ("trained", "lift")}
     assert m["queries"] == 20 and m["corpus"] == 40
     for k, v in m["trained"].items():
         assert m["lift"][k] == pytest.approx(v - m["baseline"][k])

@@ -1,7 +1,9 @@
 """`simtune search`: the nearest texts of the prepared corpus to a query, with the trained model.
 
 The corpus vectors come from the cache through the trained head when the cache matches the
-current encoder settings (instant); otherwise the model embeds the corpus itself.
+current encoder settings (instant); otherwise the model embeds the corpus itself. The hybrid
+(`evaluate.hybrid`, or `hybrid`) ranks by reciprocal-rank fusion of the model's and BM25's full
+rankings of the corpus (`simtune.retrieval.lexical`); its scores are the fused RRF scores.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from simtune.errors import UserError
 from simtune.model import load_model
 from simtune.params import Params
 from simtune.prepare.prepared import load as load_prepared
+from simtune.retrieval import lexical
+from simtune.retrieval.lexical import BM25
+from simtune.retrieval.metrics import cosine
 from simtune.retrieval.topk import topk
 
 log = logging.getLogger("simtune.search")
@@ -24,8 +29,10 @@ log = logging.getLogger("simtune.search")
 
 @torch.inference_mode()
 def search(p: Params, query: str, k: int, head_dir: Path, prepared_dir: Path,
-           cache_dir: Path) -> list[tuple[float, str]]:
-    """Top-k (cosine score, text) of the corpus (groups: all texts; pairs: all documents)."""
+           cache_dir: Path, hybrid: bool | None = None) -> list[tuple[float, str]]:
+    """Top-k (score, text) of the corpus (groups: all texts; pairs: all documents): cosine
+    scores, or with `hybrid` (None: `evaluate.hybrid.enabled`) RRF scores of the model and
+    BM25 (constant `evaluate.hybrid.rrf_k`)."""
     if k < 1:
         raise UserError("--k must be at least 1")
     if not query.strip():  # as prepare drops empty texts: no vector means anything for it
@@ -46,8 +53,15 @@ def search(p: Params, query: str, k: int, head_dir: Path, prepared_dir: Path,
     if k > len(ids):
         log.warning("--k %d is more than the corpus (%d texts): showing all", k, len(ids))
         k = len(ids)
-    scores, idx = topk(model.encode([query], role="query"), corpus, k)
-    return [(float(s), texts[ids[i]]) for s, i in zip(scores[0], idx[0].tolist(), strict=True)]
+    q = model.encode([query], role="query")
+    if p.evaluate.hybrid.enabled if hybrid is None else hybrid:
+        bm25 = BM25([texts[i] for i in ids]).ranker([query])
+        fused = lexical.hybrid([cosine(q, corpus), bm25], len(ids), p.evaluate.hybrid.rrf_k)
+        scores, idx = fused(slice(0, 1), k, None)
+    else:
+        scores, idx = topk(q, corpus, k)
+    return [(float(s), texts[ids[i]]) for s, i in zip(scores[0], idx[0].tolist(), strict=True)
+            if i >= 0]
 
 
 def _corpus_vectors(p: Params, name: str, ids: list[str], head_dir: Path,

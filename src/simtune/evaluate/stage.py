@@ -1,4 +1,5 @@
-"""The `evaluate` stage: retrieval metrics of the trained model against the frozen baseline.
+"""The `evaluate` stage: retrieval metrics of the trained model against the frozen baseline
+and BM25 (and the RRF hybrid of BM25 and the trained model when `evaluate.hybrid.enabled`).
 
 Everything runs under `torch.inference_mode()`. Test vectors come from the cache through the
 trained head; the baseline is the same computation through the identity head (the frozen
@@ -7,7 +8,8 @@ encoder). In full mode the trained vectors come from the fine-tuned encoder save
 Two reports: the headline (`trained`, `baseline`, `lift`, the lift's paired `significance`,
 counts; for a head trained with `matryoshka_dims`, `matryoshka`: P@1, MRR@10, nDCG@10 and MAP@R
 of both models with their vectors cut to each dim and re-normalised; a DVC metrics file, one
-column each in `dvc exp show`) and the detail (groups: the same
+column each in `dvc exp show`; `report.headline` cuts it from the full report, which also holds
+BM25 and the hybrid, `evaluate.lexical`) and the detail (groups: the same
 metrics per test label; not DVC metrics, so 50 labels do not add hundreds of columns). The
 rankings of both models also go to TREC run files (`runs`).
 """
@@ -26,7 +28,7 @@ from simtune import examples, heads
 from simtune.atomic import write_json
 from simtune.cache.views import open_pair
 from simtune.errors import UserError
-from simtune.evaluate import report, runs
+from simtune.evaluate import lexical, report, runs
 from simtune.examples import Data
 from simtune.params import Params
 from simtune.prepare.prepared import load as load_prepared
@@ -96,8 +98,9 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
     trained_vectors = _finite(_trained(data, head, head_dir, p, prepared_dir), head_dir)
     baseline_vectors = cached(data, heads.build("identity", data.dim, 1, 0.0))
     dims = _matryoshka_dims(head_dir)
-    if dims:  # every prefix reuses each model's full test vectors
+    if dims or p.evaluate.hybrid.enabled:  # every prefix, the hybrid reuse the test vectors
         trained_vectors = report.remember(trained_vectors)
+    if dims:
         baseline_vectors = report.remember(baseline_vectors)
     t = task.score(by_rows(trained_vectors), ks, depth)
     b = task.score(by_rows(baseline_vectors), ks, depth)
@@ -109,13 +112,17 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
                                for m in HEADLINE},
               "queries": len(task.queries), "corpus": corpus_size,
               "queries_without_relevant": t.no_relevant}
+    lex, systems = lexical.scored(data, task, prepared.text_map(), t, by_rows(trained_vectors),
+                                  p.evaluate, ks)
+    result.update(lex)
     if dims:
         result["matryoshka"] = report.matryoshka(
             dims, lambda v: task.score(by_rows(v), ks).metrics, trained_vectors,
             baseline_vectors, HEADLINE)
     per_label = {str(data.label_names[lab]): {
         "queries": int((task.q_labels == lab).sum()), "trained": t.per_label[lab],
-        "baseline": b.per_label[lab], "lift": _lift(t.per_label[lab], b.per_label[lab])}
+        "baseline": b.per_label[lab], "lift": _lift(t.per_label[lab], b.per_label[lab]),
+        **{name: s.per_label[lab] for name, s in systems.items()}}
         for lab in t.per_label}  # class indices follow the sorted label names
     write_json(out, result)
     write_json(detail, {"kind": data.kind, "per_label": per_label})
@@ -131,7 +138,22 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
              f", {no_rel} queries without a relevant item" if no_rel else "",
              t.metrics["p@1"], t.metrics["mrr@10"], b.metrics["p@1"], b.metrics["mrr@10"],
              result["lift"]["mrr@10"], result["significance"]["mrr@10"]["p_value"])
+    _log_lexical(result)
     return result
+
+
+def _log_lexical(result: dict[str, Any]) -> None:
+    """The log line of trained vs BM25 (and of the hybrid vs trained, when it ran)."""
+    bm, over = result["bm25"], result["lift_over_bm25"]["mrr@10"]
+    log.info("test: bm25 p@1 %.4f mrr@10 %.4f; trained's lift over bm25 of mrr@10 %+.4f, "
+             "p = %.4f", bm["p@1"], bm["mrr@10"], over,
+             result["significance_over_bm25"]["mrr@10"]["p_value"])
+    if "hybrid" in result:
+        h = result["hybrid"]
+        log.info("test: hybrid (rrf of bm25 and trained) p@1 %.4f mrr@10 %.4f; its lift over "
+                 "trained of mrr@10 %+.4f, p = %.4f", h["p@1"], h["mrr@10"],
+                 result["hybrid_lift"]["mrr@10"],
+                 result["hybrid_significance"]["mrr@10"]["p_value"])
 
 
 def _run_ids(data: Data, task: RetrievalTask, prepared_dir: Path

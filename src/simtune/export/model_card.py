@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from simtune.errors import UserError
+from simtune.export.long_texts import recipe
 from simtune.params import Params
 
 HUB_IDS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}  # bundled encoders on the Hub
@@ -169,6 +170,14 @@ def render(meta: dict[str, Any], head: dict[str, Any], plain: bool, modules: lis
     if not plain:
         lines += ["The head has no plain sentence-transformers form: loading it needs "
                   "`trust_remote_code=True` and simtune installed.", ""]
+    chunks = enc.get("chunks")
+    if chunks and chunks["max"] > 1:
+        lines += ["## Long texts", "", f"simtune sees a text longer than {enc['max_length']} "
+                  f"tokens as up to {chunks['max']} overlapping windows whose vectors are "
+                  f"pooled ({chunks['pool']}) before the head; sentence-transformers' `encode` "
+                  "truncates it instead. These lines give simtune's vector "
+                  "(`simtune.load_model(...).encode` gives the same):", "", "```python",
+                  recipe(enc).rstrip(), "```", ""]
     lines += ["## Data", "", f"{dataset}, {meta['kind']}."]
     if report is not None:
         ex = report.get("examples", {})

@@ -23,6 +23,11 @@ from simtune.retrieval.topk import topk
 
 HEADLINE = ("p@1", "mrr@10", "ndcg@10", "map@r")  # the metrics whose lift gets a significance
 Relevance = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Ranker = Callable[[slice, int, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
+"""(queries `sel`, k, exclude (c,) or None) -> (scores, corpus indices), each (c, k'), of the
+selected c queries: their best k' = min(k, candidates) items, best first, ties by lower corpus
+index; `exclude` as in `topk` (one index per query to leave out, or -1). A ranker that
+retrieves fewer items (BM25: only documents sharing a term) pads with index -1, score -inf."""
 
 
 @dataclass
@@ -39,22 +44,39 @@ class Ranked:
     top: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
+def cosine(queries: torch.Tensor, corpus: torch.Tensor, chunk: int = 1024) -> Ranker:
+    """The `Ranker` of exact cosine similarity (`topk`) of `queries` (Q, D) against `corpus`."""
+    return lambda sel, k, exclude: topk(queries[sel], corpus, k, chunk, exclude)
+
+
 def rank(queries: torch.Tensor, corpus: torch.Tensor, relevant: Relevance,
          n_relevant: torch.Tensor, k: int, exclude: torch.Tensor | None = None,
          chunk: int = 1024, gain: Relevance | None = None, ideal: torch.Tensor | None = None,
          depth: int = 0) -> Ranked:
-    """Top-k of every query, mapped to relevance by `relevant(query_idx (c,), idx (c, k))` (and
-    to gains by `gain`, graded data). `depth` > 0 also keeps the top `depth` (scores, indices):
-    the top-k is the first k of the top max(k, depth), so the metrics do not depend on it."""
-    top_s, top_i = topk(queries, corpus, max(k, depth), chunk, exclude)
+    """`rank_by` the cosine similarity of `queries` to `corpus`."""
+    return rank_by(cosine(queries, corpus, chunk), relevant, n_relevant, k, exclude, chunk, gain,
+                   ideal, depth)
+
+
+def rank_by(ranker: Ranker, relevant: Relevance, n_relevant: torch.Tensor, k: int,
+            exclude: torch.Tensor | None = None, chunk: int = 1024,
+            gain: Relevance | None = None, ideal: torch.Tensor | None = None,
+            depth: int = 0) -> Ranked:
+    """Top-k of every query (`ranker`; Q = len(n_relevant)), mapped to relevance by
+    `relevant(query_idx (c,), idx (c, k))` (and to gains by `gain`, graded data); a place the
+    ranker left empty (index -1) is neither relevant nor a gain. `depth` > 0 also keeps the top
+    `depth` (scores, indices): the top-k is the first k of the top max(k, depth), so the
+    metrics do not depend on it."""
+    top_s, top_i = ranker(slice(0, len(n_relevant)), max(k, depth), exclude)
     idx = top_i[:, :k]
+    found, at = idx >= 0, idx.clamp_min(0)
 
     def over(fn: Relevance) -> torch.Tensor:
-        return torch.cat([fn(torch.arange(s, min(s + chunk, len(idx))), idx[s : s + chunk])
-                          for s in range(0, len(idx), chunk)]) if len(idx) else idx.float()
+        return torch.cat([fn(torch.arange(s, min(s + chunk, len(at))), at[s : s + chunk])
+                          for s in range(0, len(at), chunk)]) if len(at) else at.float()
 
-    return Ranked(over(relevant).bool(), n_relevant,
-                  None if gain is None else over(gain).float(), ideal,
+    return Ranked(over(relevant).bool() & found, n_relevant,
+                  None if gain is None else over(gain).float() * found, ideal,
                   (top_s[:, :depth], top_i[:, :depth]) if depth else None)
 
 
@@ -110,17 +132,25 @@ def group_ranked(queries: torch.Tensor, q_labels: torch.Tensor, corpus: torch.Te
                  depth: int = 0, upto_r: bool = True) -> Ranked:
     """The ranking behind `group_scores` (`depth`: also the top `depth`, as in `rank`)."""
     leave_one_out = corpus is None
-    corpus = queries if corpus is None else corpus
-    c_labels = q_labels if c_labels is None else c_labels
+    ranker = cosine(queries, queries if corpus is None else corpus, chunk)
+    return group_ranking(ranker, q_labels, q_labels if c_labels is None else c_labels,
+                         leave_one_out, ks, chunk, depth, upto_r)
+
+
+def group_ranking(ranker: Ranker, q_labels: torch.Tensor, c_labels: torch.Tensor,
+                  leave_one_out: bool, ks: tuple[int, ...], chunk: int = 1024, depth: int = 0,
+                  upto_r: bool = True) -> Ranked:
+    """`group_ranked` of any `ranker` of the queries (labels `q_labels`) against a corpus
+    labelled `c_labels` (`leave_one_out`: the queries themselves, each leaving itself out)."""
     counts = torch.bincount(c_labels, minlength=int(max(q_labels.max(), c_labels.max())) + 1)
     n_rel = counts[q_labels] - (1 if leave_one_out else 0)
     k = max(*ks, 10, int(n_rel.max()) if len(n_rel) and upto_r else 1)
-    exclude = torch.arange(len(queries)) if leave_one_out else None
+    exclude = torch.arange(len(q_labels)) if leave_one_out else None
 
     def relevant(qi: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         return c_labels[idx] == q_labels[qi][:, None]
 
-    return rank(queries, corpus, relevant, n_rel, k, exclude, chunk, depth=depth)
+    return rank_by(ranker, relevant, n_rel, k, exclude, chunk, depth=depth)
 
 
 def by_label(r: Ranked, labels: torch.Tensor, ks: tuple[int, ...]
@@ -151,7 +181,14 @@ def pair_ranked(queries: torch.Tensor, corpus: torch.Tensor, pairs: torch.Tensor
     """The ranking behind `pair_scores` (per query; `depth`: also the top `depth`; `upto_r`
     False: down to max(ks, 10) only, not each query's R). A pair listed twice counts once (its
     largest gain); a gain <= 0 is not relevant."""
-    n, n_q = corpus.shape[0], queries.shape[0]
+    return pair_ranking(cosine(queries, corpus, chunk), queries.shape[0], corpus.shape[0], pairs,
+                        ks, chunk, gains, depth, upto_r)
+
+
+def pair_ranking(ranker: Ranker, n_q: int, n: int, pairs: torch.Tensor, ks: tuple[int, ...],
+                 chunk: int = 1024, gains: torch.Tensor | None = None, depth: int = 0,
+                 upto_r: bool = True) -> Ranked:
+    """`pair_ranked` of any `ranker` of `n_q` queries against a corpus of `n` items."""
     keys = pairs[:, 0] * n + pairs[:, 1]
     gain = ideal = None
     if gains is None:
@@ -174,7 +211,7 @@ def pair_ranked(queries: torch.Tensor, corpus: torch.Tensor, pairs: torch.Tensor
     def relevant(qi: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         return torch.isin(qi[:, None] * n + idx, keys)
 
-    return rank(queries, corpus, relevant, n_rel, k, None, chunk, gain, ideal, depth)
+    return rank_by(ranker, relevant, n_rel, k, None, chunk, gain, ideal, depth)
 
 
 def _ideal_gains(query: torch.Tensor, gains: torch.Tensor, n_q: int) -> torch.Tensor:

@@ -109,21 +109,36 @@ class RetrievalTask:
         """Items each query is ranked against."""
         return len(self.queries) - 1 if self.corpus is None else len(self.corpus)
 
+    @property
+    def corpus_items(self) -> Items:
+        """What each query ranks: `corpus`, or the queries themselves (leave-one-out)."""
+        return self.queries if self.corpus is None else self.corpus
+
+    def cosine(self, vectors: Vectors) -> metrics.Ranker:
+        """The exact cosine `metrics.Ranker` of the task's queries over its corpus items."""
+        q = vectors(self.queries)
+        return metrics.cosine(q, q if self.corpus is None else vectors(self.corpus))
+
     def score(self, vectors: Vectors, ks: tuple[int, ...], depth: int = 0,
               upto_r: bool = True) -> Scored:
         """The metrics of the vectors `vectors` gives (`metrics` module): `depth` > 0 keeps
         each query's top `depth` too (run files); `upto_r` False ranks down to max(ks, 10) only
         and leaves MAP@R out (the other metrics are the same: the top-k is exact)."""
-        q = vectors(self.queries)
-        c = None if self.corpus is None else vectors(self.corpus)
+        return self.score_by(self.cosine(vectors), ks, depth, upto_r)
+
+    def score_by(self, ranker: metrics.Ranker, ks: tuple[int, ...], depth: int = 0,
+                 upto_r: bool = True) -> Scored:
+        """`score` of any ranker of the queries over `corpus_items` (BM25, a fusion): the same
+        relevance, gains, leave-one-out and metrics as the vectors get."""
         if self.pairs is None:
             assert self.q_labels is not None
-            ranked = metrics.group_ranked(q, self.q_labels, c, self.c_labels, ks, depth=depth,
-                                          upto_r=upto_r)
+            c_labels = self.q_labels if self.c_labels is None else self.c_labels
+            ranked = metrics.group_ranking(ranker, self.q_labels, c_labels, self.corpus is None,
+                                           ks, depth=depth, upto_r=upto_r)
         else:
-            assert c is not None
-            ranked = metrics.pair_ranked(q, c, self.pairs, ks, gains=self.gains, depth=depth,
-                                         upto_r=upto_r)
+            ranked = metrics.pair_ranking(ranker, len(self.queries), len(self.corpus_items),
+                                          self.pairs, ks, gains=self.gains, depth=depth,
+                                          upto_r=upto_r)
         return Scored(metrics.without_r(metrics.scores(ranked, ks), upto_r),
                       int((ranked.n_relevant == 0).sum()), ranked, self.q_labels, ks, upto_r)
 

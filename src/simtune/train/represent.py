@@ -229,6 +229,10 @@ class LiveEncoder(Representation):
         self.spec = spec
         encoder, self.tokenizer = load_pretrained(path, "train.mode full")
         # load_pretrained leaves eval mode: dropout on; LoRA (r > 0): adapters train
+        # simtune pools the token states itself: a BERT pooler's weights get no gradient, and
+        # DDP refuses a trainable weight that no loss uses
+        if isinstance(getattr(encoder, "pooler", None), torch.nn.Module):
+            encoder.pooler.requires_grad_(False)
         self.encoder = lora.adapt(encoder, adapters).train()
         self.dim = int(self.encoder.config.hidden_size)
         self.prompts = {r: prompt_of(spec, r) for r in ("query", "document")}

@@ -1,0 +1,104 @@
+"""Full mode over long texts cut into windows (`simtune.chunks`): the live encoder's pooled
+vectors equal the frozen encoder's (what evaluate, search and the export serve), GradCache
+(chunks splitting a batch between windows of different texts) equals the plain step, and DDP on
+2 processes equals 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from simtune import params as P
+from simtune.cache import stage as cache
+from simtune.encoders import FrozenEncoder
+from simtune.train import represent
+from simtune.train.data import load_data
+from stages import app
+from tests.conftest import ROOT
+from tests.train_helpers import dropout_free, project, relative_errors, stage_args, step_gradients
+
+CHUNKS = {"max_length": 10, "chunks": {"max": 3, "overlap": 2, "pool": "mean"}}
+
+
+def _chunked_project(root: Path, model: Path, **train) -> tuple[Path, P.Params]:
+    """The small groups project with 10-token windows (most texts span 2-3 windows), full mode,
+    one epoch of batch 8."""
+    raw, params_file = project(root, model)
+    raw["encoders"]["models"]["tiny"].update(CHUNKS)
+    raw["train"].update(mode="full", **train)
+    raw["train"]["encoder"].update(max_epochs=1, batch_size=8)
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    p = P.validate(raw)
+    cache.fill(root / "prepared", root / "cache", p.encoders, p.cache)
+    return params_file, p
+
+
+def test_live_windows_pool_to_the_frozen_encoders_vectors(tmp_path: Path, tiny_bert: Path
+                                                          ) -> None:
+    model = dropout_free(tiny_bert, tmp_path / "bert")
+    _, p = _chunked_project(tmp_path, model)
+    spec = p.encoders.models["tiny"]
+    data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
+    live = represent.LiveEncoder(model, spec).eval()
+    split = data.splits["train"]
+    with torch.no_grad():
+        got = live.embed_split(split, "text")
+    windows = [len(ws) for ws in live.chunkers["query"].windows(split.texts["texts"])]
+    assert max(windows) == 3 and min(windows) == 1  # long and short texts both
+    want = FrozenEncoder("tiny", spec, torch.device("cpu")).encode(split.texts["texts"], 5)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_full_mode_gradcache_over_windows_equals_plain(tmp_path: Path, tiny_bert: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    params_file, _ = _chunked_project(tmp_path, dropout_free(tiny_bert, tmp_path / "bert"))
+    steps = step_gradients(tmp_path, params_file, monkeypatch)
+    assert len(steps["plain"]) == len(steps["gc"]) == 5
+    for got, want in zip(steps["gc"], steps["plain"], strict=True):
+        worst = relative_errors(got, want)
+        assert any(n.startswith("rep.encoder") for n, _ in worst)
+        assert worst[0][1] <= 1e-4, worst[:3]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("gradcache", [0, 3])
+def test_ddp_two_processes_over_windows_equal_one(tmp_path: Path, tiny_bert: Path,
+                                                  gradcache: int) -> None:
+    """Full mode, batch 8 x 2 processes (GradCache: chunks of 3 texts, whose windows a chunk
+    keeps together) == 1 process, batch 16."""
+    params_file, _ = _chunked_project(tmp_path, dropout_free(tiny_bert, tmp_path / "bert"))
+    raw = yaml.safe_load(params_file.read_text())
+    raw["train"]["encoder"]["batch_size"] = 16
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    result = CliRunner().invoke(app, stage_args(tmp_path, params_file, "one"))
+    assert result.exit_code == 0, result.output
+    raw["train"]["encoder"]["batch_size"] = 8
+    raw["train"].update(devices=2, strategy="ddp", accelerator="cpu")
+    raw["train"]["gradcache"]["chunk_size"] = gradcache
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
+    proc = subprocess.run([sys.executable, "-m", "stages", *stage_args(tmp_path, params_file,
+                                                                       "two")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = load_file(str(tmp_path / "headone" / "model.safetensors"))
+    two = load_file(str(tmp_path / "headtwo" / "model.safetensors"))
+    for k in one:
+        assert torch.allclose(one[k], two[k], atol=1e-5), (k, (one[k] - two[k]).abs().max())
+    enc_one = load_file(str(tmp_path / "headone" / "encoder" / "model.safetensors"))
+    enc_two = load_file(str(tmp_path / "headtwo" / "encoder" / "model.safetensors"))
+    for k in enc_one:
+        assert torch.allclose(enc_one[k], enc_two[k], atol=1e-5), k
+    base = load_file(str(tmp_path / "bert" / "model.safetensors"))
+    moved = sum(not torch.equal(enc_one[k], base[k]) for k in base if k in enc_one)
+    assert moved > 10  # the encoder trained
+    assert json.loads((tmp_path / "trainone.json").read_text())["epochs"] == 1
