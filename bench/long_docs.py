@@ -172,6 +172,9 @@ def pipeline_row(p: Any, prepared: Path, cache_dir: Path, work: Path) -> dict[st
             "kept_epoch": tr["best_epoch"], "train_s_per_epoch": sec["train"] / tr["epochs"],
             "val_s": sec["validation"], "trained": pick(ev["trained"]),
             "frozen": pick(ev["baseline"]), "lexical": lexical_of(ev),
+            "lift_over_bm25": pick(ev.get("lift_over_bm25", {})),
+            "p_over_bm25": {m: v["p_value"] for m, v in
+                            ev.get("significance_over_bm25", {}).items() if m in METRICS},
             "queries": ev["queries"], "corpus": ev["corpus"]}
 
 
@@ -511,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--test", type=float, default=0.5, help="test fraction (the queries)")
     ap.add_argument("--val", type=float, default=0.1, help="val fraction (early stopping)")
     ap.add_argument("--top2", default="t128,t512,chunk-mean",
-                    help="settings trained in top2 mode too ('all': every one)")
+                    help="settings trained in top2 mode too ('all': every one, 'none': none)")
     ap.add_argument("--top2-epochs", type=int, default=1, help="epochs of the top2 rows")
     ap.add_argument("--head-epochs", type=int, default=0,
                     help="head rows' max_epochs and patience (0: params.yaml's schedule)")

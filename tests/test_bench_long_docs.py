@@ -46,6 +46,8 @@ def test_tiny_run(tiny_bert: Path, tmp_path: Path, capsys: pytest.CaptureFixture
             ("outlets", "tfidf", "lexical")} <= rows
     s = got["summary"]["outlets"]
     assert 0 <= s["tfidf_lr_accuracy"] <= 1 and "t16" in s["head_kept_epochs"]
+    assert 0 <= s["bm25_p@1"] <= 1  # from evaluate's report
+    assert "| BM25 " in got["table"] and "| hybrid: BM25 + " in got["table"]
     assert "**outlets**" in got["table"] and got["sets"]["outlets"]["label_count"] == 9
     assert ("outlets", "chunk-mean", "head") in rows
     # top2 over chunks: run, or the reason it was not said
