@@ -465,6 +465,11 @@ def summary(rows: list[dict[str, Any]], sets: dict[str, dict]) -> dict[str, Any]
         lex = next((r["lexical"] for r in trained if "bm25" in r["lexical"]), {})
         if "bm25" in lex:
             s["bm25_p@1"] = lex["bm25"]["p@1"]
+        if default and "hybrid" in default["lexical"]:
+            s["hybrid_default_head_p@1"] = default["lexical"]["hybrid"]["p@1"]
+        s["p@1"] = {f"{r['setting']} {m}": r["frozen" if m == "frozen" else "trained"]["p@1"]
+                    for r in trained for m in (("frozen", "head") if r["mode"] == "head"
+                                               else (r["mode"],))}
         tf = next((r for r in mine if r["setting"] == "tfidf"), None)
         if tf:
             s["tfidf_cosine_p@1"] = tf["trained"]["p@1"]
