@@ -62,7 +62,7 @@ def long_docs(results: dict) -> str:
     long = results["long_docs"]
     notes = "".join(f"\n- {n}" for n in long.get("skipped", []))
     return (f"\n\n### Long documents\n\n`{long['command']}` (top-2 rows: "
-            f"{long['top2_epochs']} epoch(s)):\n\n{long['table']}"
+            f"{long['top2_epochs']} epoch(s)):\n\n{long['table'].rstrip()}\n"
             + (f"\nNot measured:\n{notes}\n" if notes else ""))
 
 
