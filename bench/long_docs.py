@@ -48,6 +48,7 @@ import logging
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -319,6 +320,10 @@ class Bench:
                                work / f"{setting}-{mode}")
         except UserError as e:
             self.skip(f"{label}: skipped, the pipeline refused it ({e})")
+            return
+        except Exception as e:  # one failed row must not lose the others' figures
+            traceback.print_exc()
+            self.skip(f"{label}: FAILED ({type(e).__name__}: {e})")
             return
         res.update(set=name, setting=setting, mode=mode, seconds=time.perf_counter() - t0,
                    switches=switches(spec, self.default_spec, mode),
