@@ -104,7 +104,12 @@ class Chunker:
             [self.prompt + t for t in texts], add_special_tokens=True)]
         out: list[list[str]] = []
         long_ids = [i for i, ids in enumerate(full) if len(ids) > self.spec.max_length]
-        split = dict(zip(long_ids, self._split([texts[i] for i in long_ids], cut), strict=True))
+        if self.max == 1:  # off: the whole text, truncated by the tokenizer as ever
+            split = {}
+            self._count_truncated([len(full[i]) for i in long_ids], cut)
+        else:
+            split = dict(zip(long_ids, self._split([texts[i] for i in long_ids], cut),
+                             strict=True))
         for i, text in enumerate(texts):
             out.append(split.get(i, [text]))
         if cut is not None:
@@ -112,6 +117,17 @@ class Chunker:
             cut.windows += sum(len(w) for w in out)
             cut.lengths.extend(len(ids) for ids in full)
         return out
+
+    def _count_truncated(self, lengths: list[int], cut: Cut | None) -> None:
+        """Truncation at max_length of texts of `lengths` tokens (prompt and special tokens
+        included): each keeps `body` text tokens."""
+        if cut is None:
+            return
+        for n in lengths:
+            cut.over += 1
+            cut.cut += 1
+            cut.tokens += n - self.spec.max_length + self.body
+            cut.dropped += n - self.spec.max_length
 
     def _split(self, texts: list[str], cut: Cut | None) -> list[list[str]]:
         encodings = self.backend.encode_batch(texts, add_special_tokens=False)
@@ -128,24 +144,27 @@ class Chunker:
 
     def _cut_one(self, text: str, offsets: list[tuple[int, int]]) -> tuple[list[str], int]:
         """(windows of one over-long text, tokens covered from the start). Windows of `body`
-        tokens, each starting `body - overlap` tokens (or a few less: a word's start) after
-        the last; a window ends before a word it would cut, unless that word fills it. A word
-        starts after whitespace (a text without spaces is cut between tokens)."""
+        tokens, each starting `body - overlap` tokens after the last. A window ends before a
+        word it would cut and the next starts at a word's start, moving back at most half a
+        window and one overlap: a word starts after whitespace, so a text without spaces (a
+        URL, Chinese) is cut between tokens."""
         n, start, windows = len(offsets), 0, []
 
-        def word_start(i: int, low: int) -> int:  # back to the first token of i's word
-            while i > low and not text[offsets[i][0] - 1:offsets[i][0]].isspace():
-                i -= 1
-            return i
+        def word_start(i: int, low: int) -> int:  # i's word start, or i if it is below low
+            j = i
+            while j > low and not text[offsets[j][0] - 1:offsets[j][0]].isspace():
+                j -= 1
+            return j if j == 0 or text[offsets[j][0] - 1:offsets[j][0]].isspace() else i
 
         while True:
             end = min(n, start + self.body)
-            if end < n and word_start(end, start) > start:  # else one word fills the window
-                end = word_start(end, start)
+            if end < n:
+                end = word_start(end, start + self.body // 2)
             windows.append(text[offsets[start][0]:offsets[end - 1][1]])
             if end >= n or len(windows) == self.max:
                 return windows, end
-            start = word_start(max(start + 1, end - self.overlap), start + 1)
+            step = max(start + 1, end - self.overlap)
+            start = word_start(step, max(start + 1, step - self.overlap))
 
 
 def pool_windows(vectors: torch.Tensor, counts: torch.Tensor, mode: str, normalize: bool

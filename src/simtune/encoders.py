@@ -339,7 +339,8 @@ class FrozenEncoder:
         """(N, dim) float32 on CPU, in the order of `texts` (as `role` texts); length-sorted
         batches inside. A text longer than the window is its windows' pooled vector
         (`simtune.chunks`) when the encoder chunks; `progress`: a bar or periodic log lines."""
-        windows = self.chunker.windows(list(texts))
+        windows = (self.chunker.windows(list(texts)) if chunked(self.spec)
+                   else [[t] for t in texts])  # off: no tokenising pass for nothing
         flat = [w for ws in windows for w in ws]
         order = sorted(range(len(flat)), key=self.token_lengths(flat).__getitem__)
         out = torch.empty(len(flat), self.dim)

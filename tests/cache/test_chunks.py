@@ -66,6 +66,15 @@ def test_windows_hold_every_token_in_order_with_the_overlap(tiny_bert: Path, pro
     assert (cut.texts, cut.over, cut.cut, cut.dropped, cut.windows) == (1, 1, 0, 0, len(windows))
 
 
+def test_a_text_without_spaces_advances_a_window_less_the_overlap(tiny_bert: Path) -> None:
+    spec = params(tiny_bert, _chunks(mx=50, overlap=4)).encoders.models["tiny"]
+    tok = _tok(tiny_bert)
+    text = "abcdefghij" * 8  # one token a letter, no word boundary
+    windows = Chunker(tok, spec, "").windows([text])[0]
+    # 14 letters a window, each starting 10 after the last, the last holding the rest
+    assert windows == [text[i:i + 14] for i in range(0, 70, 10)] + [text[70:]]
+
+
 def test_a_text_that_fits_is_one_window_and_max_drops_the_rest(tiny_bert: Path) -> None:
     spec = params(tiny_bert, _chunks(mx=2, overlap=0)).encoders.models["tiny"]
     tok = _tok(tiny_bert)
@@ -112,6 +121,11 @@ def test_one_window_is_todays_vector_bit_for_bit(tiny_bert: Path, tmp_path: Path
     assert 0 < sum(fits) < len(fits)
     for row, fit in enumerate(fits):
         assert torch.equal(a.vectors[row], b.vectors[row]) == fit
+    # chunking off is today's truncation: every text whole, truncated by the tokenizer
+    plain = FrozenEncoder("tiny", off.encoders.models["tiny"], torch.device("cpu"))
+    assert plain.chunker.windows(texts) == [[t] for t in texts]
+    truncated = plain.embed(plain.tokenize(_text_order(prepared, a)))
+    torch.testing.assert_close(a.vectors, truncated, atol=1e-6, rtol=0)
     # the encoder's own encode: the same rule
     enc_off = FrozenEncoder("tiny", off.encoders.models["tiny"], torch.device("cpu"))
     enc_on = FrozenEncoder("tiny", on.encoders.models["tiny"], torch.device("cpu"))

@@ -24,7 +24,8 @@ def _long(i: int, words: int) -> str:
     return " ".join(WORDS[(i * 5 + j * 7) % len(WORDS)] for j in range(words)) + f" {i}."
 
 
-TEXTS = ["what is the capital", _long(1, 12), _long(2, 40), _long(3, 90)]
+# the last: no spaces (a URL, Chinese): cut between tokens
+TEXTS = ["what is the capital", _long(1, 12), _long(2, 40), _long(3, 90), "abc?" * 20]
 
 
 @pytest.mark.parametrize(("kind", "normalize_output", "pool", "prompts"), [
@@ -44,7 +45,7 @@ def test_the_recipe_gives_simtunes_vectors(tmp_path: Path, tiny_bert: Path, kind
     code = recipe(enc, str(out))
     scope: dict = {}
     exec(compile(code, "recipe", "exec"), scope)  # the lines as a user would paste them
-    assert [len(scope["windows"](t)) for t in TEXTS] == [1, 2, 4, 4]  # the last: cut at 4
+    assert [len(scope["windows"](t)) for t in TEXTS] == [1, 2, 4, 4, 4]  # 4: max reached
     ours = load_model(out, device="cpu")
     for role in ("query", "document"):
         want = ours.encode(TEXTS, role=role)

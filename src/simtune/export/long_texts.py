@@ -33,20 +33,22 @@ def windows(text: str, prompt: str = "") -> list[str]:
     body -= len(tok(prompt, add_special_tokens=False)["input_ids"])
     spans = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
 
-    def word_start(i: int, low: int) -> int:
-        while i > low and not text[spans[i][0] - 1 : spans[i][0]].isspace():
-            i -= 1
-        return i
+    def word_start(i: int, low: int) -> int:  # i's word start, or i if it is below low
+        j = i
+        while j > low and not text[spans[j][0] - 1 : spans[j][0]].isspace():
+            j -= 1
+        return j if j == 0 or text[spans[j][0] - 1 : spans[j][0]].isspace() else i
 
     out, start, n = [], 0, len(spans)
     while True:
         end = min(n, start + body)
-        if end < n and word_start(end, start) > start:
-            end = word_start(end, start)
+        if end < n:
+            end = word_start(end, start + body // 2)
         out.append(text[spans[start][0] : spans[end - 1][1]])
         if end >= n or len(out) == WINDOWS:
             return out
-        start = word_start(max(start + 1, end - OVERLAP), start + 1)
+        step = max(start + 1, end - OVERLAP)
+        start = word_start(step, max(start + 1, step - OVERLAP))
 
 
 def encode_long(text: str, prompt_name: str = "query") -> torch.Tensor:

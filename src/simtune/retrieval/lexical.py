@@ -19,6 +19,7 @@ the full rankings of several rankers, so its top-k is exact RRF, not RRF of trun
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import bm25s
@@ -29,6 +30,8 @@ from bm25s.tokenization import Tokenized, Tokenizer
 
 from simtune.retrieval.metrics import Ranker
 
+# bm25s sets its own logger to DEBUG: its per-index lines would reach every stage's log
+logging.getLogger("bm25s").setLevel(logging.WARNING)
 SETTINGS = {"library": f"bm25s {bm25s.__version__}", "method": "lucene", "k1": 1.5, "b": 0.75,
             "stopwords": "en", "stemmer": "english"}
 _CELLS = 1 << 22  # queries x corpus fused scores held at once by `hybrid` (32 MB of float64)

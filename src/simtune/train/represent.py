@@ -248,8 +248,9 @@ class LiveEncoder(Representation):
         for role, name in TEXTS.items():
             if name in split.texts:
                 prompt = self.prompts[PROMPT_ROLE[role]]
-                windows = self.chunkers[PROMPT_ROLE[role]].windows(
-                    [split.texts[name][i] for i in idx])
+                texts = [split.texts[name][i] for i in idx]
+                windows = (self.chunkers[PROMPT_ROLE[role]].windows(texts)
+                           if chunked(self.spec) else [[t] for t in texts])
                 texts = [prompt + w for ws in windows for w in ws]
                 out[TOKENS[role]] = dict(self.tokenizer(
                     texts, padding=True, truncation=True, max_length=self.spec.max_length,
