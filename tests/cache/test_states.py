@@ -80,4 +80,57 @@ def test_a_layer_cache_over_the_limit_is_refused_before_embedding(tmp_path: Path
     with count_forward() as counts, pytest.raises(
             UserError, match=r"cache.max_layer_gb: the layer cache of 'tiny' would take ~0.0 GB"):
         _fill(prepared, tmp_path / "cache", params(tiny_bert, max_layer_gb=1e-9), layer=1)
-    assert counts["calls"] == 20 // 8 + 1  # only the vector cache was filled
+    assert counts["calls"] == 0  # nothing embedded: one pass fills vectors and states
+
+
+def test_one_encoder_pass_fills_vectors_and_states_equal_to_two_passes(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from simtune.cache import vectors
+    from simtune.cache.formats import Format
+
+    texts = sentences(25)
+    prepared = make_prepared(tmp_path, texts)
+    p = params(tiny_bert)
+    with count_forward() as counts:
+        _fill(prepared, tmp_path / "one", p, layer=1)
+    assert counts["calls"] == -(-25 // 8)  # one forward per batch gives vectors and states
+    # the two passes of before, into a store of their own
+    monkeypatch.setenv("SIMTUNE_STORE", str(tmp_path / "store2"))
+    spec, texts_of = p.encoders.models["tiny"], {text_id(t): t for t in texts}
+    dist = cache.Dist()
+    with count_forward() as counts:
+        cache.fill_encoder("tiny", spec, texts_of, tmp_path / "two" / "tiny", p.cache, dist)
+        cache.fill_encoder("tiny", spec, texts_of, tmp_path / "two" / "tiny@layer1", p.cache,
+                           dist, fmt=Format(1))
+    assert counts["calls"] == 2 * -(-25 // 8)
+    one, two = (vectors.load(tmp_path / d / "tiny") for d in ("one", "two"))
+    assert one.ids.equals(two.ids) and torch.equal(one.vectors, two.vectors)  # bit-equal
+    s1, s2 = (states.load(tmp_path / d / "tiny@layer1") for d in ("one", "two"))
+    rows = s1.index(two.ids.to_pylist())
+    assert torch.equal(s1.batch(rows)[0], s2.batch(s2.index(two.ids.to_pylist()))[0])
+
+
+def test_states_dtype_halves_the_bytes_and_is_in_the_fingerprint(tmp_path: Path,
+                                                                  tiny_bert: Path) -> None:
+    from simtune.cache import vectors
+
+    prepared = make_prepared(tmp_path, sentences(20))
+    _fill(prepared, tmp_path / "cache", params(tiny_bert), layer=1)
+    wide = vectors.read_manifest(tmp_path / "cache" / "tiny@layer1")
+    results = _fill(prepared, tmp_path / "cache", params(tiny_bert, {"states_dtype": "float16"}),
+                    layer=1)
+    assert [r.embedded for r in results] == [0, 20]  # vectors kept, states re-embedded
+    half = vectors.read_manifest(tmp_path / "cache" / "tiny@layer1")
+    assert (wide.dtype, half.dtype) == ("float32", "float16")
+    assert wide.fingerprint != half.fingerprint
+
+
+def test_a_layer_cache_over_the_free_disk_is_refused(tmp_path: Path, tiny_bert: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from simtune.cache import views
+
+    monkeypatch.setattr(views, "_free_bytes", lambda path: 1000)
+    prepared = make_prepared(tmp_path, sentences(20))
+    with count_forward() as counts, pytest.raises(UserError, match=r"has 0.0 GB free for it"):
+        _fill(prepared, tmp_path / "cache", params(tiny_bert, max_layer_gb=None), layer=1)
+    assert counts["calls"] == 0

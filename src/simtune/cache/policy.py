@@ -80,6 +80,11 @@ def _scan(store_root: Path) -> list[tuple[Path, vectors.Manifest | None]]:
     return out
 
 
+def entry_bytes(directory: Path) -> int:
+    """Bytes a store entry holds on disk (`_size`)."""
+    return _size(directory)
+
+
 def _size(directory: Path) -> int:
     """Bytes of the regular files under `directory` (ONNX export too), links not followed."""
     total = 0
