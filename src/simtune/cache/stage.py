@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from simtune.cache import backends, batching, policy, sinks, store, vectors, views
+from simtune.cache import backends, batching, policy, reference, sinks, store, vectors, views
 from simtune.cache.formats import Format
 from simtune.cache.progress import Progress
 from simtune.encoders import FrozenEncoder, describe, fingerprint, resolve_device
@@ -171,7 +171,7 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Pa
     with _rank0_locks(dist, root, view, directory, label):
         if dist.rank == 0:
             views.say_what_changed(view, root, label, description, fp)
-            manifest = store.begin_fill(directory, label, fp, description, spec.dtype,
+            manifest = store.begin_fill(directory, label, fp, description, description["dtype"],
                                         needed=set(by_hash))
             views.import_view(view, directory, manifest, by_hash, fmt)
         dist.barrier()
@@ -191,8 +191,11 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Pa
         dist.barrier()
         if dist.rank == 0:
             final = store.finish_fill(directory)
-            views.write_view(view, directory, final, {i: text_id(t) for i, t in texts.items()},
-                       cp.shard_rows, fmt)
+            ids = {i: text_id(t) for i, t in texts.items()}
+            if fmt.layer is None:
+                views.write_view(view, directory, final, ids, cp.shard_rows, fmt)
+            else:  # layer states stay in the store: the view references them
+                reference.write(view, directory, final, ids, root)
             log.info("cache %s: %d rows in %s (store entry %s: %d rows)", label, len(texts),
                      view, fp, final.rows)
             policy.evict(root, int(cp.store_max_gb * 1e9), keep={fp} | (keep or set()))
@@ -285,7 +288,10 @@ def fill_with_states(name: str, spec: EncoderParams, texts: dict[str, str], vect
             ids = {i: text_id(t) for i, t in texts.items()}
             for (view, directory), fmt, label, fp in zip(pairs, fmts, labels, fps, strict=True):
                 final = store.finish_fill(directory)
-                views.write_view(view, directory, final, ids, cp.shard_rows, fmt)
+                if fmt.layer is None:
+                    views.write_view(view, directory, final, ids, cp.shard_rows, fmt)
+                else:  # the states stay in the store: the view references them
+                    reference.write(view, directory, final, ids, root)
                 log.info("cache %s: %d rows in %s (store entry %s: %d rows)", label, len(texts),
                          view, fp, final.rows)
             policy.evict(root, int(cp.store_max_gb * 1e9), keep=set(fps) | (keep or set()))

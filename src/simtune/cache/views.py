@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from simtune.atomic import atomic_dir
-from simtune.cache import formats, policy, states, store, vectors
+from simtune.cache import formats, policy, reference, states, store, vectors
 from simtune.cache.formats import Format
 from simtune.cache.states import StatesTable
 from simtune.encoders import (
@@ -44,7 +44,7 @@ def say_what_changed(view: Path, root: Path, name: str, description: dict, fp: s
     or (the view is gone: DVC removes outputs before rerunning a stage) the store entry of this
     encoder used last. Nothing is dropped: earlier settings' vectors stay in the store."""
     try:
-        old = vectors.read_manifest(view)
+        old = reference.read(view) or vectors.read_manifest(view)
     except UserError:
         old = None
     if old is None:
@@ -194,10 +194,14 @@ def open_pair(out: Path, encoders: EncodersParams, cp: CacheParams, placed: bool
     return q, d
 
 
-def open_states(out: Path, name: str, spec: EncoderParams, layer: int, role: str = "query"
-                ) -> StatesTable:
-    """Load the layer cache of `name`'s `role` texts, `out/<view>@layer<k>/` (fingerprint and
-    checksums checked)."""
+def open_states(out: Path, name: str, spec: EncoderParams, layer: int, cp: CacheParams,
+                role: str = "query") -> StatesTable:
+    """The layer cache of `name`'s `role` texts: the view `out/<view>@layer<k>/` (fingerprint
+    checked) read from the store entry it references (`reference.open_view`: streamed, nothing
+    loaded). A view from before views were references holds its shards itself (checksums
+    checked)."""
     fp = fingerprint(describe(name, spec, layer, role))
-    return states.load(Path(out) / view_name(name, spec, role, layer), fingerprint=fp,
-                       checksums=True)
+    view = Path(out) / view_name(name, spec, role, layer)
+    if not reference.is_reference(view) and (view / vectors.MANIFEST).is_file():
+        return states.load(view, fingerprint=fp, checksums=True)
+    return reference.open_view(view, store.root(cp.store), fp)
