@@ -10,11 +10,13 @@ A view holds two small files, the same bytes on any machine for the same data an
   hashes of the store rows holding each text's states, in order (one per text today; the
   windows of a long text later).
 
-Reading (`open`) resolves the hashes in the store entry (`cache.store`) and reads the immutable
-store shards directly (`states.StatesTable`); a running train keeps its files open, so nothing
-it reads changes under it. The store keeps a *ref* per view, `<root>/refs/<fingerprint>/<key>`
-(key: hash of the view's path), written by the fill and by each open, dropped once that view
-names another entry or is gone: the size policy never drops an entry a live ref names.
+Reading (`open_view`) resolves the hashes in the store entry (`cache.store`) and reads the
+immutable store shards directly (`states.StatesTable`); it opens them at once and a running
+train keeps them open, so nothing it reads changes under it, not even an eviction.
+
+The store keeps a *ref* per view, `<root>/refs/<fingerprint>/<key>.json` (key: hash of the
+view's path), written by the fill and by each open, dropped once that view names another entry
+or is gone: the size policy never drops an entry a live ref names.
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ def open_view(view: Path, store_root: Path, fingerprint: str | None = None) -> s
     with contextlib.suppress(OSError):
         register(store_root, view, ref.fingerprint)
         store.touch_used(entry)
-    return table
+    return table.open_files()
 
 
 def _entry_manifest(view: Path, entry: Path) -> vectors.Manifest:
@@ -163,8 +165,9 @@ def _resolve(entry: Path, manifest: vectors.Manifest, ids: pa.Array, hashes: pa.
                           or [np.empty(0, np.int32)])[at]
     start = np.concatenate([x.start for x in indexes] or [np.empty(0, np.int64)])[at]
     length = np.concatenate([x.length for x in indexes] or [np.empty(0, np.int64)])[at]
-    return states.StatesTable(Path(view), manifest, ids, [x.path for x in indexes], file,
-                              start, length)
+    used, file = np.unique(file, return_inverse=True)  # the shards this view reads, alone
+    return states.StatesTable(Path(view), manifest, ids, [indexes[k].path for k in used],
+                              file.astype(np.int32), start, length)
 
 
 def view_key(view: Path) -> str:

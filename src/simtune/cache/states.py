@@ -154,6 +154,13 @@ class StatesTable:
                                 f"({e.strerror or e}); run the cache stage") from None
         return self._fds[i]
 
+    def open_files(self) -> StatesTable:
+        """Open every shard file now: what this process reads cannot change or vanish under it
+        (store shards are never rewritten; an evicted one stays readable while open)."""
+        for i in range(len(self.files)):
+            self._fd(i)
+        return self
+
     def _read_into(self, out: np.ndarray, rows: np.ndarray) -> None:
         """Row `rows[j]`'s stored values into `out[j, :T]` (out: (B, >= T, H), stored dtype)."""
         for j, r in enumerate(rows.tolist()):
