@@ -192,10 +192,10 @@ def in_use(store_root: Path, prune: bool = True) -> set[str]:
     live = set()
     for path in sorted((Path(store_root) / REFS).glob("*/*.json")):
         fp = path.parent.name
-        try:
-            ref = read(Path(json.loads(path.read_text())["view"]))
-            alive = ref is not None and ref.fingerprint == fp
-        except (OSError, ValueError, KeyError, TypeError, UserError):
+        try:  # the view's reference.json alone: which entry it names
+            view = Path(json.loads(path.read_text())["view"])
+            alive = json.loads((view / REF_FILE).read_text())["fingerprint"] == fp
+        except (OSError, ValueError, KeyError, TypeError):
             alive = False
         if alive:
             live.add(fp)
