@@ -118,9 +118,12 @@ class StatesTable:
         return {**self.__dict__, "_fds": {}}
 
     def __del__(self) -> None:
-        if getattr(self, "_pid", None) == os.getpid():
-            for fd in getattr(self, "_fds", {}).values():
-                os.close(fd)
+        try:
+            if getattr(self, "_pid", None) == os.getpid():
+                for fd in getattr(self, "_fds", {}).values():
+                    os.close(fd)
+        except (OSError, AttributeError, TypeError):  # at interpreter exit: the OS closes them
+            pass
 
     @property
     def device(self) -> torch.device:
