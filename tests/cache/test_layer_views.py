@@ -160,3 +160,41 @@ def test_the_store_entry_reads_as_a_table_too(tmp_path: Path, filled: tuple[Path
     got = table.read(torch.arange(len(table)))
     assert [h for h in table.ids.to_pylist()] == list(stored)
     assert all(np.array_equal(g, stored[h]) for g, h in zip(got, stored, strict=True))
+
+
+@pytest.mark.integration
+def test_two_process_top_layers_fill_equals_one_process(tmp_path: Path, tiny_bert: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.cache_helpers import cache_params, encoder_params
+    from tests.conftest import ROOT, repo_params
+
+    prepared = make_prepared(tmp_path, sentences(40))
+    raw = repo_params()
+    raw["encoders"] = encoder_params(tiny_bert)
+    raw["cache"] = cache_params(shard_rows=10)
+    raw["train"]["mode"] = "top_layers"
+    raw["train"]["encoder"]["top_layers"] = 1
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    store_two = tmp_path / "store-two"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SIMTUNE_STORE": str(store_two),
+           "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_port", "29519", "-m", "stages", "cache", "--params", str(params_file),
+         "--prepared", str(prepared), "--out", str(tmp_path / "two")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    _fill(prepared, tmp_path / "one", params(tiny_bert, shard_rows=10))
+    a = reference.open_view(tmp_path / "one" / VIEW, store.root(""))
+    b = reference.open_view(tmp_path / "two" / VIEW, store_two)
+    assert _files(tmp_path / "one" / VIEW) == _files(tmp_path / "two" / VIEW)
+    files = {p.name.rsplit("-", 1)[1] for p in b.files}
+    assert files == {"r0.arrow", "r1.arrow"}  # each rank embedded its share, once
+    rows = torch.arange(len(a))
+    assert torch.allclose(a.batch(rows)[0], b.batch(rows)[0], atol=1e-5)
