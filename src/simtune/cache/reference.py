@@ -118,14 +118,14 @@ def open_view(view: Path, store_root: Path, fingerprint: str | None = None) -> s
         raise UserError(f"{Path(view) / REF_FILE}: layer cache fingerprint does not match the "
                         "current encoder settings; run the cache stage")
     entry = store.fingerprint_dir(store_root, ref.fingerprint)
+    with contextlib.suppress(OSError):  # first: no eviction between resolving and opening
+        register(store_root, view, ref.fingerprint)
+        store.touch_used(entry)
     manifest = _entry_manifest(view, entry)
     table = _resolve(entry, manifest, ref.ids, ref.hashes, view)
     if (manifest.dtype, manifest.dim) != (ref.dtype, ref.dim):
         raise UserError(f"{entry}: holds {manifest.dtype} states of width {manifest.dim}, the "
                         f"view {view} says {ref.dtype}, {ref.dim}; {REFILL}")
-    with contextlib.suppress(OSError):
-        register(store_root, view, ref.fingerprint)
-        store.touch_used(entry)
     return table.open_files()
 
 
