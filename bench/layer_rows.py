@@ -32,8 +32,8 @@ def _maxrss_mb() -> float:
 def child_fill(job: dict) -> dict:
     """Fill what the row needs (head: vectors; top-K: its layer cache, vectors already there)."""
     from simtune import params as P
-    from simtune.cache import stage as cache
     from simtune.cache import reference, vectors
+    from simtune.cache import stage as cache
     from simtune.cache.views import layer_for
 
     p = P.load(job["params"])
