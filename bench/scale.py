@@ -23,7 +23,7 @@ L - 2 words each, so every text is exactly L tokens (nothing downloaded). Per si
 Every figure is also projected linearly to 1M texts (RSS: streamed stays as measured, the
 loaded table grows with the bytes), said so in the table.
 
-    python -m bench.scale [--sizes 20000x128,5000x512] [--fill-texts 200] [--steps 20]
+    python -m bench.scale [--sizes 20000x128,5000x512] [--fill-texts 200] [--steps 10]
 
 Prints a Markdown table and writes bench/scale.json.
 """
@@ -346,7 +346,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="20000x128,5000x512",
                     help="comma-separated NxL: N texts of L tokens")
     ap.add_argument("--fill-texts", type=int, default=200, help="texts each timed fill embeds")
-    ap.add_argument("--steps", type=int, default=20, help="training steps timed")
+    ap.add_argument("--steps", type=int, default=10, help="training steps timed")
     ap.add_argument("--no-old", action="store_true", help="skip the pre-change layout")
     ap.add_argument("--old-fill", action="store_true",
                     help="also time the states-only second pass of the pre-change fill")

@@ -261,8 +261,10 @@ def fill_with_states(name: str, spec: EncoderParams, texts: dict[str, str], vect
             for (view, directory), label, fmt, d, fp in zip(pairs, labels, fmts, descriptions,
                                                             fps, strict=True):
                 views.say_what_changed(view, root, label, d, fp)
-                manifest = store.begin_fill(directory, label, fp, d, d["dtype"],
-                                            needed=set(by_hash))
+                # vectors copied into the view are re-hashed; states are never copied (read
+                # where they are): new shards are hashed, bit rot is `cache verify`'s to find
+                manifest = store.begin_fill(directory, label, fp, d, d["dtype"], needed=set(
+                    by_hash) if fmt.layer is None else set())
                 views.import_view(view, directory, manifest, by_hash, fmt)
         dist.barrier()
         manifests = [vectors.read_manifest(d) for d in dirs]
