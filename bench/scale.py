@@ -13,9 +13,10 @@ L - 2 words each, so every text is exactly L tokens (nothing downloaded). Per si
   above), then the views exactly as the fill writes them; bytes on disk (store + workspace +
   DVC cache, each inode counted once), `dvc add cache` (DVC hashing and caching the stage's
   output: its bookkeeping after the stage) and `dvc status`;
-- training, each in a fresh process: `--steps` top-2 training steps (batch 64, shuffled rows,
-  supcon over random labels, AdamW) and a read of every row in shuffled batches; peak RSS
-  (VmHWM), RssAnon and RssFile after the read;
+- reading and training, each in a fresh process: a read of every row in shuffled batches of 64
+  (its peak RSS, VmHWM, and RssAnon / RssFile after it: what the table costs in memory), then
+  `--steps` top-2 training steps (batch 64, shuffled rows, supcon over random labels, AdamW:
+  steps/s, and the peak RSS with training's own activations);
 - the pre-change layout: the layer view a float32 copy of the states (as the fill wrote it),
   `dvc add` of it, its bytes (its store entry held the same float32 bytes again: counted, not
   written) and training over the table loaded into memory (as `states.assemble` did).
@@ -34,7 +35,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import shutil
 import subprocess
 import sys
@@ -236,10 +236,16 @@ def train_main(ws: Path, length: int, steps: int, mode: str) -> None:
     if mode == "loaded":
         table = table.resident("cpu")
     load_s = time.perf_counter() - t0
+    gen = torch.Generator().manual_seed(0)
+    t0 = time.perf_counter()  # an epoch's reads first, alone: what the table costs in memory
+    for rows in torch.randperm(len(table), generator=gen).split(BATCH):
+        table.batch(rows)
+    read_s = time.perf_counter() - t0
+    read = {"read_peak_rss_gb": _status("VmHWM") / 1024, "rss_anon_gb": _status("RssAnon") / 1024,
+            "rss_file_gb": _status("RssFile") / 1024}
     rep = CachedStates(table, model_dir("minilm", spec), layer, spec).train()
     opt = torch.optim.AdamW(rep.parameters(), lr=1e-4)
     loss_fn = GroupLoss("supcon", "cosine", 0.05, 0.2, "batch_hard", 20.0)
-    gen = torch.Generator().manual_seed(0)
     split = type("Split", (), {"tensors": {"rows": torch.arange(len(table))}})()
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -250,14 +256,8 @@ def train_main(ws: Path, length: int, steps: int, mode: str) -> None:
         loss.backward()
         opt.step()
     step_s = (time.perf_counter() - t0) / max(steps, 1)
-    t0 = time.perf_counter()
-    for rows in torch.randperm(len(table), generator=gen).split(BATCH):
-        table.batch(rows)
-    read_s = time.perf_counter() - t0
     print(json.dumps({"steps_per_s": 1 / step_s, "load_s": load_s, "read_epoch_s": read_s,
-                      "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-                      "rss_anon_gb": _status("RssAnon") / 1024,
-                      "rss_file_gb": _status("RssFile") / 1024}))
+                      **read, "peak_rss_gb": _status("VmHWM") / 1024}))
 
 
 def measure(n: int, length: int, fill_texts: int, steps: int, old: bool, old_fill: bool
@@ -301,7 +301,7 @@ def measure(n: int, length: int, fill_texts: int, steps: int, old: bool, old_fil
                          **_disk_cells(odisk, one_copy), **_dvc_cells(books),
                          **_train_cells(train_child(ws, length, steps, "loaded"))})
         for r in rows:
-            r.update(_projected(r, n, books["startup"], rows[0]["peak RSS GB"]))
+            r.update(_projected(r, n, books["startup"], rows[0]["read peak RSS GB"]))
         return rows
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -318,27 +318,29 @@ def _dvc_cells(books: dict[str, float]) -> dict[str, Any]:
 
 
 def _train_cells(t: dict[str, float]) -> dict[str, Any]:
-    return {"peak RSS GB": t["peak_rss_gb"], "RssAnon GB": t["rss_anon_gb"],
-            "RssFile GB": t["rss_file_gb"], "steps/s": t["steps_per_s"],
-            "read epoch s": t["read_epoch_s"]}
+    return {"read epoch s": t["read_epoch_s"], "read peak RSS GB": t["read_peak_rss_gb"],
+            "RssAnon GB": t["rss_anon_gb"], "RssFile GB": t["rss_file_gb"],
+            "steps/s": t["steps_per_s"], "peak RSS GB": t["peak_rss_gb"]}
 
 
 def _projected(r: dict[str, Any], n: int, startup: float, streamed_rss: float
                ) -> dict[str, Any]:
-    """Linear projections to 1M texts: bytes; `dvc add` beyond DVC's start-up; the peak RSS
-    of the loaded table beyond the streamed run's (the model, torch), which does not grow."""
+    """Linear projections to 1M texts: bytes; `dvc add` beyond DVC's start-up; the read
+    epoch's peak RSS of the loaded table beyond the streamed one's, which does not grow."""
     k = MILLION / n
     loaded = r["layout"].startswith("before")
-    rss = streamed_rss + (r["peak RSS GB"] - streamed_rss) * k if loaded else r["peak RSS GB"]
+    peak = r["read peak RSS GB"]
+    rss = streamed_rss + (peak - streamed_rss) * k if loaded else peak
     return {"1M: on disk GB": r["on disk GB"] * k,
             "1M: dvc add s": startup + max(0.0, r["dvc add s"] - startup) * k,
-            "1M: peak RSS GB": rss}
+            "1M: read peak RSS GB": rss}
 
 
 COLUMNS = ["size", "layout", "fill texts/s", "fill vs head", "store GB", "workspace GB",
            "DVC cache GB", "on disk GB", "layer cache x one 16-bit copy", "dvc add s",
-           "dvc status s", "peak RSS GB", "RssAnon GB", "RssFile GB", "steps/s", "read epoch s",
-           "1M: on disk GB", "1M: dvc add s", "1M: peak RSS GB"]
+           "dvc status s", "read epoch s", "read peak RSS GB", "RssAnon GB", "RssFile GB",
+           "steps/s", "peak RSS GB", "1M: on disk GB", "1M: dvc add s",
+           "1M: read peak RSS GB"]
 
 
 def main() -> None:
@@ -366,8 +368,9 @@ def main() -> None:
         print(table(rows[-2:], COLUMNS), flush=True)
     rendered = table(rows, COLUMNS)
     command = "python -m bench.scale " + " ".join(sys.argv[1:])
-    note = ("1M columns: the measured figures projected linearly to 1,000,000 texts (streamed "
-            "peak RSS does not grow with the corpus; the loaded table's does). Fill speed on "
+    note = ("1M columns: the measured figures projected linearly to 1,000,000 texts (the "
+            "streamed read's peak RSS does not grow with the corpus; the loaded table's does; "
+            "training's activations add the same at any corpus size). Fill speed on "
             f"the first {args.fill_texts} texts of each size; the layer cache itself holds "
             "random states (bytes, bookkeeping and reads do not depend on the values).")
     print(f"\n{rendered}\n\n{note}")

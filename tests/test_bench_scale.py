@@ -27,4 +27,4 @@ def test_the_scale_bench_runs_tiny(tmp_path: Path) -> None:
     new, old = json.loads(out.read_text())["scale_rows"]
     assert new["layer cache x one 16-bit copy"] <= 1.1
     assert old["layer cache x one 16-bit copy"] == pytest.approx(6.0, rel=0.05)
-    assert new["steps/s"] > 0 and new["peak RSS GB"] > 0 and new["fill vs head"] > 0
+    assert new["steps/s"] > 0 and new["read peak RSS GB"] > 0 and new["fill vs head"] > 0

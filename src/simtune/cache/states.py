@@ -147,8 +147,8 @@ class StatesTable:
         return self.length[rows.to(self.length.device)]
 
     def _fd(self, i: int) -> int:
-        if self._pid != os.getpid():  # forked: the parent's descriptors share offsets, not ours
-            self._fds, self._pid = {}, os.getpid()
+        """Shard `i`'s descriptor, opened once (a forked process reads through its parent's:
+        positional reads share no file offset; only the opening process closes them)."""
         if i not in self._fds:
             try:
                 self._fds[i] = os.open(self.files[i], os.O_RDONLY)
@@ -218,6 +218,8 @@ class StatesTable:
         return self.resident(device)
 
     def resident(self, device: torch.device | str) -> StatesTable:
+        """A copy of this table held whole on `device` (the layout before tables were read
+        where they are stored: a flat (sum T_i, H) tensor, gathered per batch)."""
         out = StatesTable(self.directory, self.manifest, self.ids, self.files, self.file,
                           self.start, self.length_np)
         total = int(self.length_np.sum())
@@ -233,21 +235,15 @@ class StatesTable:
         return out
 
 
-def from_shards(directory: Path, manifest: vectors.Manifest, indexes: list[ShardIndex],
-                picks: list[tuple[int, np.ndarray]] | None = None, ids: pa.Array | None = None
+def from_shards(directory: Path, manifest: vectors.Manifest, indexes: list[ShardIndex]
                 ) -> StatesTable:
-    """A `StatesTable` over opened shards: every row in shard order, or `picks` (shard number,
-    its row numbers) in that order with `ids` as the table's ids."""
-    if picks is None:
-        picks = [(k, np.arange(len(x.length))) for k, x in enumerate(indexes)]
-        chunks = [x.ids for x in indexes]
-        ids = pa.concat_arrays(chunks) if chunks else pa.array([], pa.string())
-    assert ids is not None
-    file = np.concatenate([np.full(len(r), k, np.int32) for k, r in picks] or [
-        np.empty(0, np.int32)])
-    start = np.concatenate([indexes[k].start[r] for k, r in picks] or [np.empty(0, np.int64)])
-    length = np.concatenate([indexes[k].length[r] for k, r in picks] or [
-        np.empty(0, np.int64)])
+    """A `StatesTable` of every row of the opened shards `indexes`, in shard order."""
+    chunks = [x.ids for x in indexes]
+    ids = pa.concat_arrays(chunks) if chunks else pa.array([], pa.string())
+    file = np.concatenate([np.full(len(x.start), k, np.int32) for k, x in enumerate(indexes)]
+                          or [np.empty(0, np.int32)])
+    start = np.concatenate([x.start for x in indexes] or [np.empty(0, np.int64)])
+    length = np.concatenate([x.length for x in indexes] or [np.empty(0, np.int64)])
     return StatesTable(directory, manifest, ids, [x.path for x in indexes], file, start, length)
 
 
