@@ -57,6 +57,7 @@ class Reference:
     tokens: int
     ids: pa.Array
     hashes: pa.ListArray
+    chunks: dict[str, Any] | None = None  # the chunk settings that cut the windows (None: off)
 
 
 def is_reference(view: Path) -> bool:
@@ -80,16 +81,17 @@ def read(view: Path) -> Reference | None:
             raise ValueError(f"{ROWS_FILE} holds {len(ids)} rows of {table.schema}")
         fields = {k: meta[k] for k in ("encoder", "fingerprint", "description", "dtype", "dim",
                                        "rows", "tokens")}
+        fields["chunks"] = meta.get("chunks")
     except (OSError, ValueError, KeyError, TypeError, AttributeError, pa.ArrowException) as e:
         raise UserError(f"{path}: damaged layer view ({str(e)[:200]}); {REFILL}") from None
     return Reference(**fields, ids=ids, hashes=hashes)
 
 
 def write(view: Path, entry: Path, manifest: vectors.Manifest, ids: dict[str, list[str]],
-          store_root: Path) -> None:
+          store_root: Path, chunks: dict[str, Any] | None = None) -> None:
     """Replace `view` (atomically) by a reference to the rows of `ids` (workspace id ->
-    content hashes of its windows) in store entry `entry`, sorted by id, and register it in
-    the store. Every hash must be in the entry."""
+    content hashes of its windows, cut by the `chunks` settings) in store entry `entry`,
+    sorted by id, and register it in the store. Every hash must be in the entry."""
     keys = sorted(ids)
     hashes = pa.array([ids[k] for k in keys], pa.list_(pa.string()))
     table = _resolve(entry, manifest, pa.array(keys, pa.string()), hashes, view)
@@ -103,7 +105,7 @@ def write(view: Path, entry: Path, manifest: vectors.Manifest, ids: dict[str, li
             "format_version": VERSION, "kind": KIND, "encoder": manifest.encoder,
             "fingerprint": manifest.fingerprint, "description": manifest.description,
             "dtype": manifest.dtype, "dim": manifest.dim, "rows": len(keys),
-            "tokens": int(table.length_np.sum())})
+            "tokens": int(table.length_np.sum()), **({"chunks": chunks} if chunks else {})})
     register(store_root, view, manifest.fingerprint)
 
 
@@ -142,12 +144,11 @@ def _entry_manifest(view: Path, entry: Path) -> vectors.Manifest:
 
 def _resolve(entry: Path, manifest: vectors.Manifest, ids: pa.Array, hashes: pa.ListArray,
              view: Path) -> states.StatesTable:
-    """The table of `ids`, row i read from the store row of content hash `hashes[i]` (one per
-    text: a text of several windows is not read yet)."""
-    counts = pc.list_value_length(hashes).to_numpy(zero_copy_only=False)
-    if len(counts) and (counts != 1).any():
-        raise UserError(f"{view}: a text with {int(counts.max())} store rows (windows); this "
-                        "simtune reads one per text: run the cache stage")
+    """The table of `ids`: text i's windows are the store rows of content hashes `hashes[i]`
+    (one for a text that fits), read in that order (`StatesTable.window_rows`)."""
+    counts = pc.list_value_length(hashes).to_numpy(zero_copy_only=False).astype(np.int64)
+    windows = (np.concatenate([[0], np.cumsum(counts)]) if len(counts) and (counts != 1).any()
+               else None)
     wanted = pc.list_flatten(hashes)
     indexes = []
     for s in manifest.shards:
@@ -167,7 +168,7 @@ def _resolve(entry: Path, manifest: vectors.Manifest, ids: pa.Array, hashes: pa.
     length = np.concatenate([x.length for x in indexes] or [np.empty(0, np.int64)])[at]
     used, file = np.unique(file, return_inverse=True)  # the shards this view reads, alone
     return states.StatesTable(Path(view), manifest, ids, [indexes[k].path for k in used],
-                              file.astype(np.int32), start, length)
+                              file.astype(np.int32), start, length, windows)
 
 
 def view_key(view: Path) -> str:

@@ -137,7 +137,6 @@ def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParam
         spec = encoders.models[name]
         windows, cut = cutting.split(name, spec, role, texts, target.view)
         if layer is not None and name == encoders.query:
-            cutting.refuse_states(name, spec, cut)
             views.check_layer_size(name, spec, texts, Format(layer), cp, role)
             results += fill_with_states(
                 name, spec, texts, Path(out) / target.view,
@@ -278,9 +277,8 @@ def fill_with_states(name: str, spec: EncoderParams, texts: dict[str, str], vect
     states after layer `layer` (`layer_view`) of `texts`, both store entries filled from ONE
     encoder forward pass over each batch of the texts either lacks (each entry keeps only the
     rows it lacks). Locks: each view's, then its entry's, vectors first (the order every fill
-    takes them). `windows`: as `fill_encoder`'s (the vectors' view pools them; the states
-    hold one window a text, `cutting.refuse_states`). Returns the two entries' results
-    (vectors, states)."""
+    takes them). `windows`: as `fill_encoder`'s (the vectors' view pools them; the layer view
+    lists each text's windows). Returns the two entries' results (vectors, states)."""
     fmts = (VECTORS, Format(layer))
     descriptions = descriptions or (describe(name, spec, None, role, chunks=False),
                                     describe(name, spec, layer, role, chunks=False))
@@ -333,7 +331,8 @@ def fill_with_states(name: str, spec: EncoderParams, texts: dict[str, str], vect
                 if fmt.layer is None:
                     views.write_view(view, directory, final, ids, cp.shard_rows, fmt, seen)
                 else:  # the states stay in the store: the view references them
-                    reference.write(view, directory, final, ids, root)
+                    reference.write(view, directory, final, ids, root, describe(
+                        name, spec, layer, role).get("chunks"))
                 log.info("cache %s: %d rows in %s (store entry %s: %d rows)", label, len(texts),
                          view, fp, final.rows)
             policy.evict(root, int(cp.store_max_gb * 1e9), keep=set(fps) | (keep or set()))

@@ -98,9 +98,12 @@ class StatesTable:
     the stored `dtype`; `batch` gives float32."""
 
     def __init__(self, directory: Path, manifest: vectors.Manifest, ids: pa.Array,
-                 files: list[Path], file: np.ndarray, start: np.ndarray, length: np.ndarray
-                 ) -> None:
+                 files: list[Path], file: np.ndarray, start: np.ndarray, length: np.ndarray,
+                 windows: np.ndarray | None = None) -> None:
         self.directory, self.manifest, self.ids = directory, manifest, ids
+        # long texts cut into windows (`simtune.chunks`): text i's rows are windows[i]:
+        # windows[i + 1] (None: row i is text i)
+        self.windows = windows
         self.hidden = int(manifest.dim or 0)
         self.np_dtype = np.dtype(vectors.DTYPES[manifest.dtype][1])
         self.files, self.file, self.start = files, file, start
@@ -113,6 +116,25 @@ class StatesTable:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def window_rows(self, texts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(W,) the rows of the (n,) `texts`' windows, text after text, and (n,) windows per
+        text; (`texts`, None) when no text has several."""
+        if self.windows is None:
+            return texts, None
+        t = texts.cpu().numpy()
+        first, counts = self.windows[t], self.windows[t + 1] - self.windows[t]
+        rows = np.repeat(first - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+        return torch.from_numpy(rows).to(texts.device), torch.from_numpy(counts)
+
+    def text_tokens(self, texts: torch.Tensor) -> torch.Tensor:
+        """(n,) tokens of each text's windows together (its length when it has one)."""
+        rows, counts = self.window_rows(texts)
+        length = self.lengths(rows).cpu()
+        if counts is None:
+            return length
+        owner = torch.repeat_interleave(torch.arange(len(texts)), counts)
+        return torch.zeros(len(texts), dtype=length.dtype).index_add(0, owner, length)
 
     def __getstate__(self) -> dict:  # a spawned process opens its own files
         return {**self.__dict__, "_fds": {}}
@@ -221,13 +243,13 @@ class StatesTable:
         """A copy of this table held whole on `device` (the layout before tables were read
         where they are stored: a flat (sum T_i, H) tensor, gathered per batch)."""
         out = StatesTable(self.directory, self.manifest, self.ids, self.files, self.file,
-                          self.start, self.length_np)
+                          self.start, self.length_np, self.windows)
         total = int(self.length_np.sum())
         dtype = getattr(torch, self.manifest.dtype)
         flat = torch.empty(total, self.hidden, dtype=dtype, device=device)
         tok = torch.from_numpy(np.concatenate([[0], np.cumsum(self.length_np)]))
-        for a in range(0, len(self), READ_ROWS):
-            rows = torch.arange(a, min(a + READ_ROWS, len(self)))
+        for a in range(0, len(self.length_np), READ_ROWS):  # every row: windows, not texts
+            rows = torch.arange(a, min(a + READ_ROWS, len(self.length_np)))
             flat[int(tok[a]):int(tok[rows[-1] + 1])] = torch.from_numpy(
                 np.concatenate(self.read(rows))).to(device)
         out.flat, out.tok = flat, tok[:-1].to(device)

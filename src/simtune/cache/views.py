@@ -227,9 +227,13 @@ def open_states(out: Path, name: str, spec: EncoderParams, layer: int, cp: Cache
     checked) read from the store entry it references (`reference.open_view`: streamed, nothing
     loaded). A view from before views were references holds its shards itself (checksums
     checked)."""
-    # one window a text (`cutting.refuse_states`): the store entry's settings are the view's
-    fp = fingerprint(describe(name, spec, layer, role, chunks=False))
+    fp = fingerprint(describe(name, spec, layer, role, chunks=False))  # the store entry's
     view = Path(out) / view_name(name, spec, role, layer)
     if not reference.is_reference(view) and (view / vectors.MANIFEST).is_file():
         return states.load(view, fingerprint=fp, checksums=True)
+    ref = reference.read(view)
+    chunks = describe(name, spec, layer, role).get("chunks")
+    if ref is not None and ref.chunks != chunks:  # windows cut by other settings
+        raise UserError(f"{view / reference.REF_FILE}: windows cut with chunks {ref.chunks}, the "
+                        f"params say {chunks}; run the cache stage")
     return reference.open_view(view, store.root(cp.store), fp)

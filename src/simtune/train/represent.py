@@ -168,18 +168,24 @@ class CachedStates(Representation):
         return self.doc_table if PROMPT_ROLE[role] == "document" else self.table
 
     def forward(self, split: Any, part: dict[str, Any], role: str) -> torch.Tensor:
-        """(n, D): each text's vector depends only on its own tokens, so the batch runs as
-        groups of similar length (`length_groups`), each padded to its own longest."""
-        rows, table = split.tensors[ROWS[role]][part["idx"]], self._table(role)
+        """(n, D): each text's (window's) vector depends only on its own tokens, so the batch
+        runs as groups of similar length (`length_groups`), each padded to its own longest; a
+        text of several windows (`simtune.chunks`) is their pooled vector."""
+        table = self._table(role)
+        rows, counts = table.window_rows(split.tensors[ROWS[role]][part["idx"]])
         groups = length_groups(table.lengths(rows).cpu(),
                                GROUP_OVERHEAD.get(self.device.type, GROUP_OVERHEAD["other"]))
         if len(groups) == 1:
-            return self._run(rows, role)
-        outs = [self._run(rows[g], role) for g in groups]
-        vectors = torch.empty(len(rows), outs[0].shape[1], dtype=outs[0].dtype,
-                              device=outs[0].device)
-        vectors[torch.cat(groups).to(vectors.device)] = torch.cat(outs)
-        return vectors
+            vectors = self._run(rows, role)
+        else:
+            outs = [self._run(rows[g], role) for g in groups]
+            vectors = torch.empty(len(rows), outs[0].shape[1], dtype=outs[0].dtype,
+                                  device=outs[0].device)
+            vectors[torch.cat(groups).to(vectors.device)] = torch.cat(outs)
+        if counts is None:
+            return vectors
+        # long texts: each window through the top layers, pooled, then the windows pooled
+        return pool_windows(vectors, counts, self.spec.chunks.pool, self.spec.normalize)
 
     def _run(self, rows: torch.Tensor, role: str) -> torch.Tensor:
         states, mask = self._table(role).batch(rows, self.device)
@@ -194,7 +200,7 @@ class CachedStates(Representation):
         if n == 0:
             return torch.empty(0, self.dim)
         table = self._table(role)
-        lengths = table.lengths(split.tensors[ROWS[role]])
+        lengths = table.text_tokens(split.tensors[ROWS[role]])
         order = torch.argsort(lengths.cpu(), descending=True, stable=True)
         out, s = [], 0
         while s < n:  # sorted descending: the chunk's first row is its longest
