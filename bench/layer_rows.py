@@ -32,8 +32,8 @@ def _maxrss_mb() -> float:
 def child_fill(job: dict) -> dict:
     """Fill what the row needs (head: vectors; top-K: its layer cache, vectors already there)."""
     from simtune import params as P
+    from simtune.cache import reference, vectors
     from simtune.cache import stage as cache
-    from simtune.cache import vectors
     from simtune.cache.views import layer_for
 
     p = P.load(job["params"])
@@ -42,9 +42,10 @@ def child_fill(job: dict) -> dict:
     cache.fill(Path(job["prepared"]), Path(job["cache"]), p.encoders, p.cache, layer=layer)
     seconds = time.perf_counter() - t0
     view = Path(job["cache"]) / (p.encoders.query + (f"@layer{layer}" if layer else ""))
-    manifest = vectors.read_manifest(view)
-    return {"fill_s": seconds, "cache_bytes": sum(s.bytes for s in manifest.shards),
-            "layer": layer}
+    ref = reference.read(view)  # a layer view holds no states: they are the store's, once
+    size = (ref.tokens * ref.dim * (2 if ref.dtype == "float16" else 4) if ref is not None
+            else sum(s.bytes for s in vectors.read_manifest(view).shards))
+    return {"fill_s": seconds, "cache_bytes": size, "layer": layer}
 
 
 def _texts(prepared: Path) -> dict[str, str]:

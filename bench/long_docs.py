@@ -27,8 +27,8 @@ row, and a logistic regression on the same vectors (C chosen on the val split) g
 accuracy in the "LR acc" column (a classifier's figure: the issue's TF-IDF + LR numbers).
 
 Columns: P@1, MRR@10, MAP@R (test), fill s (this row's cache fill: vectors for head, layer-4
-states for top2), cache MB (what the fill added to the workspace cache), train s/epoch, kept
-(the kept epoch / epochs run).
+states for top2), cache MB (what the fill added to the shared store and the workspace cache),
+train s/epoch, kept (the kept epoch / epochs run).
 
     python -m bench.long_docs [--docs 400] [--test 0.5] [--sets bbc,outlets]
                               [--rows t128,chunk-mean,...] [--top2 t128,chunk-mean|all]
@@ -151,8 +151,10 @@ def _tree_mb(path: Path) -> float:
         if path.exists() else 0.0
 
 
-def pipeline_row(p: Any, prepared: Path, cache_dir: Path, work: Path) -> dict[str, Any]:
-    """Fill, train and evaluate one row; its figures."""
+def pipeline_row(p: Any, prepared: Path, cache_dir: Path, work: Path,
+                 store: Path) -> dict[str, Any]:
+    """Fill, train and evaluate one row; its figures (cache MB: what the fill added to the
+    shared store and the workspace cache: layer views reference the store's states)."""
     from simtune.cache import stage as cache
     from simtune.cache.views import layer_for
     from simtune.evaluate import stage as evaluate
@@ -160,11 +162,11 @@ def pipeline_row(p: Any, prepared: Path, cache_dir: Path, work: Path) -> dict[st
 
     work.mkdir(parents=True, exist_ok=True)
     layer = layer_for(p.encoders, p.train)
-    before = _tree_mb(cache_dir)
+    before = _tree_mb(cache_dir) + _tree_mb(store)
     t0 = time.perf_counter()
     cache.fill(prepared, cache_dir, p.encoders, p.cache, layer=layer)
     fill_s = time.perf_counter() - t0
-    cache_mb = _tree_mb(cache_dir) - before
+    cache_mb = _tree_mb(cache_dir) + _tree_mb(store) - before
     tr = train.run(p, prepared, cache_dir, work / "model", work / "train.json", work / "live")
     ev = evaluate.run(p, prepared, cache_dir, work / "model", work / "evaluate.json",
                       work / "recall.json", work / "detail.json")
@@ -317,7 +319,7 @@ class Bench:
         t0 = time.perf_counter()
         try:
             res = pipeline_row(p, work / "prepared", work / f"cache-{setting}",
-                               work / f"{setting}-{mode}")
+                               work / f"{setting}-{mode}", self.store)
         except UserError as e:
             self.skip(f"{label}: skipped, the pipeline refused it ({e})")
             return

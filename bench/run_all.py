@@ -24,7 +24,7 @@ from bench.common import HERE, machine, table
 ROOT = HERE.parent
 PAGE = ROOT / "docs" / "benchmarks.md"  # the tables go between its bench:start/end markers
 BENCHES = ("cache_fill", "train_speed", "eval_topk", "negatives", "layers", "layers_full",
-           "sweep", "long_docs")
+           "sweep", "scale", "long_docs")
 # train_speed runs two train stages side by side: one torch thread each, or on 2 cores each
 # stage's second thread spin-waits for a core the other stage holds (0.93 instead of 0.82)
 ARGS = {"train_speed": ["--threads", "1"],
@@ -51,10 +51,13 @@ def time_to_quality(layers: dict) -> str:
 
 
 def full_and_sweep(results: dict) -> str:
-    """bench/layers_full.json's and bench/sweep.json's tables, each under its own heading."""
-    full, sweep = results["layers_full"], results["sweep"]
+    """bench/layers_full.json's, bench/sweep.json's and bench/scale.json's tables, each under
+    its own heading."""
+    full, sweep, scale = results["layers_full"], results["sweep"], results["scale"]
     return (f"\n\n### Full fine-tuning against the peer\n\n`{full['command']}`:\n\n"
-            f"{full['table']}\n\n### Sweeps\n\n`{sweep['command']}`:\n\n{sweep['table']}")
+            f"{full['table']}\n\n### Sweeps\n\n`{sweep['command']}`:\n\n{sweep['table']}"
+            f"\n\n### The top_layers cache at scale\n\n`{scale['command']}`:\n\n"
+            f"{scale['table']}\n\n{scale['note']}")
 
 
 def long_docs(results: dict) -> str:

@@ -43,7 +43,7 @@ def make_prepared(root: Path, texts: list[str], raw: dict[str, Any] | None = Non
 
 def encoder_params(model: Path, **overrides: Any) -> dict[str, Any]:
     spec = {"model": str(model), "pooling": "mean", "normalize": True, "max_length": 32,
-            "dtype": "float32", "prompts": None,
+            "dtype": "float32", "states_dtype": "float32", "prompts": None,
             "chunks": {"max": 1, "overlap": 32, "pool": "mean"}, **overrides}
     return {"query": "tiny", "document": "tiny", "models": {"tiny": spec}}
 

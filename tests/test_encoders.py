@@ -26,7 +26,7 @@ from simtune.params import EncoderParams
 def _spec(pooling: str = "mean", normalize: bool = True, model: str = "unused",
           prompts: dict | None = None) -> EncoderParams:
     return EncoderParams(model=model, pooling=pooling, normalize=normalize, max_length=8,
-                         dtype="float32", prompts=prompts,
+                         dtype="float32", states_dtype="float32", prompts=prompts,
                          chunks={"max": 1, "overlap": 0, "pool": "mean"})
 
 

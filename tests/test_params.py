@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +134,9 @@ def _float_keys(model: type = P.Params, prefix: tuple[str, ...] = ()) -> list[tu
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, P.BaseModel):
             out += _float_keys(ann, (*prefix, name))
-        elif ann is float:
+        elif ann is float or (typing.get_origin(ann) in (typing.Union, types.UnionType)
+                              and any(float in (a, *typing.get_args(a))
+                                      for a in typing.get_args(ann))):  # `float | None` too
             out.append((*prefix, name))
     return out
 
@@ -143,6 +147,7 @@ def test_float_keys_are_found() -> None:
             "train.head.dropout", "train.encoder.lr", "cache.store_max_gb",
             "negatives.margin", "sweep.timeout"} <= keys
     assert len(keys) == 17  # train.encoder.lora.alpha and .dropout, sweep.timeout
+    assert "cache.max_layer_gb" in keys  # null: no cap
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])

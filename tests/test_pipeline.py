@@ -259,3 +259,37 @@ def test_a_stage_reruns_for_its_own_code_only(tmp_path: Path) -> None:
     assert edit("src/simtune/evaluate/runs.py") == {"evaluate"}
     # the core reruns every stage that runs it
     assert {"cache", "train", "evaluate"} <= edit("src/simtune/encoders.py")
+
+
+def test_top_layers_views_reference_the_store_and_a_teammate_refills(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    project, raw, params, _ = _small_project(tmp_path)
+    raw["train"]["mode"] = "top_layers"
+    raw["train"]["encoder"].update(top_layers=1, max_epochs=1, batch_size=16)
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+    first = project.dvc("repro")
+    assert "cache tiny@layer1: 0 cached, 60 to embed" in first.stderr
+    view = project.path / "cache" / "tiny@layer1"
+    good = {f.name: f.read_bytes() for f in view.iterdir()}
+    assert sorted(good) == ["reference.json", "rows.arrow"]  # no states: those are the store's
+    fingerprint = json.loads(good["reference.json"])["fingerprint"]
+    store = Path(project.env["SIMTUNE_STORE"]) / "vectors" / fingerprint
+    assert any(store.glob("shard-*.arrow"))
+    assert _ran(project.dvc("repro")) == set()
+    project.dvc("remote", "add", "-d", "shared", str(tmp_path / "remote"))
+    project.git("add", "-A")
+    project.git("commit", "-q", "-m", "top_layers run")
+    project.dvc("push")
+    # a teammate pulls the reference; the states stay on the machine that filled them, so
+    # training says how to refill, and the refill gives the very view DVC has: nothing reruns
+    monkeypatch.setenv("SIMTUNE_STORE", str(tmp_path / "teammate-store"))
+    mate = DvcProject(tmp_path / "mate", clone_of=project)
+    mate.dvc("pull")
+    failed = mate.dvc("repro", "-f", "-s", "train", check=False)
+    assert failed.returncode != 0 and "dvc repro -f -s cache" in failed.stderr, failed.stderr
+    refill = mate.dvc("repro", "-f", "-s", "cache")
+    assert "cache tiny@layer1: 0 cached, 60 to embed" in refill.stderr
+    assert "cache tiny: 60 cached, 0 to embed" in refill.stderr  # the pulled vector view's
+    mine = mate.path / "cache" / "tiny@layer1"
+    assert {f.name: f.read_bytes() for f in mine.iterdir()} == good
+    assert _ran(mate.dvc("repro")) == set()

@@ -89,8 +89,8 @@ def describe(name: str, spec: EncoderParams, layer: int | None = None,
         "model_files": files}
     if prompt_of(spec, role) and spec.prompts is not None:
         out.update(prompt=prompt_of(spec, role), include_prompt=spec.prompts.include_prompt)
-    if layer is not None:
-        out["layer"] = layer
+    if layer is not None:  # the states' own storage dtype (the vectors' `dtype` stores none)
+        out.update(layer=layer, dtype=spec.states_dtype)
     if chunks and chunked(spec):
         out["chunks"] = spec.chunks.model_dump()
     return out
@@ -332,6 +332,18 @@ class FrozenEncoder:
         mask = batch["attention_mask"].bool().cpu().numpy()
         out = hidden.float().cpu().numpy()
         return [out[i][mask[i]] for i in range(len(out))]  # any padding side
+
+    def embed_states(self, batch: dict[str, torch.Tensor], layer: int
+                     ) -> tuple[torch.Tensor, list[np.ndarray]]:
+        """One forward pass, both things a top_layers fill caches: the (B, dim) float32 pooled
+        vectors (bit-equal to `embed`'s) and each text's (T_i, H) float32 token states after
+        layer `layer` (as `states` gives them). Caller chooses grad/inference mode."""
+        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        out = self.model(**batch, output_hidden_states=True)
+        vectors = pooled(out.last_hidden_state, batch["attention_mask"], self.spec, self.skip)
+        mask = batch["attention_mask"].bool().cpu().numpy()
+        hidden = out.hidden_states[layer].float().cpu().numpy()
+        return vectors, [hidden[i][mask[i]] for i in range(len(hidden))]
 
     @torch.inference_mode()
     def encode(self, texts: list[str], batch_size: int, progress: bool = False

@@ -47,10 +47,11 @@ class HeadConfig(_File):
 
 class SavedEncoder(EncoderParams):
     """The encoder settings a head or export folder was written with; folders written before
-    `prompts` existed have none."""
+    `prompts` (or `states_dtype`) existed have none."""
 
     prompts: EncoderPrompts | None = None
     chunks: ChunkParams | None = None  # folders written before chunking: truncated texts
+    states_dtype: Literal["float32", "float16"] = "float32"
 
 
 class TrainingMeta(_File):

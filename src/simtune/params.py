@@ -170,6 +170,10 @@ class EncoderParams(Section):
                             "truncated, or split into windows (`chunks`)")
     chunks: ChunkParams
     dtype: Literal["float32", "float16"] = Field(description="storage dtype of cached vectors")
+    states_dtype: Literal["float32", "float16"] = Field(
+        description="top_layers mode: storage dtype of the cached token states (float16: half "
+        "the bytes; the top layers still run in float32); part of the layer cache's fingerprint"
+    )
     prompts: EncoderPrompts | None = Field(
         description="prompts put before texts by role ({query, document, include_prompt}; "
         "null: none); their tokens count toward max_length; written into the export's "
@@ -230,9 +234,10 @@ class CacheParams(Section):
         min_length=1, description="the machine-wide shared store of every vector ever computed "
         "(`~` expanded; `$SIMTUNE_STORE` overrides it), shared by all workspaces on the machine"
     )
-    max_layer_gb: Number = Field(
+    max_layer_gb: Number | None = Field(
         gt=0, description="top_layers mode: refuse a layer cache estimated above this many GB "
-        "(texts x tokens x hidden x bytes, logged before filling)"
+        "(texts x tokens x hidden x bytes, logged before filling; null: no cap). Either way, "
+        "an estimate over the store's free disk is refused"
     )
     store_max_gb: Number = Field(
         gt=0, description="size policy of the shared store: after a fill, least recently used "

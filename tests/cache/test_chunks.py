@@ -209,13 +209,6 @@ def test_the_cut_is_logged_reported_and_warned_with_the_key(tiny_bert: Path, tmp
     assert report["tiny"]["window"]["cut"] == 6 and report["tiny"]["texts"] == 12
 
 
-def test_top_layers_refuses_chunks_that_split_a_text(tiny_bert: Path, tmp_path: Path) -> None:
-    prepared = make_prepared(tmp_path, _texts())
-    p = params(tiny_bert, _chunks())
-    with pytest.raises(UserError, match=r"chunks: train.mode top_layers caches one window"):
-        cache.fill(prepared, tmp_path / "c", p.encoders, p.cache, layer=1)
-
-
 def test_the_bundled_minilm_chunks_a_long_text_at_word_boundaries() -> None:
     from simtune.encoders import model_dir
 

@@ -19,7 +19,7 @@ import torch
 from typer.testing import CliRunner
 
 from simtune import params as P
-from simtune.cache import policy, states, store, vectors
+from simtune.cache import policy, reference, store, vectors
 from simtune.cache import stage as cache
 from simtune.errors import UserError
 from stages import app
@@ -172,19 +172,22 @@ def test_item1_damaged_store_manifest_is_repaired_from_the_view(tmp_path: Path, 
 
 
 def test_item1_layer_states_manifest_dim_checked(tmp_path: Path, tiny_bert: Path) -> None:
+    # the states live in the store alone (the view references them): a store entry whose
+    # manifest lies is refused, then embedded again, and the view comes out the same bytes
     prepared = make_prepared(tmp_path, sentences(12))
     p = params(tiny_bert)
     _fill(prepared, tmp_path / "cache", p, layer=1)
     view = tmp_path / "cache" / "tiny@layer1"
-    good = (view / "part-00000.arrow").read_bytes()
-    _edit(view / "manifest.json", _set("dim", 16))
+    good = {f.name: f.read_bytes() for f in view.iterdir()}
+    entry = store.fingerprint_dir(store.root(""), reference.read(view).fingerprint)
+    _edit(entry / "manifest.json", _set("dim", 16))
     with pytest.raises(UserError, match=r"damaged cache shard \(hidden size 32, the manifest "
-                                        r"says dim 16\)"):
-        states.load(view)
+                                        r"says dim 16\).*dvc repro -f -s cache"):
+        reference.open_view(view, store.root(""))
     with count_forward() as counts:
         _fill(prepared, tmp_path / "cache", p, layer=1)
-    assert counts["rows"] == 0 and (view / "part-00000.arrow").read_bytes() == good
-    assert states.load(view, checksums=True).manifest.dim == 32
+    assert counts["rows"] == 12 and {f.name: f.read_bytes() for f in view.iterdir()} == good
+    assert reference.open_view(view, store.root("")).manifest.dim == 32
 
 
 # --- item 3: bit rot in a store shard -----------------------------------------------------------
@@ -298,7 +301,9 @@ def test_item10_verify_checks_the_top_layers_state_cache(tmp_path: Path,
     assert code == 0, output
     assert "tiny: ok: 30 rows, 4 re-embedded" in output
     assert "tiny@layer1: ok: 30 rows, 0 re-embedded" in output
-    shard = layer_view / vectors.read_manifest(layer_view).shards[0].file
+    # the view holds no states: the store shards it references are the ones checked
+    entry = store.fingerprint_dir(store.root(""), reference.read(layer_view).fingerprint)
+    shard = entry / vectors.read_manifest(entry).shards[0].file
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x01
     shard.write_bytes(bytes(data))
@@ -311,7 +316,7 @@ def test_item10_verify_checks_the_top_layers_state_cache(tmp_path: Path,
 
 
 def _fingerprints(out: Path) -> set[str]:
-    return {vectors.read_manifest(d).fingerprint for d in out.iterdir()}
+    return {(reference.read(d) or vectors.read_manifest(d)).fingerprint for d in out.iterdir()}
 
 
 def test_item11_fill_never_evicts_an_entry_in_use_two_encoders(tmp_path: Path,

@@ -20,6 +20,8 @@ from typer.testing import CliRunner
 from simtune import params as P
 from simtune.cache import stage as cache
 from simtune.encoders import FrozenEncoder
+from simtune.errors import UserError
+from simtune.prepare.prepared import load as load_prepared
 from simtune.train import represent
 from simtune.train.data import load_data
 from stages import app
@@ -29,16 +31,19 @@ from tests.train_helpers import dropout_free, project, relative_errors, stage_ar
 CHUNKS = {"max_length": 10, "chunks": {"max": 3, "overlap": 2, "pool": "mean"}}
 
 
-def _chunked_project(root: Path, model: Path, **train) -> tuple[Path, P.Params]:
-    """The small groups project with 10-token windows (most texts span 2-3 windows), full mode,
-    one epoch of batch 8."""
+def _chunked_project(root: Path, model: Path, mode: str = "full") -> tuple[Path, P.Params]:
+    """The small groups project with 10-token windows (most texts span 2-3 windows), full or
+    top_layers (the top 1 of 2 layers) mode, one epoch of batch 8."""
+    from simtune.cache.views import layer_for
+
     raw, params_file = project(root, model)
     raw["encoders"]["models"]["tiny"].update(CHUNKS)
-    raw["train"].update(mode="full", **train)
-    raw["train"]["encoder"].update(max_epochs=1, batch_size=8)
+    raw["train"]["mode"] = mode
+    raw["train"]["encoder"].update(max_epochs=1, batch_size=8, top_layers=1)
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     p = P.validate(raw)
-    cache.fill(root / "prepared", root / "cache", p.encoders, p.cache)
+    cache.fill(root / "prepared", root / "cache", p.encoders, p.cache,
+               layer=layer_for(p.encoders, p.train))
     return params_file, p
 
 
@@ -58,14 +63,48 @@ def test_live_windows_pool_to_the_frozen_encoders_vectors(tmp_path: Path, tiny_b
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
-def test_full_mode_gradcache_over_windows_equals_plain(tmp_path: Path, tiny_bert: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    params_file, _ = _chunked_project(tmp_path, dropout_free(tiny_bert, tmp_path / "bert"))
+def test_top_layers_pool_each_windows_top_to_the_frozen_encoders_vectors(
+        tmp_path: Path, tiny_bert: Path) -> None:
+    """top_layers: each window's cached states (a layer view listing each text's windows)
+    through the top layers, pooled, then the windows pooled = the whole encoder's chunked
+    vectors (what evaluate serves from the saved model)."""
+    from simtune.cache.views import layer_for, open_states
+
+    model = dropout_free(tiny_bert, tmp_path / "bert")
+    raw, _ = project(tmp_path, model, mode="top_layers")
+    raw["encoders"]["models"]["tiny"].update(CHUNKS)
+    raw["train"]["encoder"]["top_layers"] = 1
+    p = P.validate(raw)
+    layer = layer_for(p.encoders, p.train)
+    cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache, layer=layer)
+    spec = p.encoders.models["tiny"]
+    table = open_states(tmp_path / "cache", "tiny", spec, layer, p.cache)
+    assert table.windows is not None and len(table.length_np) > len(table)
+    data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
+    rep = represent.CachedStates(table, model, layer, spec).eval()
+    split = data.splits["train"]
+    with torch.no_grad():
+        got = rep.embed_split(split, "text")
+    texts = load_prepared(tmp_path / "prepared").text_map()
+    order = [texts[table.ids[int(r)].as_py()] for r in split.tensors["rows"]]
+    want = FrozenEncoder("tiny", spec, torch.device("cpu")).encode(order, 5)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    # a layer view cut with other chunk settings is refused, not pooled wrongly
+    other = spec.model_copy(update={"chunks": spec.chunks.model_copy(update={"overlap": 1})})
+    with pytest.raises(UserError, match=r"windows cut with chunks .* run the cache stage"):
+        open_states(tmp_path / "cache", "tiny", other, layer, p.cache)
+
+
+@pytest.mark.parametrize("mode", ["full", "top_layers"])
+def test_gradcache_over_windows_equals_plain(tmp_path: Path, tiny_bert: Path,
+                                             monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    params_file, _ = _chunked_project(tmp_path, dropout_free(tiny_bert, tmp_path / "bert"),
+                                      mode)
     steps = step_gradients(tmp_path, params_file, monkeypatch)
     assert len(steps["plain"]) == len(steps["gc"]) == 5
     for got, want in zip(steps["gc"], steps["plain"], strict=True):
         worst = relative_errors(got, want)
-        assert any(n.startswith("rep.encoder") for n, _ in worst)
+        assert any(n.startswith(("rep.encoder", "rep.top")) for n, _ in worst)
         assert worst[0][1] <= 1e-4, worst[:3]
 
 

@@ -106,7 +106,7 @@ def test_each_family_from_layer_k_equals_the_whole_model(tiny_models: dict[str, 
     path = tiny_models[family]
     k = LAYERS - TOP
     spec = P.EncoderParams(model=str(path), pooling="mean", normalize=True, max_length=32,
-                           dtype="float32", prompts=None,
+                           dtype="float32", states_dtype="float32", prompts=None,
                            chunks={"max": 1, "overlap": 0, "pool": "mean"})
     frozen = FrozenEncoder("tiny", spec, torch.device("cpu"))
     texts = sentences(12)

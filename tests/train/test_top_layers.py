@@ -95,6 +95,34 @@ def test_cached_states_through_the_top_layers_equal_the_whole_encoder(
     assert torch.allclose(got, cached, atol=2e-5)
 
 
+def test_streamed_states_train_exactly_as_the_table_loaded_in_memory(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # before, the layer cache was one (sum T, H) tensor in memory, gathered per batch; that is
+    # still the resident table (`StatesTable.resident`): training reads the same batches, so
+    # it gives the very same weights and validation metrics
+    from simtune.train import stage as train_stage
+
+    _, p = _top_project(tmp_path, tiny_bert, max_epochs=2)
+
+    def train(tag: str) -> tuple[dict, dict]:
+        report = train_stage.run(p, tmp_path / "prepared", tmp_path / "cache",
+                                 tmp_path / f"head{tag}", tmp_path / f"train{tag}.json",
+                                 tmp_path / f"live{tag}")
+        return report, load_file(str(tmp_path / f"head{tag}" / "encoder" / "model.safetensors"))
+
+    streamed, weights = train("streamed")
+
+    def in_memory(self: represent.CachedStates, device: torch.device, cache_type) -> None:
+        self.table = self.doc_table = self.table.resident("cpu")
+
+    monkeypatch.setattr(represent.CachedStates, "place", in_memory)
+    loaded, weights2 = train("loaded")
+    assert streamed["best_val"] == loaded["best_val"]
+    assert streamed["full_validations"] == loaded["full_validations"]
+    assert weights.keys() == weights2.keys()
+    assert all(torch.equal(weights[k], weights2[k]) for k in weights)
+
+
 LORA = {"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": "all-linear"}
 
 

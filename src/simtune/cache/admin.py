@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
-from simtune.cache import policy, store, vectors, views
+from simtune.cache import policy, reference, store, vectors, views
 from simtune.cache.formats import Format
 from simtune.cache.stage import texts_per_encoder
 from simtune.encoders import FrozenEncoder, changes, describe, fingerprint
@@ -50,20 +50,26 @@ def verify(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CachePar
             label = views.view_name(name, spec, target.role, fmt.layer)
             seen.add(label)
             results.append(_verify_view(Path(out) / label, root, describe(
-                name, spec, fmt.layer, target.role)))
+                name, spec, fmt.layer, target.role, chunks=fmt.layer is None)))
             if fmt.layer is None and not results[-1].problems:
                 _compare(results[-1], Path(out) / label, prepared, ids, name, spec, target.role,
                          sample, seed, device)
     for directory in sorted(Path(out).iterdir()):
         if directory.name not in seen and not directory.name.startswith(".") and (
-                directory / vectors.MANIFEST).is_file():  # a dot name: a temp dir, not a view
+                (directory / vectors.MANIFEST).is_file() or reference.is_reference(directory)
+        ):  # a dot name: a temp dir, not a view
             results.append(_verify_view(directory, root, None))
     return results
 
 
 def _verify_view(directory: Path, root: Path, description: dict | None) -> VerifyResult:
-    """Checksums, schema, rows, fingerprint (against `description`, if given), store shards."""
+    """Checksums, schema, rows, fingerprint (against `description`, if given), store shards;
+    a layer view (a reference): its store rows all there and their shards re-hashed."""
     name = directory.name
+    if reference.is_reference(directory):
+        rows, problems = reference.verify(directory, root, description and fingerprint(
+            description))
+        return VerifyResult(name, rows, problems, 0, float("nan") if problems else 0.0)
     problems = vectors.verify(directory)
     if problems:
         return VerifyResult(name, 0, problems, 0, float("nan"))

@@ -8,7 +8,6 @@ import logging
 
 from simtune.chunks import Chunker, Cut, chunked
 from simtune.encoders import model_dir, prompt_of
-from simtune.errors import UserError
 from simtune.params import EncoderParams
 
 log = logging.getLogger(__name__)
@@ -50,12 +49,3 @@ def say(name: str, spec: EncoderParams, label: str, cut: Cut) -> None:
         log.warning("cache %s: %.0f %% of the texts are cut at %d tokens, losing %.0f %% of their "
                     "tokens: %s", label, 100 * cut.cut / cut.texts, spec.max_length,
                     100 * cut.dropped_share, hint)
-
-
-def refuse_states(name: str, spec: EncoderParams, cut: Cut) -> None:
-    """top_layers caches each text's token states as one window: refuse chunking there, in one
-    line, when it would split a text."""
-    if chunked(spec) and cut.windows > cut.texts:
-        raise UserError(f"encoders.models.{name}.chunks: train.mode top_layers caches one window "
-                        f"per text; {cut.windows - cut.texts} texts would be split (set "
-                        "chunks.max: 1, or train.mode head or full)")

@@ -48,15 +48,16 @@ class Format:
         """The stored rows `rows` of a loaded table, in its dtype."""
         if self.layer is None:
             return table.vectors[rows].numpy()
-        return states.table_rows(table, rows)
+        return table.read(rows)
 
     def shard_rows(self, directory: Path, shard: vectors.Shard, manifest: vectors.Manifest) -> Rows:
         """Every row of one shard."""
-        table = vectors.open_shard(directory, shard, manifest)
         if self.layer is None:
+            table = vectors.open_shard(directory, shard, manifest)
             return vectors.table_vectors(table, manifest.dim or 0).numpy()
-        loaded = states.assemble(directory, manifest, [table])
-        return states.table_rows(loaded, torch.arange(len(loaded)))
+        loaded = states.from_shards(directory, manifest,
+                                    [states.ShardIndex(directory, shard, manifest)])
+        return loaded.read(torch.arange(len(loaded)))
 
     def nbytes(self, rows: Rows) -> int:
         return int(rows.nbytes) if self.layer is None else sum(int(r.nbytes) for r in rows)

@@ -1,5 +1,6 @@
 """The shared store's size policy: least recently used entries go first, never one in use by
-the current params, never one being filled, never anything under `<root>/vectors/` that is not a
+the current params or referenced by a workspace's layer view (`reference.in_use`), never one
+being filled, never anything under `<root>/vectors/` that is not a
 store entry (a real directory holding a valid manifest of the fingerprint it is named after),
 never through a symlink. Run after each fill (`cache.store_max_gb`) and by `simtune cache gc`.
 """
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simtune import atomic
-from simtune.cache import store, vectors
+from simtune.cache import reference, store, vectors
 from simtune.errors import UserError
 
 log = logging.getLogger("simtune.shared")
@@ -80,6 +81,11 @@ def _scan(store_root: Path) -> list[tuple[Path, vectors.Manifest | None]]:
     return out
 
 
+def entry_bytes(directory: Path) -> int:
+    """Bytes a store entry holds on disk (`_size`)."""
+    return _size(directory)
+
+
 def _size(directory: Path) -> int:
     """Bytes of the regular files under `directory` (ONNX export too), links not followed."""
     total = 0
@@ -98,6 +104,7 @@ def evict(store_root: Path, max_bytes: int, keep: set[str], dry_run: bool = Fals
     Returns what was (or would be) dropped."""
     found = entries(store_root)
     total = sum(e.bytes for e in found)
+    keep = keep | reference.in_use(store_root, prune=not dry_run)  # what layer views read
     dropped = []
     for e in found:
         if total <= max_bytes:

@@ -24,7 +24,17 @@ import pyarrow.compute as pc
 import torch
 
 from simtune.atomic import write_json
-from simtune.cache import backends, batching, cutting, formats, policy, store, vectors, views
+from simtune.cache import (
+    backends,
+    batching,
+    cutting,
+    policy,
+    reference,
+    sinks,
+    store,
+    vectors,
+    views,
+)
 from simtune.cache.formats import Format
 from simtune.encoders import FrozenEncoder, describe, fingerprint, resolve_device
 from simtune.errors import UserError
@@ -35,7 +45,6 @@ from simtune.progress import Progress
 
 log = logging.getLogger("simtune.cache")
 VECTORS = Format()
-SHARD_BYTES = 256 << 20
 
 
 @dataclass
@@ -127,19 +136,21 @@ def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParam
         texts = prepared.text_map(ids)
         spec = encoders.models[name]
         windows, cut = cutting.split(name, spec, role, texts, target.view)
+        if layer is not None and name == encoders.query:
+            views.check_layer_size(name, spec, texts, Format(layer), cp, role)
+            results += fill_with_states(
+                name, spec, texts, Path(out) / target.view,
+                Path(out) / views.view_name(name, spec, role, layer), cp, dist, layer,
+                role=role, keep=keep,
+                descriptions=(described[target.view, None], described[target.view, layer]),
+                windows=windows)
+            results[-2].cut = cut.report()
+            continue
         results.append(fill_encoder(name, spec, texts, Path(out) / target.view, cp, dist,
                                     role=role, keep=keep,
                                     description=described[target.view, None],
                                     windows=windows))
         results[-1].cut = cut.report()
-        if layer is not None and name == encoders.query:
-            cutting.refuse_states(name, spec, cut)
-            fmt = Format(layer)
-            views.check_layer_size(name, spec, texts, fmt, cp, role)
-            results.append(fill_encoder(name, spec, texts,
-                                        Path(out) / views.view_name(name, spec, role, layer),
-                                        cp, dist, fmt=fmt, role=role, keep=keep,
-                                        description=described[target.view, layer]))
     return results
 
 
@@ -192,7 +203,7 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Pa
     with _rank0_locks(dist, root, view, directory, label):
         if dist.rank == 0:
             views.say_what_changed(view, root, label, seen, fingerprint(seen))
-            manifest = store.begin_fill(directory, label, fp, description, spec.dtype,
+            manifest = store.begin_fill(directory, label, fp, description, description["dtype"],
                                         needed=set(by_hash))
             views.import_view(view, directory, manifest, by_hash, fmt)
         dist.barrier()
@@ -207,14 +218,16 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Pa
             encoder = backends.select(encoder_factory(name, spec, _device(cp, dist), role),
                                       cp.backend, directory, fmt.layer)
             result.model_loaded = True
-            result.embedded = _embed_missing(encoder, missing, by_hash, directory, manifest,
-                                             cp, dist, fmt)
+            sink = sinks.Sink(fmt, directory, manifest, dist.rank, set(missing), cp.shard_rows)
+            result.embedded = _embed_missing(encoder, missing, by_hash, [sink], cp, dist)
         dist.barrier()
         if dist.rank == 0:
             final = store.finish_fill(directory)
-            views.write_view(view, directory, final,
-                             {i: [text_id(w) for w in ws] for i, ws in windows.items()},
-                             cp.shard_rows, fmt, seen)
+            ids = {i: [text_id(w) for w in ws] for i, ws in windows.items()}
+            if fmt.layer is None:
+                views.write_view(view, directory, final, ids, cp.shard_rows, fmt, seen)
+            else:  # layer states stay in the store: the view references them
+                reference.write(view, directory, final, ids, root)
             log.info("cache %s: %d rows in %s (store entry %s: %d rows)", label, len(texts),
                      view, fp, final.rows)
             policy.evict(root, int(cp.store_max_gb * 1e9), keep={fp} | (keep or set()))
@@ -254,41 +267,98 @@ def _device(cp: CacheParams, dist: Dist) -> torch.device:
 Encoder = FrozenEncoder | backends.OnnxEncoder
 
 
+def fill_with_states(name: str, spec: EncoderParams, texts: dict[str, str], vector_view: Path,
+                     layer_view: Path, cp: CacheParams, dist: Dist, layer: int,
+                     encoder_factory: Callable[..., FrozenEncoder] = FrozenEncoder,
+                     role: str = "query", keep: set[str] | None = None,
+                     descriptions: tuple[dict, dict] | None = None,
+                     windows: dict[str, list[str]] | None = None) -> list[FillResult]:
+    """`fill_encoder` for top_layers mode: the pooled vectors (`vector_view`) and the token
+    states after layer `layer` (`layer_view`) of `texts`, both store entries filled from ONE
+    encoder forward pass over each batch of the texts either lacks (each entry keeps only the
+    rows it lacks). Locks: each view's, then its entry's, vectors first (the order every fill
+    takes them). `windows`: as `fill_encoder`'s (the vectors' view pools them; the layer view
+    lists each text's windows). Returns the two entries' results (vectors, states)."""
+    fmts = (VECTORS, Format(layer))
+    descriptions = descriptions or (describe(name, spec, None, role, chunks=False),
+                                    describe(name, spec, layer, role, chunks=False))
+    seen = describe(name, spec, None, role)  # the vectors' view: the chunk settings too
+    windows = windows or {i: [t] for i, t in texts.items()}
+    fps = [fingerprint(d) for d in descriptions]
+    root = store.root(cp.store)
+    dirs = [store.fingerprint_dir(root, fp) for fp in fps]
+    pairs = list(zip((vector_view, layer_view), dirs, strict=True))
+    by_hash = {text_id(w): w for ws in windows.values() for w in ws}
+    labels = [views.view_name(name, spec, role, f.layer) for f in fmts]
+    with contextlib.ExitStack() as stack:
+        for (view, directory), label in zip(pairs, labels, strict=True):
+            stack.enter_context(_rank0_locks(dist, root, view, directory, label))
+        if dist.rank == 0:
+            for (view, directory), label, fmt, d, fp in zip(pairs, labels, fmts, descriptions,
+                                                            fps, strict=True):
+                shown = seen if fmt.layer is None else d
+                views.say_what_changed(view, root, label, shown, fingerprint(shown))
+                # vectors copied into the view are re-hashed; states are never copied (read
+                # where they are): new shards are hashed, bit rot is `cache verify`'s to find
+                manifest = store.begin_fill(directory, label, fp, d, d["dtype"], needed=set(
+                    by_hash) if fmt.layer is None else set())
+                views.import_view(view, directory, manifest, by_hash, fmt)
+        dist.barrier()
+        manifests = [vectors.read_manifest(d) for d in dirs]
+        assert None not in manifests
+        missing = [sorted(h for h in by_hash if h not in vectors.cached_hashes(d, m))
+                   for d, m in zip(dirs, manifests, strict=True)]
+        results = [FillResult(name, len(texts), len(texts) - _count_missing(windows, m), 0,
+                              model_loaded=False, view=label)
+                   for m, label in zip(missing, labels, strict=True)]
+        for label, result, m in zip(labels, results, missing, strict=True):
+            log.info("cache %s: %d cached, %d to embed", label, result.cached, len(m))
+        todo = sorted(set(missing[0]) | set(missing[1]))
+        if todo:
+            encoder: Encoder = encoder_factory(name, spec, _device(cp, dist), role)
+            if not missing[1]:  # vectors alone: any backend (layer states run on torch)
+                encoder = backends.select(encoder, cp.backend, dirs[0], None)
+            parts = {i: sinks.Sink(fmts[i], dirs[i], manifests[i], dist.rank, set(missing[i]),
+                                   cp.shard_rows) for i in (0, 1) if missing[i]}
+            _embed_missing(encoder, todo, by_hash, list(parts.values()), cp, dist)
+            for i, sink in parts.items():
+                results[i].model_loaded, results[i].embedded = True, sink.count
+        dist.barrier()
+        if dist.rank == 0:
+            ids = {i: [text_id(w) for w in ws] for i, ws in windows.items()}
+            for (view, directory), fmt, label, fp in zip(pairs, fmts, labels, fps, strict=True):
+                final = store.finish_fill(directory)
+                if fmt.layer is None:
+                    views.write_view(view, directory, final, ids, cp.shard_rows, fmt, seen)
+                else:  # the states stay in the store: the view references them
+                    reference.write(view, directory, final, ids, root, describe(
+                        name, spec, layer, role).get("chunks"))
+                log.info("cache %s: %d rows in %s (store entry %s: %d rows)", label, len(texts),
+                         view, fp, final.rows)
+            policy.evict(root, int(cp.store_max_gb * 1e9), keep=set(fps) | (keep or set()))
+        dist.barrier()
+    return results
+
+
 def _embed_missing(encoder: Encoder, missing: list[str], texts: dict[str, str],
-                   directory: Path, manifest: vectors.Manifest, cp: CacheParams,
-                   dist: Dist, fmt: Format) -> int:
+                   parts: list[sinks.Sink], cp: CacheParams, dist: Dist) -> int:
+    """Embed rank `dist.rank`'s share of the `missing` content hashes (`texts`: hash -> text),
+    length-sorted, in `cp.batch_size` batches: one forward pass per batch feeds every sink
+    (`sinks.compute`), each keeping the rows its entry lacks. Returns the texts this rank ran."""
     mine = batching.rank_order(encoder, missing, texts, dist.rank, dist.world)
     loader = batching.tokenised([texts[t] for t in mine], cp.batch_size, encoder,
                                 cp.num_workers)
-    journal = store.Journal(directory, dist.rank, manifest.fingerprint)
-    buf_ids: list[str] = []
-    buf: list[formats.Rows] = []
-    held = [0]  # bytes buffered
-
-    def flush(rows: int) -> None:
-        """Write the first `rows` buffered rows as one shard, keep the rest buffered."""
-        head, rest = formats.split(formats.cat(buf), rows)
-        ids = buf_ids[:rows]  # store rows are keyed by their content hash
-        journal.add(fmt.write(directory, dist.rank, ids, ids, head, manifest))
-        del buf_ids[:rows]
-        buf[:] = [rest]
-        held[0] = fmt.nbytes(rest)
-
+    fmts = [s.fmt for s in parts]
     with Progress(len(mine), f"embedding with {encoder.name}") as progress, torch.inference_mode():
         # the ONNX backend runs `streams` batches at once (one thread each); torch one at a time
-        computed = batching.ordered_map(lambda item: (item[0], fmt.compute(encoder, item[1])),
+        computed = batching.ordered_map(lambda item: (item[0], sinks.compute(encoder, item[1],
+                                                                             fmts)),
                                         loader, getattr(encoder, "streams", 1))
-        for idx, out in computed:
-            buf.append(out)
-            held[0] += fmt.nbytes(out)
-            buf_ids.extend(mine[j] for j in idx)
+        for idx, outs in computed:
+            hashes = [mine[j] for j in idx]
+            for sink, rows in zip(parts, outs, strict=True):
+                sink.add(hashes, rows)
             progress.update(len(idx))
-            while len(buf_ids) >= cp.shard_rows:
-                flush(cp.shard_rows)
-            if held[0] >= SHARD_BYTES:  # layer states are large: memory stays bounded
-                flush(len(buf_ids))
-        if buf_ids:
-            flush(len(buf_ids))
+        for sink in parts:
+            sink.flush()
     return len(mine)
-
-

@@ -12,11 +12,14 @@ Layout (root: `cache.store`, or `$SIMTUNE_STORE` when set):
                                     sha256); shards copied into a view are re-hashed anyway
         .used                       touched on every use: the clock of the size policy
         onnx/model.onnx             `cache.backend: onnx` only: the encoder's export
+    <root>/refs/<fingerprint>/<key>.json   a workspace layer view referencing that entry (its
+                                    states are read from the store: `simtune.cache.reference`)
 
 Fingerprints live side by side, so switching a setting back and forth re-embeds nothing. Shards
 are immutable once listed; a shard whose checksum fails is dropped (with a warning naming it)
 and its rows are embedded again. The size policy evicts whole fingerprints, least recently used
-first, never one in use by the current params (`simtune.cache.policy`).
+first, never one in use by the current params or referenced by a live view
+(`simtune.cache.policy`).
 """
 
 from __future__ import annotations

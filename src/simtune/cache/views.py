@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from simtune.atomic import atomic_dir
-from simtune.cache import formats, policy, states, vectors
+from simtune.cache import formats, policy, reference, states, store, vectors
 from simtune.cache.formats import Format
 from simtune.cache.states import StatesTable
 from simtune.chunks import pool_windows
@@ -47,7 +48,7 @@ def say_what_changed(view: Path, root: Path, name: str, description: dict, fp: s
     or (the view is gone: DVC removes outputs before rerunning a stage) the store entry of this
     encoder used last. Nothing is dropped: earlier settings' vectors stay in the store."""
     try:
-        old = vectors.read_manifest(view)
+        old = reference.read(view) or vectors.read_manifest(view)
     except UserError:
         old = None
     if old is None:
@@ -149,10 +150,11 @@ def layer_for(encoders: EncodersParams, train: TrainParams) -> int | None:
 
 
 def check_layer_size(name: str, spec: EncoderParams, texts: dict[str, str], fmt: Format,
-                      cp: CacheParams, role: str) -> None:
+                     cp: CacheParams, role: str) -> None:
     """Estimate the layer cache of `role` texts (texts x mean tokens, prompt included, x hidden
-    x bytes; tokens counted on a sample), log it, and refuse it above `cache.max_layer_gb`
-    before embedding anything."""
+    x bytes of `states_dtype`; tokens counted on a sample), log it, and refuse it, before
+    embedding anything, above `cache.max_layer_gb` (when set) or above what the store's disk
+    has free (plus what the store entry already holds)."""
     import transformers
 
     config = model_config(name, spec)
@@ -162,14 +164,33 @@ def check_layer_size(name: str, spec: EncoderParams, texts: dict[str, str], fmt:
     sample = [prompt_of(spec, role) + t for t in sample]
     lengths = tokenizer(sample, truncation=True, max_length=spec.max_length)["input_ids"]
     mean = sum(map(len, lengths)) / max(len(lengths), 1)
-    size = len(texts) * mean * int(config.hidden_size) * (2 if spec.dtype == "float16" else 4)
-    log.info("cache %s: ~%.2f GB (%d texts x %.1f tokens x %d x %s)",
-             view_name(name, spec, role, fmt.layer),
-             size / 1e9, len(texts), mean, config.hidden_size, spec.dtype)
-    if size > cp.max_layer_gb * 1e9:
+    width = 2 if spec.states_dtype == "float16" else 4
+    size = len(texts) * mean * int(config.hidden_size) * width
+    label = view_name(name, spec, role, fmt.layer)
+    log.info("cache %s: ~%.2f GB (%d texts x %.1f tokens x %d x %s)", label, size / 1e9,
+             len(texts), mean, config.hidden_size, spec.states_dtype)
+    advice = "use states_dtype float16, a lower max_length, or train.mode head"
+    if cp.max_layer_gb is not None and size > cp.max_layer_gb * 1e9:
         raise UserError(f"cache.max_layer_gb: the layer cache of '{name}' would take "
                         f"~{size / 1e9:.1f} GB, over the limit of {cp.max_layer_gb:g} GB (raise "
-                        "it, use dtype float16, a lower max_length, or train.mode head)")
+                        f"it, {advice})")
+    root = store.root(cp.store)
+    entry = store.fingerprint_dir(root, fingerprint(describe(name, spec, fmt.layer, role,
+                                                             chunks=False)))
+    held = policy.entry_bytes(entry) if entry.is_dir() else 0
+    free = _free_bytes(root)
+    if size > free + held:
+        raise UserError(f"cache {label}: the layer cache would take ~{size / 1e9:.1f} GB, the "
+                        f"store {root} has {(free + held) / 1e9:.1f} GB free for it (free disk "
+                        f"there, set cache.store or $SIMTUNE_STORE elsewhere, or {advice})")
+
+
+def _free_bytes(path: Path) -> int:
+    """Free bytes on the file system of `path` (or of its nearest existing parent)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
 
 
 def open_cache(out: Path, name: str, spec: EncoderParams, cp: CacheParams,
@@ -200,10 +221,19 @@ def open_pair(out: Path, encoders: EncodersParams, cp: CacheParams, placed: bool
     return q, d
 
 
-def open_states(out: Path, name: str, spec: EncoderParams, layer: int, role: str = "query"
-                ) -> StatesTable:
-    """Load the layer cache of `name`'s `role` texts, `out/<view>@layer<k>/` (fingerprint and
-    checksums checked)."""
-    fp = fingerprint(describe(name, spec, layer, role))
-    return states.load(Path(out) / view_name(name, spec, role, layer), fingerprint=fp,
-                       checksums=True)
+def open_states(out: Path, name: str, spec: EncoderParams, layer: int, cp: CacheParams,
+                role: str = "query") -> StatesTable:
+    """The layer cache of `name`'s `role` texts: the view `out/<view>@layer<k>/` (fingerprint
+    checked) read from the store entry it references (`reference.open_view`: streamed, nothing
+    loaded). A view from before views were references holds its shards itself (checksums
+    checked)."""
+    fp = fingerprint(describe(name, spec, layer, role, chunks=False))  # the store entry's
+    view = Path(out) / view_name(name, spec, role, layer)
+    if not reference.is_reference(view) and (view / vectors.MANIFEST).is_file():
+        return states.load(view, fingerprint=fp, checksums=True)
+    ref = reference.read(view)
+    chunks = describe(name, spec, layer, role).get("chunks")
+    if ref is not None and ref.chunks != chunks:  # windows cut by other settings
+        raise UserError(f"{view / reference.REF_FILE}: windows cut with chunks {ref.chunks}, the "
+                        f"params say {chunks}; run the cache stage")
+    return reference.open_view(view, store.root(cp.store), fp)

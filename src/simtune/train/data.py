@@ -89,7 +89,7 @@ def _states_tables(p: Params, cache_dir: Path, q_table: Any, d_table: Any) -> di
         if key == "doc_states" and d_table is q_table:
             out[key] = out["states"]
             continue
-        table = open_states(cache_dir, name, p.encoders.models[name], layer, role)
+        table = open_states(cache_dir, name, p.encoders.models[name], layer, p.cache, role)
         if not table.ids.equals(vectors.ids):
             raise UserError(f"{table.directory}: the layer cache holds other texts than "
                             f"{vectors.directory}; run the cache stage")

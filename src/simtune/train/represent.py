@@ -150,7 +150,9 @@ def length_groups(lengths: torch.Tensor, overhead: int) -> list[torch.Tensor]:
 class CachedStates(Representation):
     """Top-layers mode: cached token states after layer k through the trainable top layers.
     `table` holds the query (and groups') texts, `doc_table` the documents (the same table
-    unless a document prompt of its own gives them their own view)."""
+    unless a document prompt of its own gives them their own view): `states.StatesTable`s, each
+    batch's rows read from the store's shards as the batch runs (in the shuffled order; memory
+    stays one batch), or resident on the GPU (`place`)."""
 
     def __init__(self, table: Any, path: Path, layer: int, spec: EncoderParams,
                  doc_table: Any = None, adapters: LoraParams | None = None) -> None:
@@ -166,18 +168,24 @@ class CachedStates(Representation):
         return self.doc_table if PROMPT_ROLE[role] == "document" else self.table
 
     def forward(self, split: Any, part: dict[str, Any], role: str) -> torch.Tensor:
-        """(n, D): each text's vector depends only on its own tokens, so the batch runs as
-        groups of similar length (`length_groups`), each padded to its own longest."""
-        rows, table = split.tensors[ROWS[role]][part["idx"]], self._table(role)
-        groups = length_groups(table.lengths(rows.to(table.offsets.device)).cpu(),
+        """(n, D): each text's (window's) vector depends only on its own tokens, so the batch
+        runs as groups of similar length (`length_groups`), each padded to its own longest; a
+        text of several windows (`simtune.chunks`) is their pooled vector."""
+        table = self._table(role)
+        rows, counts = table.window_rows(split.tensors[ROWS[role]][part["idx"]])
+        groups = length_groups(table.lengths(rows).cpu(),
                                GROUP_OVERHEAD.get(self.device.type, GROUP_OVERHEAD["other"]))
         if len(groups) == 1:
-            return self._run(rows, role)
-        outs = [self._run(rows[g], role) for g in groups]
-        vectors = torch.empty(len(rows), outs[0].shape[1], dtype=outs[0].dtype,
-                              device=outs[0].device)
-        vectors[torch.cat(groups).to(vectors.device)] = torch.cat(outs)
-        return vectors
+            vectors = self._run(rows, role)
+        else:
+            outs = [self._run(rows[g], role) for g in groups]
+            vectors = torch.empty(len(rows), outs[0].shape[1], dtype=outs[0].dtype,
+                                  device=outs[0].device)
+            vectors[torch.cat(groups).to(vectors.device)] = torch.cat(outs)
+        if counts is None:
+            return vectors
+        # long texts: each window through the top layers, pooled, then the windows pooled
+        return pool_windows(vectors, counts, self.spec.chunks.pool, self.spec.normalize)
 
     def _run(self, rows: torch.Tensor, role: str) -> torch.Tensor:
         states, mask = self._table(role).batch(rows, self.device)
@@ -192,7 +200,7 @@ class CachedStates(Representation):
         if n == 0:
             return torch.empty(0, self.dim)
         table = self._table(role)
-        lengths = table.lengths(split.tensors[ROWS[role]].to(table.offsets.device))
+        lengths = table.text_tokens(split.tensors[ROWS[role]])
         order = torch.argsort(lengths.cpu(), descending=True, stable=True)
         out, s = [], 0
         while s < n:  # sorted descending: the chunk's first row is its longest
@@ -204,9 +212,15 @@ class CachedStates(Representation):
         return vectors
 
     def place(self, device: torch.device, cache_type: Callable[[str], str]) -> None:
+        """`cpu`: the tables stay streamed from the store's shards (a batch read at a time);
+        `gpu`: each moves to `device` whole; `auto` on a GPU: whole when the tables take under
+        half its free memory, else streamed."""
         kind = cache_type(_encoder_of(self.table))
-        if kind == "gpu" or (kind == "auto" and device.type == "cuda"):
-            same = self.doc_table is self.table
+        same = self.doc_table is self.table
+        if kind == "auto" and device.type == "cuda":
+            size = self.table.nbytes + (0 if same else self.doc_table.nbytes)
+            kind = "gpu" if size < 0.5 * torch.cuda.mem_get_info(device)[0] else "cpu"
+        if kind == "gpu":
             self.table = self.table.to(device)
             self.doc_table = self.table if same else self.doc_table.to(device)
 

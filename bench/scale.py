@@ -1,0 +1,383 @@
+"""The top_layers cache at scale: fill speed, bytes on disk, DVC bookkeeping, peak RSS and
+training speed, for synthetic corpora of N texts x L tokens (MiniLM, top 2: the states after
+layer 4), in this layout and in the layout before issue 27.
+
+Texts are drawn from MiniLM's own word list (whole-word WordPiece tokens: one token per word),
+L - 2 words each, so every text is exactly L tokens (nothing downloaded). Per size:
+
+- fill: a head-mode fill and a top_layers fill (one encoder pass: vectors and states) of the
+  first `--fill-texts` texts, each into an empty store; with `--old-fill`, also the states alone
+  (the second pass the pre-change top_layers fill ran): texts/s, and top_layers / head;
+- the layer cache of all N texts: the store entries are written with random states (the bytes,
+  the bookkeeping and the reading do not depend on the values; the fill's speed is measured
+  above), then the views exactly as the fill writes them; bytes on disk (store + workspace +
+  DVC cache, each inode counted once), `dvc add cache` (DVC hashing and caching the stage's
+  output: its bookkeeping after the stage) and `dvc status`;
+- reading and training, each in a fresh process: a read of every row in shuffled batches of 64
+  (its peak RSS, VmHWM, and RssAnon / RssFile after it: what the table costs in memory), then
+  `--steps` top-2 training steps (batch 64, shuffled rows, supcon over random labels, AdamW:
+  steps/s, and the peak RSS with training's own activations);
+- the pre-change layout: the layer view a float32 copy of the states (as the fill wrote it),
+  `dvc add` of it, its bytes (its store entry held the same float32 bytes again: counted, not
+  written) and training over the table loaded into memory (as `states.assemble` did).
+
+Every figure is also projected linearly to 1M texts (RSS: streamed stays as measured, the
+loaded table grows with the bytes), said so in the table.
+
+    python -m bench.scale [--sizes 20000x128,5000x512] [--fill-texts 200] [--steps 10]
+
+Prints a Markdown table and writes bench/scale.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bench.common import HERE, machine, table
+
+ROOT = HERE.parent
+TOP, BATCH, HIDDEN, MILLION = 2, 64, 384, 1_000_000
+
+
+def spec_for(length: int, states_dtype: str = "float16") -> Any:
+    from simtune import params as P
+
+    raw = json.loads(json.dumps(P.load(ROOT / "params.yaml").model_dump()))
+    spec = dict(raw["encoders"]["models"]["minilm"], max_length=length,
+                states_dtype=states_dtype, model="minilm")
+    return P.EncoderParams(**spec)
+
+
+def cache_params(store_root: Path) -> Any:
+    from simtune import params as P
+
+    raw = P.load(ROOT / "params.yaml").cache.model_dump()
+    return P.CacheParams(**{**raw, "store": str(store_root), "device": "cpu",
+                            "store_max_gb": 1e6, "max_layer_gb": None})
+
+
+def texts(n: int, length: int, seed: int = 0) -> dict[str, str]:
+    """n distinct texts of `length` tokens (CLS + length - 2 one-token words + SEP)."""
+    from simtune.encoders import model_dir
+    from simtune.prepare.prepared import text_id
+
+    vocab = (model_dir("minilm", spec_for(length)) / "vocab.txt").read_text().split()
+    words = [w for w in vocab if w.isalpha() and w.isascii() and len(w) >= 3]
+    rng = random.Random(seed)
+    out = [" ".join(rng.choices(words, k=length - 2)) for _ in range(n)]
+    return {text_id(t): t for t in out}
+
+
+def du(*paths: Path) -> int:
+    """Bytes of the regular files under `paths`, each inode once (hardlinks counted once)."""
+    seen, total = set(), 0
+    for p in paths:
+        for parent, _, files in os.walk(p):
+            for name in files:
+                st = os.lstat(os.path.join(parent, name))
+                if st.st_ino not in seen and os.path.isfile(os.path.join(parent, name)):
+                    seen.add(st.st_ino)
+                    total += st.st_size
+    return total
+
+
+def fill_speed(n_texts: dict[str, str], length: int, work: Path, old_fill: bool
+               ) -> dict[str, float]:
+    """Seconds of a head fill, a one-pass top_layers fill (and the states-only second pass of
+    before) of `n_texts`, each into an empty store."""
+    from simtune.cache import stage as cache
+    from simtune.cache.formats import Format
+    from simtune.encoders import FrozenEncoder
+
+    spec = spec_for(length)
+    layer = 6 - TOP
+    encoder = FrozenEncoder("minilm", spec, torch.device("cpu"))
+    factory = lambda *a: encoder  # noqa: E731  (loaded once, outside the timings)
+    out: dict[str, float] = {}
+    runs = {"head": lambda cp, w: cache.fill_encoder("minilm", spec, n_texts, w / "v", cp,
+                                                     cache.Dist(), encoder_factory=factory),
+            "top_layers": lambda cp, w: cache.fill_with_states(
+                "minilm", spec, n_texts, w / "v", w / "s", cp, cache.Dist(), layer,
+                encoder_factory=factory)}
+    if old_fill:
+        runs["states_pass"] = lambda cp, w: cache.fill_encoder(
+            "minilm", spec, n_texts, w / "s", cp, cache.Dist(), encoder_factory=factory,
+            fmt=Format(layer))
+    for name, run in runs.items():
+        d = Path(tempfile.mkdtemp(dir=work))
+        os.environ["SIMTUNE_STORE"] = str(d / "store")
+        t0 = time.perf_counter()
+        run(cache_params(d / "store"), d)
+        out[name] = time.perf_counter() - t0
+        shutil.rmtree(d)
+    return out
+
+
+def synthetic_cache(ids: list[str], length: int, work: Path, seed: int = 0) -> Path:
+    """The store entries (vectors and float16 states after layer 4, random values) and the
+    workspace views `work/ws/cache/minilm` and `minilm@layer4`, as the fill writes them.
+    Returns the workspace."""
+    from simtune.cache import reference, states, store, vectors, views
+    from simtune.encoders import describe, fingerprint
+
+    spec, layer = spec_for(length), 6 - TOP
+    root = work / "store"
+    os.environ["SIMTUNE_STORE"] = str(root)
+    ws = work / "ws"
+    rng = np.random.default_rng(seed)
+    for fmt_layer in (None, layer):
+        d = describe("minilm", spec, fmt_layer)
+        fp = fingerprint(d)
+        entry = store.fingerprint_dir(root, fp)
+        entry.mkdir(parents=True)
+        m = vectors.Manifest("minilm", fp, d, d["dtype"], HIDDEN)
+        per = max(1, (256 << 20) // (length * HIDDEN * 2)) if fmt_layer else 16384
+        for a in range(0, len(ids), per):
+            chunk = ids[a:a + per]
+            if fmt_layer is None:
+                m.shards.append(vectors.write_shard(entry, 0, chunk, chunk, rng.standard_normal(
+                    (len(chunk), HIDDEN), dtype=np.float32), m))
+            else:
+                rows = [rng.standard_normal((length, HIDDEN), dtype=np.float32).astype(
+                    np.float16) for _ in chunk]
+                m.shards.append(states.write_shard(entry, 0, chunk, chunk, rows, m))
+        vectors.write_manifest(entry, m)
+        view = ws / "cache" / views.view_name("minilm", spec, "query", fmt_layer)
+        if fmt_layer is None:
+            views.write_view(view, entry, m, {i: i for i in ids}, 16384)
+        else:
+            reference.write(view, entry, m, {i: i for i in ids}, root)
+    return ws
+
+
+def old_layer_view(ws: Path, old: Path, length: int) -> None:
+    """The pre-change workspace `old`: the same vector view, and the layer view a float32 copy
+    of the states in `part-NNNNN.arrow` shards of 16384 rows (as the fill wrote them)."""
+    from simtune.cache import states, vectors, views
+
+    spec, layer = spec_for(length, "float32"), 6 - TOP
+    shutil.copytree(ws / "cache" / "minilm", old / "cache" / "minilm")
+    table = views.open_states(ws / "cache", "minilm", spec_for(length), layer,
+                              cache_params(Path(os.environ["SIMTUNE_STORE"])))
+    from simtune.encoders import describe, fingerprint
+
+    d = describe("minilm", spec, layer)
+    m = vectors.Manifest("minilm", fingerprint(d), d, "float32", HIDDEN)
+    view = old / "cache" / f"minilm@layer{layer}"
+    view.mkdir(parents=True)
+    ids = table.ids.to_pylist()
+    per = min(16384, max(1, (1 << 30) // (length * HIDDEN * 4)))  # bounded memory here
+    for n, a in enumerate(range(0, len(ids), per)):
+        rows = table.read(torch.arange(a, min(a + per, len(ids))))
+        m.shards.append(states.write_shard(view, 0, ids[a:a + per], ids[a:a + per],
+                                           [r.astype(np.float32) for r in rows], m,
+                                           name=f"part-{n:05d}.arrow"))
+    vectors.write_manifest(view, m)
+
+
+def dvc_bookkeeping(ws: Path) -> dict[str, float]:
+    """`dvc add cache` (hash + cache: what `dvc repro` does after a stage), `dvc status`, and
+    DVC's start-up alone (`dvc version`: what no size changes)."""
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    dvc = [sys.executable, "-m", "dvc"]
+    subprocess.run(["git", "init", "-q"], cwd=ws, check=True)
+    subprocess.run([*dvc, "init", "-q"], cwd=ws, check=True, env=env)
+    out = {}
+    for name, cmd in (("add", ["add", "-q", "cache"]), ("status", ["status", "-q"]),
+                      ("startup", ["version"])):
+        t0 = time.perf_counter()
+        subprocess.run([*dvc, *cmd], cwd=ws, check=name == "add", env=env,
+                       capture_output=True)
+        out[name] = time.perf_counter() - t0
+    return out
+
+
+def train_child(ws: Path, length: int, steps: int, mode: str) -> dict[str, float]:
+    """Run `train_main` in a fresh process (its own peak RSS)."""
+    proc = subprocess.run([sys.executable, "-m", "bench.scale", "--child", str(ws),
+                           str(length), str(steps), mode], cwd=ROOT, check=True,
+                          capture_output=True, text=True, env=os.environ)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _status(key: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def train_main(ws: Path, length: int, steps: int, mode: str) -> None:
+    """`steps` top-2 training steps over the workspace's layer view, then a read of every row
+    in shuffled batches; `mode` streamed (this layout) or loaded (the table in memory, as
+    before). Prints a JSON line."""
+    from simtune.cache import views
+    from simtune.encoders import model_dir
+    from simtune.train.losses import GroupLoss
+    from simtune.train.represent import CachedStates
+
+    spec, layer = spec_for(length), 6 - TOP
+    table = views.open_states(ws / "cache", "minilm", spec, layer,
+                              cache_params(Path(os.environ["SIMTUNE_STORE"])))
+    t0 = time.perf_counter()
+    if mode == "loaded":
+        table = table.resident("cpu")
+    load_s = time.perf_counter() - t0
+    gen = torch.Generator().manual_seed(0)
+    t0 = time.perf_counter()  # an epoch's reads first, alone: what the table costs in memory
+    for rows in torch.randperm(len(table), generator=gen).split(BATCH):
+        table.batch(rows)
+    read_s = time.perf_counter() - t0
+    read = {"read_peak_rss_gb": _status("VmHWM") / 1024, "rss_anon_gb": _status("RssAnon") / 1024,
+            "rss_file_gb": _status("RssFile") / 1024}
+    rep = CachedStates(table, model_dir("minilm", spec), layer, spec).train()
+    opt = torch.optim.AdamW(rep.parameters(), lr=1e-4)
+    loss_fn = GroupLoss("supcon", "cosine", 0.05, 0.2, "batch_hard", 20.0)
+    split = type("Split", (), {"tensors": {"rows": torch.arange(len(table))}})()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        idx = torch.randint(len(table), (BATCH,), generator=gen)
+        loss = loss_fn(rep(split, {"idx": idx}, "text"), torch.randint(8, (BATCH,),
+                                                                       generator=gen))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    step_s = (time.perf_counter() - t0) / max(steps, 1)
+    print(json.dumps({"steps_per_s": 1 / step_s, "load_s": load_s, "read_epoch_s": read_s,
+                      **read, "peak_rss_gb": _status("VmHWM") / 1024}))
+
+
+def measure(n: int, length: int, fill_texts: int, steps: int, old: bool, old_fill: bool
+            ) -> list[dict[str, Any]]:
+    from simtune.cache import reference
+
+    work = Path(tempfile.mkdtemp(prefix="simtune-scale-"))
+    try:
+        corpus = texts(n, length)
+        sample = dict(list(corpus.items())[:fill_texts])
+        fill = fill_speed(sample, length, work, old_fill)
+        ws = synthetic_cache(list(corpus), length, work / "new")
+        view = ws / "cache" / f"minilm@layer{6 - TOP}"
+        ref = reference.read(view)
+        one_copy = int(ref.tokens) * HIDDEN * 2  # one 16-bit copy
+        books = dvc_bookkeeping(ws)
+        disk = {"store": du(work / "new" / "store"), "workspace": du(ws / "cache"),
+                "dvc_cache": du(ws / ".dvc" / "cache")}
+        disk["total"] = du(work / "new" / "store", ws / "cache", ws / ".dvc" / "cache")
+        entry = work / "new" / "store" / "vectors" / ref.fingerprint
+        disk["layer"] = du(entry) + 2 * du(view)  # its entry, the view and DVC's copy of it
+        rows = [{"size": f"{n} x {length}", "layout": "store once, reference view",
+                 "fill texts/s": len(sample) / fill["top_layers"],
+                 "fill vs head": fill["top_layers"] / fill["head"],
+                 **_disk_cells(disk, one_copy), **_dvc_cells(books),
+                 **_train_cells(train_child(ws, length, steps, "streamed"))}]
+        if old:
+            old_ws = work / "old"
+            old_layer_view(ws, old_ws, length)
+            shutil.rmtree(ws / ".dvc" / "cache")  # room on the disk for the old copies
+            books = dvc_bookkeeping(old_ws)
+            copy = du(old_ws / "cache" / f"minilm@layer{6 - TOP}")
+            odisk = {"store": disk["store"] - one_copy + copy,  # its entry held float32 too
+                     "workspace": du(old_ws / "cache"), "dvc_cache": du(old_ws / ".dvc" / "cache")}
+            odisk["total"] = odisk["store"] + odisk["workspace"] + odisk["dvc_cache"]
+            odisk["layer"] = 3 * copy  # the entry, the view and DVC's copy
+            two = fill.get("states_pass")
+            rows.append({"size": f"{n} x {length}", "layout": "before: f32 copies in view, DVC",
+                         "fill texts/s": len(sample) / (fill["head"] + two) if two else "",
+                         "fill vs head": (fill["head"] + two) / fill["head"] if two else "",
+                         **_disk_cells(odisk, one_copy), **_dvc_cells(books),
+                         **_train_cells(train_child(ws, length, steps, "loaded"))})
+        for r in rows:
+            r.update(_projected(r, n, books["startup"], rows[0]["read peak RSS GB"]))
+        return rows
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _disk_cells(disk: dict[str, int], one_copy: int) -> dict[str, Any]:
+    return {"store GB": disk["store"] / 1e9, "workspace GB": disk["workspace"] / 1e9,
+            "DVC cache GB": disk["dvc_cache"] / 1e9, "on disk GB": disk["total"] / 1e9,
+            "layer cache x one 16-bit copy": disk["layer"] / one_copy}
+
+
+def _dvc_cells(books: dict[str, float]) -> dict[str, Any]:
+    return {"dvc add s": books["add"], "dvc status s": books["status"]}
+
+
+def _train_cells(t: dict[str, float]) -> dict[str, Any]:
+    return {"read epoch s": t["read_epoch_s"], "read peak RSS GB": t["read_peak_rss_gb"],
+            "RssAnon GB": t["rss_anon_gb"], "RssFile GB": t["rss_file_gb"],
+            "steps/s": t["steps_per_s"], "peak RSS GB": t["peak_rss_gb"]}
+
+
+def _projected(r: dict[str, Any], n: int, startup: float, streamed_rss: float
+               ) -> dict[str, Any]:
+    """Linear projections to 1M texts: bytes; `dvc add` beyond DVC's start-up; the read
+    epoch's peak RSS of the loaded table beyond the streamed one's, which does not grow."""
+    k = MILLION / n
+    loaded = r["layout"].startswith("before")
+    peak = r["read peak RSS GB"]
+    rss = streamed_rss + (peak - streamed_rss) * k if loaded else peak
+    return {"1M: on disk GB": r["on disk GB"] * k,
+            "1M: dvc add s": startup + max(0.0, r["dvc add s"] - startup) * k,
+            "1M: read peak RSS GB": rss}
+
+
+COLUMNS = ["size", "layout", "fill texts/s", "fill vs head", "store GB", "workspace GB",
+           "DVC cache GB", "on disk GB", "layer cache x one 16-bit copy", "dvc add s",
+           "dvc status s", "read epoch s", "read peak RSS GB", "RssAnon GB", "RssFile GB",
+           "steps/s", "peak RSS GB", "1M: on disk GB", "1M: dvc add s",
+           "1M: read peak RSS GB"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="20000x128,5000x512",
+                    help="comma-separated NxL: N texts of L tokens")
+    ap.add_argument("--fill-texts", type=int, default=200, help="texts each timed fill embeds")
+    ap.add_argument("--steps", type=int, default=10, help="training steps timed")
+    ap.add_argument("--no-old", action="store_true", help="skip the pre-change layout")
+    ap.add_argument("--old-fill", action="store_true",
+                    help="also time the states-only second pass of the pre-change fill")
+    ap.add_argument("--out", type=Path, default=HERE / "scale.json", help="the results file")
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        ws, length, steps, mode = args.child
+        train_main(Path(ws), int(length), int(steps), mode)
+        return
+    torch.set_num_threads(os.cpu_count() or 1)
+    rows = []
+    for size in args.sizes.split(","):
+        n, length = (int(x) for x in size.lower().split("x"))
+        rows += measure(n, length, min(args.fill_texts, n), args.steps, not args.no_old,
+                        args.old_fill)
+        print(table(rows[-2:], COLUMNS), flush=True)
+    rendered = table(rows, COLUMNS)
+    command = "python -m bench.scale " + " ".join(sys.argv[1:])
+    note = ("1M columns: the measured figures projected linearly to 1,000,000 texts (the "
+            "streamed read's peak RSS does not grow with the corpus; the loaded table's does; "
+            "training's activations add the same at any corpus size). Fill speed on "
+            f"the first {args.fill_texts} texts of each size; the layer cache itself holds "
+            "random states (bytes, bookkeeping and reads do not depend on the values).")
+    print(f"\n{rendered}\n\n{note}")
+    args.out.write_text(json.dumps({"machine": machine(), "command": command, "rows": [],
+                                    "scale_rows": rows, "table": rendered, "note": note},
+                                   indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Where a fill's computed rows go: one `Sink` per store entry being filled, and `compute`, the
+one encoder forward pass that feeds every sink of a batch.
+
+A top_layers fill fills two store entries at once, the pooled vectors and the token states
+after layer k, from the same forward pass over each batch (`FrozenEncoder.embed_states`): one
+encoder pass yields everything the mode caches. Each sink keeps only the rows its entry lacks
+(`wanted`), buffers them and writes store shards of at most `shard_rows` rows (or
+`SHARD_BYTES`: layer states are large, memory stays bounded), journaled for a resumable fill.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from simtune.cache import formats, store, vectors
+from simtune.cache.formats import Format
+
+SHARD_BYTES = 256 << 20
+
+
+class Sink:
+    """The rows one store entry (`directory`, under `manifest`) lacks, as `fmt` rows; rank
+    `rank` writes its own shards and journal."""
+
+    def __init__(self, fmt: Format, directory: Path, manifest: vectors.Manifest, rank: int,
+                 wanted: set[str], shard_rows: int) -> None:
+        self.fmt, self.directory, self.manifest, self.rank = fmt, directory, manifest, rank
+        self.wanted, self.shard_rows = wanted, shard_rows
+        self.journal = store.Journal(directory, rank, manifest.fingerprint)
+        self.ids: list[str] = []
+        self.buf: list[formats.Rows] = []
+        self.held = 0  # bytes buffered
+        self.count = 0  # rows this rank computed for the entry
+
+    def add(self, hashes: Sequence[str], rows: formats.Rows) -> None:
+        """Buffer the rows of `hashes` (content hashes, in the order of `rows`) this entry
+        wants, writing full shards as they fill."""
+        take = [i for i, h in enumerate(hashes) if h in self.wanted]
+        if not take:
+            return
+        rows = rows if len(take) == len(hashes) else formats.take(rows, take)
+        self.buf.append(rows)
+        self.held += self.fmt.nbytes(rows)
+        self.ids.extend(hashes[i] for i in take)
+        self.count += len(take)
+        while len(self.ids) >= self.shard_rows:
+            self.flush(self.shard_rows)
+        if self.held >= SHARD_BYTES:
+            self.flush(len(self.ids))
+
+    def flush(self, rows: int | None = None) -> None:
+        """Write the first `rows` (default: all) buffered rows as one shard; keep the rest."""
+        rows = len(self.ids) if rows is None else rows
+        if not rows:
+            return
+        head, rest = formats.split(formats.cat(self.buf), rows)
+        ids = self.ids[:rows]  # store rows are keyed by their content hash
+        self.journal.add(self.fmt.write(self.directory, self.rank, ids, ids, head,
+                                        self.manifest))
+        del self.ids[:rows]
+        self.buf = [rest]
+        self.held = self.fmt.nbytes(rest)
+
+
+def compute(encoder: Any, batch: dict[str, torch.Tensor], fmts: Sequence[Format]
+            ) -> list[formats.Rows]:
+    """The rows of each of `fmts` for one tokenised batch, from ONE forward pass: pooled
+    vectors (n, D) float32 and/or each text's (T_i, H) float32 token states after layer k.
+    At most one layer format."""
+    layers = [f.layer for f in fmts if f.layer is not None]
+    if not layers:
+        return [f.compute(encoder, batch) for f in fmts]
+    if len(fmts) == 1:
+        return [fmts[0].compute(encoder, batch)]
+    (layer,) = layers
+    vecs, states = encoder.embed_states(batch, layer)
+    return [states if f.layer is not None else vecs.cpu().numpy() for f in fmts]
