@@ -157,9 +157,9 @@ def synthetic_cache(ids: list[str], length: int, work: Path, seed: int = 0) -> P
         vectors.write_manifest(entry, m)
         view = ws / "cache" / views.view_name("minilm", spec, "query", fmt_layer)
         if fmt_layer is None:
-            views.write_view(view, entry, m, {i: i for i in ids}, 16384)
+            views.write_view(view, entry, m, {i: [i] for i in ids}, 16384)
         else:
-            reference.write(view, entry, m, {i: i for i in ids}, root)
+            reference.write(view, entry, m, {i: [i] for i in ids}, root)
     return ws
 
 
