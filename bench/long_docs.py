@@ -438,7 +438,8 @@ def rendered(rows: list[dict[str, Any]], sets: dict[str, dict], default: str) ->
                    f"median {tk['median_tokens']:.0f} tokens, "
                    f"{tk['share_over_128']:.0%} over 128, {tk['share_over_512']:.0%} over 512; "
                    f"sample {', '.join(f'{k} {v:,}' for k, v in ex.items())}:\n")
-        out.append(table(table_rows(rows, name, default), COLUMNS) + "\n")
+        got = table_rows(rows, name, default)
+        out.append((table(got, COLUMNS) if got else "(no row measured yet)") + "\n")
     return "\n".join(out)
 
 

@@ -54,3 +54,11 @@ def test_tiny_run(tiny_bert: Path, tmp_path: Path, capsys: pytest.CaptureFixture
     assert ("outlets", "chunk-mean", "top2") in rows or any(
         "chunk-mean top2" in n for n in got["skipped"])
     assert "| truncate 16" in capsys.readouterr().out
+
+
+def test_a_set_without_rows_yet_renders() -> None:
+    """The results file is rewritten after every row: a set prepared but not yet measured."""
+    tokens = {"median_tokens": 400, "share_over_128": 1.0, "share_over_512": 0.3}
+    sets = {"bbc": {"labels": "topic", "package": "p==1", "documents": 10, "tokens": tokens,
+                    "sample": {"examples": {"test": 5}}}}
+    assert "(no row measured yet)" in long_docs.rendered([], sets, "t128")
