@@ -367,7 +367,23 @@ def main() -> None:
     wanted = set(args.rows.split(",")) if args.rows else None
     trec_split = tuple(float(x) for x in args.trec_split.split(","))
     peer_lrs = tuple(float(x) for x in args.peer_lrs.split(","))
-    results = []
+    command = " ".join(["python -m bench.layers", *sys.argv[1:]])
+
+    def save(results: list[dict], complete: bool) -> Path:
+        """The results so far (after each encoder and data set: a cut-off run keeps them)."""
+        payload = {"machine": machine(), "epochs": args.epochs,
+                   "subsample": {"trec": args.trec, "news": args.news},
+                   "trec_split": trec_split,
+                   "peer": {"lrs": peer_lrs, "warmup": PEER_WARMUP, "schedule": "linear",
+                            "chosen_by": "val p@1"},
+                   "command": command, "complete": complete, "rows": summary_rows(results),
+                   "results": results, "table": rendered(results)}
+        if args.out is None:
+            return write_results(args.name, payload)
+        args.out.write_text(json.dumps(payload, indent=2) + "\n")
+        return args.out
+
+    results: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="simtune-bench-layers-") as d:
         store = Path(d) / "store"  # fresh: fills are measured, not found
         for enc in args.encoders.split(","):
@@ -381,22 +397,11 @@ def main() -> None:
                 n = args.trec if name == "trec" else args.news
                 results += measure(enc, name, n, rows, args.epochs, Path(d), store, args.seed,
                                    trec_split if name == "trec" else None, peer_lrs)
-    text = rendered(results)
-    command = " ".join(["python -m bench.layers", *sys.argv[1:]])
+                save(results, complete=False)
     print(f"\nmachine: {machine()}; encoder rows and the peer: {args.epochs} epoch(s); the "
           f"peer at lr {args.peer_lrs}, warmup {PEER_WARMUP:g} of the steps\n")
-    print(text)
-    payload = {"machine": machine(), "epochs": args.epochs,
-               "subsample": {"trec": args.trec, "news": args.news}, "trec_split": trec_split,
-               "peer": {"lrs": peer_lrs, "warmup": PEER_WARMUP, "schedule": "linear",
-                        "chosen_by": "val p@1"},
-               "command": command, "rows": summary_rows(results), "results": results,
-               "table": text}
-    if args.out is None:
-        path = write_results(args.name, payload)
-    else:
-        path = args.out
-        path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(rendered(results))
+    path = save(results, complete=True)
     print(f"\nwrote {path}")
 
 

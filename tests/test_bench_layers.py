@@ -29,6 +29,7 @@ def test_the_layers_bench_runs_tiny(tmp_path: Path) -> None:
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
+    assert res["complete"]
     rows = {r["row"]: r for r in res["results"]}
     peers = [r for k, r in rows.items() if k.startswith("st")]
     assert sorted(r["lr"] for r in peers) == [5e-5, 2e-4]
