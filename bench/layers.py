@@ -242,7 +242,7 @@ def wilson(hits: list[int], z: float = 1.959964) -> tuple[float, float]:
     p = sum(hits) / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return centre - half, centre + half
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def paired_diff(hits: list[int], peer: list[int]) -> tuple[float, float, float]:
