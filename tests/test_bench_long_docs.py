@@ -40,7 +40,7 @@ def test_tiny_run(tiny_bert: Path, tmp_path: Path, capsys: pytest.CaptureFixture
                     "--chunk-max", "3", "--sets", "outlets", "--rows",
                     "t16,chunk-mean,tfidf,bm25,hybrid", "--out", str(out)])
     got = json.loads(out.read_text())
-    assert got["complete"] and got["default_setting"] == "default"  # params.yaml: 128 tokens
+    assert got["complete"] and got["default_setting"] == "default"  # params.yaml: 256 tokens
     rows = {(r["set"], r["setting"], r["mode"]) for r in got["results"]}
     assert {("outlets", "t16", "head"), ("outlets", "t16", "top2"),
             ("outlets", "tfidf", "lexical")} <= rows
