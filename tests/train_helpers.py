@@ -98,3 +98,24 @@ def relative_errors(got: dict[str, Any], want: dict[str, Any]) -> list[tuple[str
     errs = {n: float((got[n] - w).norm()) / max(float(w.norm()), floor)
             for n, w in want.items()}
     return sorted(errs.items(), key=lambda e: -e[1])
+
+
+def train_in_two_processes(root: Path, params_file: Path, raw: dict[str, Any], tag: str = "two"
+                           ) -> Any:
+    """Run the train stage of `raw` (written to `params_file`) as 2 gloo DDP processes, batch 8
+    each, GradCache chunks of 3, in a real process (what DVC runs); returns the finished process."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.conftest import ROOT
+
+    raw["train"]["encoder"]["batch_size"] = 8
+    raw["train"].update(devices=2, strategy="ddp", accelerator="cpu")
+    raw["train"]["gradcache"]["chunk_size"] = 3
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
+    return subprocess.run([sys.executable, "-m", "stages", *stage_args(root, params_file, tag)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -6,9 +6,6 @@ vectors equal the frozen encoder's (what evaluate, search and the export serve),
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,8 +22,14 @@ from simtune.prepare.prepared import load as load_prepared
 from simtune.train import represent
 from simtune.train.data import load_data
 from stages import app
-from tests.conftest import ROOT
-from tests.train_helpers import dropout_free, project, relative_errors, stage_args, step_gradients
+from tests.train_helpers import (
+    dropout_free,
+    project,
+    relative_errors,
+    stage_args,
+    step_gradients,
+    train_in_two_processes,
+)
 
 CHUNKS = {"max_length": 10, "chunks": {"max": 3, "overlap": 2, "pool": "mean"}}
 
@@ -118,14 +121,7 @@ def test_ddp_two_processes_over_windows_equal_one(tmp_path: Path, tiny_bert: Pat
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     result = CliRunner().invoke(app, stage_args(tmp_path, params_file, "one"))
     assert result.exit_code == 0, result.output
-    raw["train"]["encoder"]["batch_size"] = 8
-    raw["train"].update(devices=2, strategy="ddp", accelerator="cpu")
-    raw["train"]["gradcache"]["chunk_size"] = 3
-    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
-    proc = subprocess.run([sys.executable, "-m", "stages", *stage_args(tmp_path, params_file,
-                                                                       "two")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = train_in_two_processes(tmp_path, params_file, raw)
     assert proc.returncode == 0, proc.stderr[-3000:]
     one = load_file(str(tmp_path / "headone" / "model.safetensors"))
     two = load_file(str(tmp_path / "headtwo" / "model.safetensors"))

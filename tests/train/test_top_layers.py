@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,8 +24,7 @@ from simtune.train.data import load_data
 from simtune.train.losses import GroupLoss
 from stages import app
 from tests.cache_helpers import sentences
-from tests.conftest import ROOT
-from tests.train_helpers import project, stage_args
+from tests.train_helpers import project, stage_args, train_in_two_processes
 
 
 def _top_project(root: Path, model: Path, **encoder) -> tuple[Path, P.Params]:
@@ -231,14 +227,7 @@ def test_ddp_two_cpu_processes_equal_one_for_the_top_layers(tmp_path: Path, lora
     raw = yaml.safe_load(params_file.read_text())
     result = CliRunner().invoke(app, stage_args(tmp_path, params_file, "one"))
     assert result.exit_code == 0, result.output
-    raw["train"]["encoder"]["batch_size"] = 8
-    raw["train"].update(devices=2, strategy="ddp", accelerator="cpu")
-    raw["train"]["gradcache"]["chunk_size"] = 3
-    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
-    proc = subprocess.run([sys.executable, "-m", "stages",
-                           *stage_args(tmp_path, params_file, "two")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = train_in_two_processes(tmp_path, params_file, raw)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # each process pads its half-batch to its own longest text: float sums in another order,
     # which Adam's normalised steps carry into the weights at ~1e-5 after 2 epochs
