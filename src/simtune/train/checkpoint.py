@@ -43,7 +43,7 @@ from simtune.train.epochs import EpochLoop
 
 log = logging.getLogger("simtune.train")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the loop state holds train_cpu_seconds
 FILE = "last.pt"
 
 

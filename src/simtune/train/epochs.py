@@ -36,6 +36,9 @@ class EpochLoop(pl.Callback):
         self.history: dict[int, dict[str, float]] = {}
         self.state: Any = None
         self.train_seconds: list[float] = []
+        # CPU seconds of this process (all threads) in the training epochs: on a machine other
+        # jobs share, what the work cost, where wall seconds also count the waits
+        self.train_cpu_seconds = 0.0
         self.validation_seconds = 0.0
         self.full_validations = 0  # validations that computed every metric
         self.train_loss: dict[int, float] = {}  # epoch -> its mean training loss (the curves)
@@ -57,10 +60,11 @@ class EpochLoop(pl.Callback):
                 self.live.sync()
 
     def on_train_epoch_start(self, trainer: pl.Trainer, module: Any) -> None:
-        self._start = time.perf_counter()
+        self._start, self._cpu_start = time.perf_counter(), time.process_time()
 
     def on_train_epoch_end(self, trainer: pl.Trainer, module: Any) -> None:
         self.train_seconds.append(time.perf_counter() - self._start)
+        self.train_cpu_seconds += time.process_time() - self._cpu_start
         start, epoch = time.perf_counter(), trainer.current_epoch + 1
         # weights (and the vectors they give) are checked before they can be kept as the best
         module._stop_if(not all(bool(torch.isfinite(w).all()) for w in module.parameters()),
@@ -110,14 +114,16 @@ class EpochLoop(pl.Callback):
         losses, seconds and the count of full validations."""
         return {"history": self.history, "state": self.state, "train_loss": self.train_loss,
                 "best": (self.schedule.best_epoch, self.schedule.best_value),
-                "train_seconds": self.train_seconds, "validation_seconds":
-                self.validation_seconds, "full_validations": self.full_validations}
+                "train_seconds": self.train_seconds, "train_cpu_seconds": self.train_cpu_seconds,
+                "validation_seconds": self.validation_seconds,
+                "full_validations": self.full_validations}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history, self.state = state["history"], state["state"]
         self.train_loss = state["train_loss"]
         self.schedule.best_epoch, self.schedule.best_value = state["best"]
         self.train_seconds = list(state["train_seconds"])
+        self.train_cpu_seconds = state["train_cpu_seconds"]
         self.validation_seconds = state["validation_seconds"]
         self.full_validations = state["full_validations"]
 

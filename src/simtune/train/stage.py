@@ -150,7 +150,8 @@ def report_of(loop: EpochLoop, total: float, n_train: int) -> dict[str, Any]:
     """`reports/train.json`: epochs, the kept epoch and its validation metrics, the
     validations that computed every metric, and seconds: `total` (trainer.fit), `train` (the
     training epochs), `validation` (every epoch's and the kept epoch's at the end),
-    `per_epoch_*` (each / epochs); train + validation <= total (the rest: set-up, curves,
+    `per_epoch_*` (each / epochs), `train_cpu` (the training epochs' CPU seconds, all threads
+    of this process); train + validation <= total (the rest: set-up, curves,
     Lightning between epochs)."""
     epochs = len(loop.train_seconds)
     train_s, val_s = sum(loop.train_seconds), loop.validation_seconds
@@ -159,7 +160,8 @@ def report_of(loop: EpochLoop, total: float, n_train: int) -> dict[str, Any]:
         "best_val": loop.history[loop.best_epoch], "full_validations": loop.full_validations,
         "seconds": {"total": total, "train": train_s, "validation": val_s,
                     "per_epoch_train": train_s / max(epochs, 1),
-                    "per_epoch_validation": val_s / max(epochs, 1)},
+                    "per_epoch_validation": val_s / max(epochs, 1),
+                    "train_cpu": loop.train_cpu_seconds},
         "samples_per_s": epochs * n_train / max(train_s, 1e-9),
     }
 
