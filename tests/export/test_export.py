@@ -203,6 +203,9 @@ def test_the_stage_writes_a_model_card_with_the_evaluated_metrics(tiny_bert: Pat
     assert "Test split: 16 queries against a corpus of 40." in card
     assert "80 distinct texts; examples: train 40, val 20, test 20." in card
     assert "| `train.head.type` | skip_connection |" in card
+    # params.yaml's `auto` on the head's groups data: the card names the loss that ran
+    assert P.load(params_file).train.loss.name == "auto"
+    assert "| `train.loss.name` | supcon |" in card and "-S train.loss.name=supcon" in card
     assert "| `train.loss.temperature` | 0.05 |" in card  # supcon's own key
     assert "\n  -S train.mode=head \\\n  -S train.head.type=skip_connection \\\n" in card
     assert 'SentenceTransformer("path/to/export")\n' in card
