@@ -26,9 +26,10 @@ def search(
         "params evaluate.hybrid.enabled"),
 ) -> None:
     """The nearest texts of the prepared corpus to QUERY, with cosine (or, hybrid, RRF)
-    scores."""
+    scores; on groups data each text's label beside it."""
     from simtune import params as P
     from simtune.evaluate.search import search as lib
+    from simtune.evaluate.search import show
 
-    for score, text in lib(P.load(params), query, k, head, prepared, cache, hybrid):
-        print(f"{score:.4f}  {text}")
+    for line in show(lib(P.load(params), query, k, head, prepared, cache, hybrid)):
+        print(line)

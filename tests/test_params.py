@@ -177,3 +177,33 @@ def test_non_finite_from_yaml_text(tmp_path: Path) -> None:
         P.load(tmp_path / "params.yaml")
     assert str(e.value) == (f"{tmp_path / 'params.yaml'}: train.lr: expected a finite number, "
                             "got inf")
+
+
+@pytest.mark.parametrize(("name", "kind", "want"), [
+    ("auto", "groups", "supcon"), ("auto", "pairs", "mnrl"),  # the shipped default
+    ("triplet", "groups", "triplet"), ("contrastive", "pairs", "contrastive"),  # kept as named
+])
+def test_auto_loss_is_supcon_for_groups_and_mnrl_for_pairs(params_raw: dict[str, Any],
+                                                           name: str, kind: str,
+                                                           want: str) -> None:
+    """`resolve_loss` sets the loss that runs and changes nothing else of `train`."""
+    params_raw["train"]["loss"]["name"] = name
+    t = P.validate(params_raw).train
+    got = P.resolve_loss(t, kind)
+    assert got.loss.name == want
+    assert got.model_dump() == {**t.model_dump(), "loss": {**t.loss.model_dump(), "name": want}}
+    assert P.resolve_loss(got, kind) == got  # resolving twice is resolving once
+
+
+@pytest.mark.parametrize(("name", "kind", "message"), [
+    ("supcon", "pairs", "train.loss.name: 'supcon' needs groups data, data/prepared is pairs "
+                        "(use auto or one of mnrl, contrastive)"),
+    ("mnrl", "groups", "train.loss.name: 'mnrl' needs pairs data, data/prepared is groups "
+                       "(use auto or one of supcon, triplet, contrastive, arcface)"),
+])
+def test_a_loss_the_data_kind_cannot_take_is_one_line(params_raw: dict[str, Any], name: str,
+                                                       kind: str, message: str) -> None:
+    params_raw["train"]["loss"]["name"] = name
+    with pytest.raises(UserError) as e:
+        P.resolve_loss(P.validate(params_raw).train, kind, "data/prepared")
+    assert str(e.value) == message

@@ -271,9 +271,11 @@ class HeadParams(Section):
 class LossParams(Section):
     """The similarity loss; which keys matter depends on `name`."""
 
-    name: Literal["supcon", "triplet", "contrastive", "arcface", "mnrl"] = Field(
-        description="groups: `supcon`, `triplet`, `contrastive`, `arcface`; "
-        "pairs: `mnrl`, `contrastive` (score-weighted)"
+    name: Literal["auto", "supcon", "triplet", "contrastive", "arcface", "mnrl"] = Field(
+        description="`auto`: `supcon` for groups data, `mnrl` for pairs (the train log says "
+        "which); groups: `supcon`, `triplet`, `contrastive`, `arcface`; "
+        "pairs: `mnrl`, `contrastive` (score-weighted). A loss the prepared data cannot take "
+        "is refused before the cache stage fills anything"
     )
     distance: Literal["cosine", "dot", "euclidean"] = Field(description="distance/similarity")
     temperature: Number = Field(gt=0, description="supcon: softmax temperature")
@@ -358,6 +360,28 @@ def effective(t: TrainParams) -> TrainParams:
     return t.model_copy(update={"batch_size": e.batch_size, "max_epochs": e.max_epochs,
                                 "patience": e.patience, "val_every": e.val_every,
                                 "lr": e.head_lr})
+
+
+# the losses each data kind trains with; `train.loss.name: auto` is the first
+LOSSES = {"groups": ("supcon", "triplet", "contrastive", "arcface"),
+          "pairs": ("mnrl", "contrastive")}
+
+
+def resolve_loss(t: TrainParams, kind: str, data: str = "the prepared data") -> TrainParams:
+    """`t` with `loss.name` the loss that runs on data of `kind` (groups | pairs): `auto` is
+    the kind's first loss (`LOSSES`: supcon for groups, mnrl for pairs), a named loss that
+    `kind` can take is kept, any other is refused in one line naming `data`. The one place
+    `auto` is resolved: the cache and train stages, the sweep, mined negatives and the export
+    all call it, so a checkpoint, a model card or a trial sees the loss that actually runs."""
+    allowed = LOSSES.get(kind)
+    if allowed is None:
+        raise UserError(f"{data}: data kind '{kind}' has no loss (expected groups or pairs)")
+    name = allowed[0] if t.loss.name == "auto" else t.loss.name
+    if name not in allowed:
+        other = "pairs" if kind == "groups" else "groups"
+        raise UserError(f"train.loss.name: '{name}' needs {other} data, {data} is {kind} "
+                        f"(use auto or one of {', '.join(allowed)})")
+    return t.model_copy(update={"loss": t.loss.model_copy(update={"name": name})})
 
 
 class TrainParams(Section):

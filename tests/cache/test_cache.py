@@ -326,6 +326,29 @@ def _stage_error(tmp_path: Path, raw_edit) -> str:
     return lines[0]
 
 
+def test_a_loss_the_data_cannot_take_is_refused_before_the_fill(tmp_path: Path,
+                                                                tiny_bert: Path) -> None:
+    """Pairs data with `train.loss.name: supcon`: the cache stage refuses it in one line
+    before any encoder runs (not the train stage after the fill); the default `auto` fills."""
+    p = two_encoder_pairs(tmp_path, tiny_bert)
+    raw = p.model_dump(mode="json")
+    raw["train"]["loss"]["name"] = "supcon"
+    params_file = write_params(tmp_path / "params.yaml", raw)
+    opts = ["--params", str(params_file), "--prepared", str(tmp_path / "prepared"),
+            "--out", str(tmp_path / "cache")]
+    with count_forward() as counts:
+        code, output = _cli("cache", *opts)
+    assert code == 1 and output.strip().splitlines() == [
+        f"error: train.loss.name: 'supcon' needs groups data, the prepared data "
+        f"({tmp_path / 'prepared'}) is pairs (use auto or one of mnrl, contrastive)"]
+    assert counts["calls"] == 0 and not (tmp_path / "cache").exists()
+    raw["train"]["loss"]["name"] = "auto"
+    write_params(params_file, raw)
+    code, output = _cli("cache", *opts)
+    assert code == 0, output
+    assert sorted(x.name for x in (tmp_path / "cache").iterdir()) == ["docs", "tiny"]
+
+
 def test_missing_model_path(tmp_path: Path) -> None:
     line = _stage_error(tmp_path, lambda raw: None)
     nowhere = tmp_path / "nowhere"

@@ -20,10 +20,12 @@ from simtune.cache import stage as cache
 from simtune.errors import UserError
 from simtune.evaluate import runs
 from simtune.evaluate import stage as evaluate
+from simtune.evaluate.search import Hit, search, show
 from simtune.examples import Data, first_positions
 from simtune.export.stage import export
 from simtune.model import load_model
 from simtune.prepare import stage as prepare
+from simtune.prepare.prepared import kind as prepared_kind
 from simtune.prepare.prepared import write as write_prepared
 from simtune.retrieval import metrics
 from simtune.retrieval.task import by_rows
@@ -244,18 +246,55 @@ def test_sentence_transformers_loads_the_export(
                                                 "4_Dense", "5_Normalize"]
 
 
-def test_search_prints_neighbours_with_scores(trained: tuple[Path, Path]) -> None:
-    root, params_file = trained
-    query = sentences(80)[7]  # a corpus text: it must come first with score 1
-    result = CliRunner().invoke(app, ["search", query, "--k", "3", "--params", str(params_file),
-                                      "--head", str(root / "head"), "--prepared",
-                                      str(root / "prepared"), "--cache", str(root / "cache")])
+def test_auto_loss_trains_pairs_with_mnrl(beir_trained: tuple[Path, Path, Any]) -> None:
+    """The BEIR pairs trained with params.yaml's `auto`: the train log names mnrl, and the
+    loss that runs is mnrl, as the sweep and the export resolve it."""
+    root, params_file, _ = beir_trained
+    p = P.load(params_file)
+    assert p.train.loss.name == "auto"
+    assert "loss auto: mnrl (pairs data)" in (root / "train.log").read_text()
+    assert P.resolve_loss(p.train, prepared_kind(root / "prepared")).loss.name == "mnrl"
+
+
+def _search_lines(root: Path, params_file: Path, query: str, k: int) -> list[str]:
+    result = CliRunner().invoke(app, [*_search_args(root, params_file, query), "--k", str(k)])
     assert result.exit_code == 0, result.output
-    lines = [x for x in result.output.splitlines() if x[:1].isdigit()]
-    assert len(lines) == 3
-    score, text = lines[0].split("  ", 1)
-    assert float(score) == pytest.approx(1.0, abs=1e-4) and text == query
     assert "loaded encoder 'tiny' from" in result.output  # its name in params, not 'model'
+    return [x for x in result.output.splitlines() if x[:1].isdigit()]
+
+
+def test_search_prints_neighbours_with_scores_and_labels(trained: tuple[Path, Path]) -> None:
+    """Groups: each hit's label (the data file's, not the model's) in brackets between its
+    score and its text; the query, a corpus text, comes first with score 1."""
+    root, params_file = trained
+    query = sentences(80)[7]
+    hits = search(P.load(params_file), query, 3, root / "head", root / "prepared",
+                  root / "cache")
+    label_of = {t: f"L{i % 4}" for i, t in enumerate(sentences(80))}  # project()'s data file
+    assert _search_lines(root, params_file, query, 3) == [
+        f"{h.score:.4f}  [{label_of[h.text]}]  {h.text}" for h in hits]
+    assert (hits[0].text, hits[0].label) == (query, "L3")
+    assert hits[0].score == pytest.approx(1.0, abs=1e-4)
+
+
+def test_search_on_pairs_prints_no_label(beir_trained: tuple[Path, Path, Any]) -> None:
+    """Pairs have no labels: score and text only, as before."""
+    root, params_file, _ = beir_trained
+    query = sentences(60)[4]  # document doc-4 (no title): it comes first
+    hits = search(P.load(params_file), query, 3, root / "head", root / "prepared",
+                  root / "cache")
+    assert [h.label for h in hits] == [None, None, None] and hits[0].text == query
+    assert _search_lines(root, params_file, query, 3) == [
+        f"{h.score:.4f}  {h.text}" for h in hits]
+
+
+def test_search_lines_pad_labels_so_the_texts_line_up() -> None:
+    assert show([Hit(0.91234, "how far is the moon ?", "NUM:dist"),
+                 Hit(0.5, "who wrote hamlet ?", "HUM:ind"), Hit(-0.25, "a b", "LOC")]) == [
+        "0.9123  [NUM:dist]  how far is the moon ?",
+        "0.5000  [HUM:ind]   who wrote hamlet ?",
+        "-0.2500  [LOC]       a b"]
+    assert show([Hit(0.5, "a text", None)]) == ["0.5000  a text"]
 
 
 def test_no_trained_head_and_dimension_mismatch(trained: tuple[Path, Path],
@@ -394,7 +433,8 @@ def test_run_file_format_by_hand() -> None:
 def beir_trained(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path
                  ) -> tuple[Path, Path, dict[str, dict[str, int]]]:
     """A BEIR folder (train/dev/test qrels, graded test qrels, 20 unjudged documents),
-    prepared, cached, trained with MNRL; returns (root, params file, the test qrels)."""
+    prepared, cached, trained with the default loss (`auto`: MNRL on pairs; the train stage's
+    output in train.log); returns (root, params file, the test qrels)."""
     root = tmp_path_factory.mktemp("beir")
     folder = root / "scifact-like"
     (folder / "qrels").mkdir(parents=True)
@@ -414,13 +454,13 @@ def beir_trained(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path
             "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{s}\n" for q, d, s in lines))
     raw = train_raw(tiny_bert, folder)
     raw["prepare"]["file"].update(format="beir", kind="pairs")
-    raw["train"]["loss"]["name"] = "mnrl"
     p = P.validate(raw)
     write_prepared(prepare.build(p.prepare), root / "prepared", root / "prepare.json")
     cache.fill(root / "prepared", root / "cache", p.encoders, p.cache)
     params_file = write_params(root / "params.yaml", raw)
     result = CliRunner().invoke(app, stage_args(root, params_file))
     assert result.exit_code == 0, result.output
+    (root / "train.log").write_text(result.output)
     test_qrels: dict[str, dict[str, int]] = {}
     for q, d, s in qrels["test"]:
         test_qrels.setdefault(q, {})[d] = max(s, test_qrels.get(q, {}).get(d, 0))

@@ -174,8 +174,10 @@ def test_beir_report_bm25_ranks_every_document_with_graded_gains(
 
 
 def _lines(output: str) -> list[tuple[float, str]]:
-    rows = [x.split("  ", 1) for x in output.splitlines() if x[:1].isdigit()]
-    return [(float(s), t) for s, t in rows]
+    """(score, text) of each line `search` prints for groups data: `score  [label]  text`."""
+    rows = [x.split("  ", 2) for x in output.splitlines() if x[:1].isdigit()]
+    assert all(r[1].startswith("[") and r[1].endswith("]") for r in rows), output
+    return [(float(s), t.lstrip()) for s, _, t in rows]
 
 
 def test_search_hybrid_is_the_fusion_by_hand(trained: tuple[Path, Path],  # noqa: F811
@@ -188,10 +190,10 @@ def test_search_hybrid_is_the_fusion_by_hand(trained: tuple[Path, Path],  # noqa
     texts = pq.read_table(root / "prepared" / "texts.parquet").column("text").to_pylist()
     dense = search(p, query, len(texts), root / "head", root / "prepared", root / "cache",
                    hybrid=False)
-    assert sorted(t for _, t in dense) == sorted(texts)
+    assert sorted(h.text for h in dense) == sorted(texts)
     by_text = {t: i for i, t in enumerate(texts)}
     lex = library_scores(texts, [query])[0]
-    want = fuse([[by_text[t] for _, t in dense], ranking(lex)], p.evaluate.hybrid.rrf_k)[:6]
+    want = fuse([[by_text[h.text] for h in dense], ranking(lex)], p.evaluate.hybrid.rrf_k)[:6]
     args = ["search", query, "--k", "6", "--params", str(on_file), "--head", str(root / "head"),
             "--prepared", str(root / "prepared"), "--cache", str(root / "cache")]
     for flags in ([], ["--hybrid"]):
@@ -200,8 +202,9 @@ def test_search_hybrid_is_the_fusion_by_hand(trained: tuple[Path, Path],  # noqa
         got = _lines(result.output)
         assert [t for _, t in got] == [texts[j] for _, j in want]
         assert [s for s, _ in got] == pytest.approx([s for s, _ in want], abs=5e-5)
-    assert [texts[j] for _, j in want] != [t for _, t in dense[:6]]  # fusion moved something
+    assert [texts[j] for _, j in want] != [h.text for h in dense[:6]]  # fusion moved something
     assert max(s for s, _ in want) <= 2 / 61  # an RRF score, not a cosine
     result = CliRunner().invoke(app, [*args, "--no-hybrid"])
     assert result.exit_code == 0, result.output
-    assert _lines(result.output) == [(pytest.approx(s, abs=5e-5), t) for s, t in dense[:6]]
+    assert _lines(result.output) == [(pytest.approx(h.score, abs=5e-5), h.text)
+                                     for h in dense[:6]]

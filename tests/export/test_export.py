@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from simtune import heads
 from simtune import params as P
 from simtune.encoders import FrozenEncoder
+from simtune.errors import UserError
 from simtune.export import st_layout
 from simtune.export.model_card import CardInputs
 from simtune.export.stage import export
@@ -203,6 +204,9 @@ def test_the_stage_writes_a_model_card_with_the_evaluated_metrics(tiny_bert: Pat
     assert "Test split: 16 queries against a corpus of 40." in card
     assert "80 distinct texts; examples: train 40, val 20, test 20." in card
     assert "| `train.head.type` | skip_connection |" in card
+    # params.yaml's `auto` on the head's groups data: the card names the loss that ran
+    assert P.load(params_file).train.loss.name == "auto"
+    assert "| `train.loss.name` | supcon |" in card and "-S train.loss.name=supcon" in card
     assert "| `train.loss.temperature` | 0.05 |" in card  # supcon's own key
     assert "\n  -S train.mode=head \\\n  -S train.head.type=skip_connection \\\n" in card
     assert 'SentenceTransformer("path/to/export")\n' in card
@@ -211,6 +215,27 @@ def test_the_stage_writes_a_model_card_with_the_evaluated_metrics(tiny_bert: Pat
     # sentence-transformers reads the card without complaint and keeps its text
     model = st.SentenceTransformer(str(tmp_path / "export"), device="cpu")
     assert "0.8125" in model._model_card_text
+
+
+def test_the_card_of_a_pairs_head_names_mnrl_and_refuses_a_groups_loss(tiny_bert: Path,
+                                                                         tmp_path: Path) -> None:
+    """A head trained on pairs, exported with params.yaml's `auto`: the card's loss is mnrl
+    (with mnrl's own keys); with a loss pairs cannot take the export is one line, no folder."""
+    head_dir = _head_dir(tmp_path, tiny_bert, "linear")
+    meta = json.loads((head_dir / "training.json").read_text())
+    (head_dir / "training.json").write_text(json.dumps({**meta, "kind": "pairs"}))
+    raw = repo_params()
+    raw["encoders"] = encoder_params(tiny_bert)
+    export(head_dir, tmp_path / "export", CardInputs(params=P.validate(raw)))
+    card = (tmp_path / "export" / "README.md").read_text()
+    assert "| `train.loss.name` | mnrl |" in card and "| `train.loss.scale` | 20.0 |" in card
+    assert "train.loss.temperature" not in card  # supcon's key is not this model's
+    raw["train"]["loss"]["name"] = "supcon"
+    with pytest.raises(UserError) as e:
+        export(head_dir, tmp_path / "export2", CardInputs(params=P.validate(raw)))
+    assert str(e.value) == (f"train.loss.name: 'supcon' needs groups data, the data {head_dir} "
+                            "was trained on is pairs (use auto or one of mnrl, contrastive)")
+    assert not (tmp_path / "export2").exists()
 
 
 def test_a_card_without_reports_says_so(tiny_bert: Path, tmp_path: Path) -> None:

@@ -191,7 +191,7 @@ def _pairs_project(root: Path, model: Path, **train: Any) -> Path:
     raw["negatives"].update(count=3)
     raw["train"].update({"batch_size": 8, "max_epochs": 2, "patience": 5, "lr": 0.01,
                          "hard_negatives": 2, **train})
-    raw["train"]["loss"]["name"] = "mnrl"
+    assert raw["train"]["loss"]["name"] == "auto"  # mnrl on pairs: mined negatives apply
     raw["train"]["head"]["dropout"] = 0.0
     p = P.validate(raw)
     write_prepared(prepare.build(p.prepare), root / "prepared", root / "prepare.json")

@@ -269,3 +269,11 @@ def test_the_fingerprint_covers_the_params_the_data_and_the_cache(tmp_path: Path
     assert checkpoint.fingerprint(p, prepared, other, None) != base
     # mined negatives count only when used
     assert checkpoint.fingerprint(p, prepared, tables, tmp_path / "copy") == base
+    # a run fingerprints the loss that runs: `auto` on groups is supcon, the same checkpoint
+    assert p.train.loss.name == "auto"
+    supcon = P.validate({**raw, "train": {**raw["train"],
+                                          "loss": {**raw["train"]["loss"], "name": "supcon"}}})
+    auto_run = checkpoint.fingerprint(train.in_force(p, prepared), prepared, tables, None)
+    assert auto_run == checkpoint.fingerprint(train.in_force(supcon, prepared), prepared, tables,
+                                              None)
+    assert auto_run != base  # `auto` itself is not what ran

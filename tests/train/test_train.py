@@ -83,9 +83,20 @@ def test_train_saves_a_head_that_reloads_to_the_reported_metric(small: tuple[Pat
 
 
 def test_same_params_and_seed_give_identical_weights(small: tuple[Path, Path]) -> None:
+    """Identical weights for the same params and seed, where the first run's loss is the
+    default `auto` and the second's an explicit `supcon`: on groups data auto is supcon (and
+    the train log says so)."""
     root, params_file = small
-    a = _train(root, params_file, "a")
-    b = _train(root, params_file, "b")
+    assert P.load(params_file).train.loss.name == "auto"
+    result = CliRunner().invoke(app, stage_args(root, params_file, "a"))
+    assert result.exit_code == 0, result.output
+    assert "loss auto: supcon (groups data)" in result.output
+    a = json.loads((root / "traina.json").read_text())
+    _edit(params_file, loss__name="supcon")
+    result = CliRunner().invoke(app, stage_args(root, params_file, "b"))
+    assert result.exit_code == 0, result.output
+    assert "loss auto" not in result.output  # a named loss is not announced
+    b = json.loads((root / "trainb.json").read_text())
     wa, wb = _weights(root, "a"), _weights(root, "b")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     assert a["best_val"] == b["best_val"]
@@ -352,8 +363,7 @@ def _error(root: Path, params_file: Path) -> str:
 
 
 @pytest.mark.parametrize(("edit", "message"), [
-    ({"loss__name": "mnrl"}, "train.loss.name: 'mnrl' needs pairs data, the prepared data is "
-                             "groups"),
+    ({"loss__name": "mnrl"}, "train.loss.name: 'mnrl' needs pairs data, the prepared data ("),
     ({"gradcache__chunk_size": 9}, "gradcache.chunk_size (9) is larger than the batch size (8)"),
     ({"devices": 512, "accelerator": "cpu"}, "train.devices: 512 requested"),
     ({"precision": "16-mixed", "accelerator": "cpu"}, "'16-mixed' needs a GPU"),

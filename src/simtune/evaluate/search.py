@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -27,12 +28,28 @@ from simtune.retrieval.topk import topk
 log = logging.getLogger("simtune.search")
 
 
+class Hit(NamedTuple):
+    """One neighbour: its score, its text and, for groups data, its label (pairs: None)."""
+
+    score: float
+    text: str
+    label: str | None
+
+
+def show(hits: list[Hit]) -> list[str]:
+    """The lines `simtune search` prints: the score (4 decimals), then for groups data the
+    label in brackets, padded so that the texts line up, then the text."""
+    width = max((len(h.label) for h in hits if h.label is not None), default=0) + 2
+    return [f"{h.score:.4f}  " + (f"{f'[{h.label}]':<{width}}  " if h.label is not None else "")
+            + h.text for h in hits]
+
+
 @torch.inference_mode()
 def search(p: Params, query: str, k: int, head_dir: Path, prepared_dir: Path,
-           cache_dir: Path, hybrid: bool | None = None) -> list[tuple[float, str]]:
-    """Top-k (score, text) of the corpus (groups: all texts; pairs: all documents): cosine
-    scores, or with `hybrid` (None: `evaluate.hybrid.enabled`) RRF scores of the model and
-    BM25 (constant `evaluate.hybrid.rrf_k`)."""
+           cache_dir: Path, hybrid: bool | None = None) -> list[Hit]:
+    """The top-k hits of the corpus (groups: all texts, with their labels; pairs: all
+    documents): cosine scores, or with `hybrid` (None: `evaluate.hybrid.enabled`) RRF scores
+    of the model and BM25 (constant `evaluate.hybrid.rrf_k`)."""
     if k < 1:
         raise UserError("--k must be at least 1")
     if not query.strip():  # as prepare drops empty texts: no vector means anything for it
@@ -60,8 +77,13 @@ def search(p: Params, query: str, k: int, head_dir: Path, prepared_dir: Path,
         scores, idx = fused(slice(0, 1), k, None)
     else:
         scores, idx = topk(q, corpus, k)
-    return [(float(s), texts[ids[i]]) for s, i in zip(scores[0], idx[0].tolist(), strict=True)
-            if i >= 0]
+    labels: dict[str, str] = {}
+    if prepared.kind == "groups":  # prepare keeps one label per text
+        ex = prepared.examples
+        labels = dict(zip(ex.column("text_id").to_pylist(), ex.column("label").to_pylist(),
+                          strict=True))
+    return [Hit(float(s), texts[ids[i]], labels.get(ids[i]))
+            for s, i in zip(scores[0], idx[0].tolist(), strict=True) if i >= 0]
 
 
 def _corpus_vectors(p: Params, name: str, ids: list[str], head_dir: Path,

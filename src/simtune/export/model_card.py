@@ -87,7 +87,8 @@ def key_params(p: Params, kind: str) -> list[tuple[str, Any]]:
     if p.train.head.type == "mlp":
         keys += ["train.head.expansion", "train.head.dropout"]
     keys += ["train.loss.name", "train.loss.distance"]
-    keys += [f"train.loss.{k}" for k in LOSS_KEYS[p.train.loss.name]]
+    # `auto` stays as it is only where the head does not record its data kind (older heads)
+    keys += [f"train.loss.{k}" for k in LOSS_KEYS.get(p.train.loss.name, ())]
     keys += [f"train.{k}" for k in MODE_KEYS[p.train.mode]] + ["train.seed"]
     return [(k, _value(p, k)) for k in keys]
 

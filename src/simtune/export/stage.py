@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from simtune import heads
@@ -14,6 +15,7 @@ from simtune.encoders import model_dir
 from simtune.export import st_layout
 from simtune.export.model_card import CardInputs, render
 from simtune.model import FORMAT_VERSION, _trained_as, trained_encoder, training_meta
+from simtune.params import resolve_loss
 
 log = logging.getLogger("simtune.export")
 
@@ -36,6 +38,10 @@ def export(head_dir: Path, out: Path, card: CardInputs | None = None,
     `trust_remote_code=True` (a head type with no `Dense` form; see `simtune.st_layout`)."""
     head_dir, card = Path(head_dir), card or CardInputs()
     meta = training_meta(head_dir)
+    if card.params is not None and meta.kind is not None:  # the loss that ran (`auto` resolved)
+        p = card.params
+        train = resolve_loss(p.train, meta.kind, f"the data {head_dir} was trained on")
+        card = replace(card, params=p.model_copy(update={"train": train}))
     name, normalize_output = _trained_as(meta)
     head = heads.load(head_dir)
     if encoder is None and card.params is not None:

@@ -10,7 +10,7 @@ import torch
 
 from simtune.atomic import read_meta
 from simtune.errors import UserError
-from simtune.params import TrainParams
+from simtune.params import TrainParams, resolve_loss
 
 FORMAT_VERSION = 1
 
@@ -20,9 +20,10 @@ def check(kind: str, t: TrainParams) -> None:
     if kind != "pairs":
         raise UserError(f"train.hard_negatives: mined negatives are for pairs data, the prepared "
                         f"data is {kind}; set it to 0")
-    if t.loss.name != "mnrl":
+    loss = resolve_loss(t, kind).loss.name
+    if loss != "mnrl":
         raise UserError(f"train.hard_negatives: only the mnrl loss uses mined negatives "
-                        f"(train.loss.name is {t.loss.name}); set it to 0")
+                        f"(train.loss.name is {loss}); set it to 0")
     if t.mode != "head":
         raise UserError(f"train.hard_negatives: head mode only (in {t.mode} mode every negative "
                         "would be one more document through the encoder per query: n = 4 "

@@ -79,6 +79,12 @@ def write(prepared: Prepared, out: Path, report_path: Path) -> None:
 
 
 
+def kind(out: Path) -> str:
+    """The data kind of a prepared directory (groups | pairs), from its `meta.json` alone."""
+    return str(read_meta(Path(out), FORMAT_VERSION, "prepare", "prepared data")["kind"])
+
+
+
 def load(out: Path) -> Prepared:
     """Read a prepared directory back (for the later stages); the report is not re-read."""
     out = Path(out)

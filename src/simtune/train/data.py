@@ -17,20 +17,15 @@ from simtune.encoders import model_config
 from simtune.errors import UserError
 from simtune.examples import Data
 from simtune.negatives import mined
-from simtune.params import Params, TrainParams
+from simtune.params import Params, TrainParams, resolve_loss
 from simtune.prepare.prepared import load as load_prepared
 from simtune.train import matryoshka
 
-GROUP_LOSSES, PAIR_LOSSES = {"supcon", "triplet", "contrastive", "arcface"}, {"mnrl", "contrastive"}
 
-
-def check_compatible(kind: str, t: TrainParams) -> None:
-    """The loss must fit the data kind; raised before any training starts."""
-    allowed = GROUP_LOSSES if kind == "groups" else PAIR_LOSSES
-    if t.loss.name not in allowed:
-        other = "pairs" if kind == "groups" else "groups"
-        raise UserError(f"train.loss.name: '{t.loss.name}' needs {other} data, the prepared "
-                        f"data is {kind} (use one of {', '.join(sorted(allowed))})")
+def check_compatible(kind: str, t: TrainParams, data: str = "the prepared data") -> None:
+    """The loss (`params.resolve_loss`) and `m_per_label` must fit the data kind; raised
+    before any training starts (`data`: how the error names the prepared data)."""
+    resolve_loss(t, kind, data)
     if kind == "pairs" and t.m_per_label:
         raise UserError("train.m_per_label: only for groups data; set it to 0")
 
@@ -42,7 +37,7 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool =
     rows' mined negatives too (`mined.attach`)."""
     prepared = load_prepared(prepared_dir)
     if check_loss:
-        check_compatible(prepared.kind, p.train)
+        check_compatible(prepared.kind, p.train, f"the prepared data ({prepared_dir})")
         if p.train.hard_negatives:
             mined.check(prepared.kind, p.train)
             if negatives_dir is None:

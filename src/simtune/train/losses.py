@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from simtune.params import TrainParams
+from simtune.params import TrainParams, resolve_loss
 from simtune.train import matryoshka
 
 CHUNK_ROWS = 512  # anchors per chunk: memory O(CHUNK_ROWS x B), recomputed in backward
@@ -273,8 +273,9 @@ class PairLoss(nn.Module):
 
 
 def build_loss(kind: str, t: TrainParams, num_classes: int, dim: int) -> torch.nn.Module:
-    """The loss of `t.loss` for the data kind (summed over `matryoshka_dims` when listed)."""
-    lp = t.loss
+    """The loss of `t.loss` for the data kind (summed over `matryoshka_dims` when listed);
+    `auto` resolved as everywhere else (`params.resolve_loss`)."""
+    lp = resolve_loss(t, kind).loss
     loss: torch.nn.Module
     if kind == "groups":
         loss = GroupLoss(lp.name, lp.distance, lp.temperature, lp.margin, lp.mining, lp.scale,

@@ -26,6 +26,7 @@ from simtune.atomic import atomic_dir, write_json
 from simtune.errors import UserError
 from simtune.examples import Data
 from simtune.params import Params, TrainParams
+from simtune.prepare.prepared import kind as prepared_kind
 from simtune.retrieval.task import RetrievalTask, retrieval_task
 from simtune.train.checkpoint import Resume, fingerprint
 from simtune.train.data import check_trainable, load_data
@@ -70,12 +71,15 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     `checkpoint_dir`: where a checkpoint is kept after each epoch, and a matching one resumed
     (`simtune.train.checkpoint`; removed on success); None: none."""
     quiet_lightning()
-    t = P.effective(p.train)
-    p = p.model_copy(update={"train": t})
+    auto = p.train.loss.name == "auto"
+    p = in_force(p, prepared_dir)
+    t = p.train
     accelerator = accelerator_of(t)
     pl.seed_everything(t.seed, workers=True, verbose=False)
     data = load_data(p, prepared_dir, cache_dir, negatives_dir=negatives_dir)
     check_trainable(data, t, t.devices * t.num_nodes)
+    if auto:  # once every check passed: a refused set-up stays one line
+        log.info("loss auto: %s (%s data)", t.loss.name, data.kind)
     resumes: list[Resume] = []
 
     def resume(loop: EpochLoop) -> list[pl.Callback]:
@@ -101,6 +105,15 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
              t.monitor, loop.schedule.best_value, sec["per_epoch_train"],
              sec["per_epoch_validation"], result["full_validations"])
     return result
+
+
+def in_force(p: Params, prepared_dir: Path) -> Params:
+    """`p` as a run trains it: the mode's schedule applied (`params.effective`) and the loss
+    that runs on the prepared data's kind (`params.resolve_loss`: `auto` resolved), so the
+    checkpoint's fingerprint and the saved head record that loss, not `auto`."""
+    kind = prepared_kind(prepared_dir)
+    t = P.resolve_loss(P.effective(p.train), kind, f"the prepared data ({prepared_dir})")
+    return p.model_copy(update={"train": t})
 
 
 def validation_task(data: Data, p: Params) -> RetrievalTask:

@@ -95,7 +95,7 @@ def train_trial(loaded: Loaded, values: dict[str, Any], trial: Any = None
     (the kept epoch's validation value of `train.monitor`, epochs run, the epoch the pruner
     stopped it at or 0). `trial` None: no pruning (a plain run, as the train stage)."""
     p = space.apply(loaded.params, values)
-    t = P.effective(p.train)
+    t = P.resolve_loss(P.effective(p.train), loaded.data.kind)  # as the train stage does
     p = p.model_copy(update={"train": t})
     check_compatible(loaded.data.kind, t)
     if t.hard_negatives:
