@@ -39,7 +39,7 @@ from simtune.atomic import write_json
 from simtune.cache import vectors
 from simtune.errors import UserError
 
-log = logging.getLogger("simtune.shared")
+log = logging.getLogger(__name__)
 ENV = "SIMTUNE_STORE"
 _VERIFIED, USED, LOCK = ".verified.json", ".used", ".lock"
 
