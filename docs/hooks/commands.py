@@ -50,7 +50,8 @@ def commands() -> Iterator[tuple[list[str], Any, Any]]:
 def options(command: Any, ctx: Any) -> list[tuple[str, str, str]]:
     """(`--name <type>`, default, help) of each parameter as `--help` shows it, `--help`
     itself left out. The default and the accepted range are those of the help record's
-    `[default: x; x>=0]` tail; a required argument says `required`."""
+    `[default: x; x>=0]` tail (the range in words); a required argument's default is
+    `required`."""
     rows = []
     for param in command.get_params(ctx):
         record = param.get_help_record(ctx)
@@ -64,10 +65,24 @@ def options(command: Any, ctx: Any) -> list[tuple[str, str, str]]:
             for item in tail.group(1).split("; "):
                 if item.startswith("default: "):
                     default = item.removeprefix("default: ")
+                elif item == "required":
+                    default = "required"
                 else:
-                    notes.append(item)
+                    notes.append(_range(item))
         rows.append((name, default, " ".join([text, *(f"({n})" for n in notes)])))
     return rows
+
+
+def _range(note: str) -> str:
+    """click's `x>=1`, `x<=9`, `0<=x<=1` in words."""
+    low = re.fullmatch(r"x>=(\S+)", note)
+    high = re.fullmatch(r"x<=(\S+)", note)
+    both = re.fullmatch(r"(\S+)<=x<=(\S+)", note)
+    if low:
+        return f"at least {low.group(1)}"
+    if high:
+        return f"at most {high.group(1)}"
+    return f"{both.group(1)} to {both.group(2)}" if both else note
 
 
 def help_text(command: Any) -> list[str]:
@@ -88,6 +103,10 @@ def _code(text: str) -> str:
     """Inline code that wraps only at its spaces (`--run-trained <file>` never cut mid-name)."""
     escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return f'<code class="param-key">{escaped.replace("|", "&#124;")}</code>'
+
+
+def _default(value: str) -> str:
+    return value if value in ("", "required") else _code(value)
 
 
 def dvc_stages() -> dict[str, str]:
@@ -135,8 +154,8 @@ def render() -> str:
         rows = options(command, ctx)
         if rows:
             lines += ["| option | default | meaning |", "|---|---|---|"]
-            lines += [f"| {_code(name)} | {_code(default) if default else ''} "
-                      f"| {_md(text, cell=True)} |" for name, default, text in rows]
+            lines += [f"| {_code(name)} | {_default(default)} | {_md(text, cell=True)} |"
+                      for name, default, text in rows]
     return "\n".join(lines) + "\n"
 
 
