@@ -208,8 +208,8 @@ def render(stages: list[Stage]) -> str:
         lines = _wrap(row.label)
         height = max(ROW_H, LINE_H * len(lines) + 9)
         later = after(stages, row.direct)
-        parts.append(f'<g class="row" data-kind="{row.kind}" data-direct="{" ".join(row.direct)}"'
-                     f' data-after="{" ".join(later)}">')
+        parts.append(f'<g class="row" data-label="{escape(row.label.replace("`", ""))}" '
+                     f'data-direct="{" ".join(row.direct)}" data-after="{" ".join(later)}">')
         if k % 2 == 0:
             parts.append(f'<rect x="4" y="{y}" width="{width - 8}" height="{height}" '
                          f'fill="#f3f4f9"/>')
