@@ -94,9 +94,9 @@ def test_the_commands_page_lists_every_command_of_the_app(site: Path) -> None:
 def test_the_commands_page_shows_one_command_s_options_exactly(site: Path) -> None:
     assert option_rows(page_sections(site)["cache verify"]) == [
         ("--params <file>", "params.yaml"), ("--prepared <dir>", "data/prepared"),
-        ("--out <dir>", "cache"), ("--sample <int range>", "64"), ("--seed <int>", "0")]
+        ("--out <dir>", "cache"), ("--sample <int>", "64"), ("--seed <int>", "0")]
     search = page_sections(site)["search"]
-    assert option_rows(search)[:2] == [("query <str>", "required"), ("--k <int range>", "5")]
+    assert option_rows(search)[:2] == [("query <str>", "required"), ("--k <int>", "5")]
     assert "how many neighbours (at least 1)" in search
     assert "simtune search [OPTIONS] QUERY" in search
 

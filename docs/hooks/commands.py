@@ -58,6 +58,7 @@ def options(command: Any, ctx: Any) -> list[tuple[str, str, str]]:
         if record is None or param.name == "help":
             continue
         name, text = record
+        name = re.sub(r" range>", ">", name)  # `<int range>`: the range is said in words
         default, notes = "", []
         tail = re.search(r"\s*\[([^\[\]]*)\]$", text)
         if tail:
