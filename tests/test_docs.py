@@ -110,7 +110,7 @@ def test_a_broken_link_or_a_page_left_out_fails_the_build(tmp_path: Path) -> Non
     copy = tmp_path / "project"
     for rel in ("docs", "src/simtune", "stages"):
         shutil.copytree(ROOT / rel, copy / rel, ignore=shutil.ignore_patterns("__pycache__"))
-    for rel in ("mkdocs.yml", "params.yaml", "pyproject.toml"):
+    for rel in ("mkdocs.yml", "params.yaml", "pyproject.toml", "dvc.yaml"):
         shutil.copy2(ROOT / rel, copy / rel)
     page = copy / "docs" / "data.md"
     page.write_text(page.read_text() + "\n[gone](no-such-page.md) [bad](cache.md#no-anchor)\n")

@@ -75,7 +75,7 @@ def locked(path: Path, waiting: str | None = None, busy: str | None = None) -> I
             if busy is not None:
                 raise UserError(busy) from None
             if waiting:
-                logging.getLogger("simtune").info("%s", waiting)
+                logging.getLogger(__name__).info("%s", waiting)
             fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:

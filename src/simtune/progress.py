@@ -8,7 +8,7 @@ import time
 from types import TracebackType
 from typing import Any
 
-log = logging.getLogger("simtune.progress")
+log = logging.getLogger(__name__)
 
 
 class Progress:

@@ -19,7 +19,7 @@ from simtune.params import CacheParams, EncoderParams, EncodersParams
 from simtune.prepare.prepared import Prepared
 from simtune.prepare.prepared import load as load_prepared
 
-log = logging.getLogger("simtune.cache")
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -27,7 +27,7 @@ import torch
 from simtune.encoders import FrozenEncoder, pooled
 from simtune.errors import UserError
 
-log = logging.getLogger("simtune.backends")
+log = logging.getLogger(__name__)
 INSTALL = "pip install 'simtune[onnx]' (onnxruntime and onnx)"
 EXPORT_DIR, MODEL_FILE = "onnx", "model.onnx"
 CHECK_TOLERANCE = 1e-6  # relative to the largest vector entry; float rounding is ~2e-7

@@ -1,5 +1,5 @@
 """What a cache entry holds, behind one small adapter used by the fill, the views and the store:
-pooled vectors (`store`) or the token states after a layer (`states`).
+pooled vectors (`vectors`) or the token states after a layer (`states`).
 
 A batch of computed rows is a `Rows`: the (n, D) array of vectors, or the list of n (T_i, H)
 state arrays; `take`, `cat` and `split` work on either.

@@ -20,7 +20,7 @@ from simtune import atomic
 from simtune.cache import reference, store, vectors
 from simtune.errors import UserError
 
-log = logging.getLogger("simtune.shared")
+log = logging.getLogger(__name__)
 
 
 def last_used(directory: Path) -> float:

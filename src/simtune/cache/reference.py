@@ -37,7 +37,7 @@ from simtune.atomic import atomic_dir, write_bytes, write_json
 from simtune.cache import states, store, vectors
 from simtune.errors import UserError
 
-log = logging.getLogger("simtune.cache")
+log = logging.getLogger(__name__)
 REF_FILE, ROWS_FILE, KIND, VERSION = "reference.json", "rows.arrow", "layer-states", 1
 REFS = "refs"
 REFILL = "run `dvc repro -f -s cache` (or `simtune cache`) to refill it"

@@ -1,6 +1,6 @@
 """The `cache` stage: embed every text each frozen encoder must see, once, for good.
 
-Vectors live in the machine-wide shared store (`simtune.shared`, keyed by encoder fingerprint
+Vectors live in the machine-wide shared store (`simtune.cache.store`, keyed by encoder fingerprint
 and content hash): every workspace, queued or temp experiment and data set on the machine reuses
 them, and settings switched back and forth re-embed nothing. The stage's output is a *view*,
 `cache/<encoder>/`: exactly the rows this workspace's data needs, keyed by its text ids, in the
@@ -43,7 +43,7 @@ from simtune.prepare.prepared import Prepared, text_id
 from simtune.prepare.prepared import load as load_prepared
 from simtune.progress import Progress
 
-log = logging.getLogger("simtune.cache")
+log = logging.getLogger(__name__)
 VECTORS = Format()
 
 
@@ -188,7 +188,7 @@ def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Pa
     `windows` (workspace id -> its windows, `cache.cutting.split`): what is embedded and
     stored, each window as a text; the view holds each text's windows pooled (`chunks`).
     Texts the store lacks are embedded into it first (rank `r` of `w` embeds every w-th of the
-    length-sorted missing texts) by `cp.backend` (`simtune.backends`); nothing stored is
+    length-sorted missing texts) by `cp.backend` (`simtune.cache.backends`); nothing stored is
     touched before the encoder has loaded, and the view is replaced only when complete. The
     store shards copied into the view are re-hashed first. The size policy then keeps this
     fingerprint and those in `keep` (every entry the current params use)."""

@@ -2,18 +2,25 @@
 
 Layout (root: `cache.store`, or `$SIMTUNE_STORE` when set):
 
-    <root>/vectors/<fingerprint>/   one directory per encoder fingerprint, in the shard format of
-                                    `simtune.cache.vectors`, keyed by *content hash* (never by a
-                                    user key, so every workspace and data set can share it)
+    <root>/vectors/<fingerprint>/  one directory per encoder fingerprint, in the
+                                   shard format of `simtune.cache.vectors`, keyed
+                                   by *content hash* (never by a user key, so
+                                   every workspace and data set can share it)
         manifest.json, shard-*.arrow
-        journal-r<rank>.json        only while a fill runs (a killed fill's shards are adopted)
-        .lock                       held (flock) by the one process filling this fingerprint
-        .verified.json              shards whose sha256 was checked, by (size, mtime, inode,
-                                    sha256); shards copied into a view are re-hashed anyway
-        .used                       touched on every use: the clock of the size policy
-        onnx/model.onnx             `cache.backend: onnx` only: the encoder's export
-    <root>/refs/<fingerprint>/<key>.json   a workspace layer view referencing that entry (its
-                                    states are read from the store: `simtune.cache.reference`)
+        journal-r<rank>.json       only while a fill runs (a killed fill's shards
+                                   are adopted)
+        .lock                      held (flock) by the one process filling this
+                                   fingerprint
+        .verified.json             shards whose sha256 was checked, by (size,
+                                   mtime, inode, sha256); shards copied into a
+                                   view are re-hashed anyway
+        .used                      touched on every use: the clock of the size
+                                   policy
+        onnx/model.onnx            `cache.backend: onnx` only: the encoder's export
+    <root>/refs/<fingerprint>/<key>.json
+                                   a workspace layer view referencing that entry
+                                   (its states are read from the store:
+                                   `simtune.cache.reference`)
 
 Fingerprints live side by side, so switching a setting back and forth re-embeds nothing. Shards
 are immutable once listed; a shard whose checksum fails is dropped (with a warning naming it)
@@ -39,7 +46,7 @@ from simtune.atomic import write_json
 from simtune.cache import vectors
 from simtune.errors import UserError
 
-log = logging.getLogger("simtune.shared")
+log = logging.getLogger(__name__)
 ENV = "SIMTUNE_STORE"
 _VERIFIED, USED, LOCK = ".verified.json", ".used", ".lock"
 

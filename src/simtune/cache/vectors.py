@@ -36,7 +36,7 @@ from simtune.cache import schema
 from simtune.encoders import sha256_of
 from simtune.errors import UserError
 
-log = logging.getLogger("simtune.store")
+log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 DTYPES = {"float32": (pa.float32(), np.float32), "float16": (pa.float16(), np.float16)}

@@ -31,7 +31,7 @@ from simtune.encoders import (
 from simtune.errors import UserError
 from simtune.params import CacheParams, EncoderParams, EncodersParams, TrainParams
 
-log = logging.getLogger("simtune.cache")
+log = logging.getLogger(__name__)
 VECTORS = Format()
 
 

@@ -25,7 +25,7 @@ from simtune.retrieval.lexical import BM25
 from simtune.retrieval.metrics import cosine
 from simtune.retrieval.topk import topk
 
-log = logging.getLogger("simtune.search")
+log = logging.getLogger(__name__)
 
 
 class Hit(NamedTuple):

@@ -36,7 +36,7 @@ from simtune.retrieval import metrics, significance
 from simtune.retrieval.metrics import HEADLINE
 from simtune.retrieval.task import RetrievalTask, by_rows, retrieval_task
 
-log = logging.getLogger("simtune.evaluate")
+log = logging.getLogger(__name__)
 Vectors = Callable[[torch.Tensor, str], torch.Tensor]  # (cache rows, role) -> (n, D)
 
 

@@ -17,7 +17,7 @@ from simtune.export.model_card import CardInputs, render
 from simtune.model import FORMAT_VERSION, _trained_as, trained_encoder, training_meta
 from simtune.params import resolve_loss
 
-log = logging.getLogger("simtune.export")
+log = logging.getLogger(__name__)
 
 # files of sentence-transformers' own layout in an encoder directory (the bundled minilm has
 # them): not copied, the export writes its own
@@ -35,7 +35,7 @@ def export(head_dir: Path, out: Path, card: CardInputs | None = None,
     encoder), needed when the head has no `encoder/` of its own and training.json names a
     local one (see `simtune.model.trained_encoder`: a folder never picks files outside itself).
     Returns True when plain `SentenceTransformer(out)` loads it, False when the head needs
-    `trust_remote_code=True` (a head type with no `Dense` form; see `simtune.st_layout`)."""
+    `trust_remote_code=True` (a head type with no `Dense` form; see `simtune.export.st_layout`)."""
     head_dir, card = Path(head_dir), card or CardInputs()
     meta = training_meta(head_dir)
     if card.params is not None and meta.kind is not None:  # the loss that ran (`auto` resolved)

@@ -1,7 +1,7 @@
 """The `negatives` stage: hard negatives mined from the cached vectors, and their use in training.
 
 The frozen encoder's vectors of every training query and document are already in the cache, so
-mining is one exact streamed top-k (`metrics.topk`, memory O(tile), never queries x documents):
+mining is one exact streamed top-k (`retrieval.topk`, memory O(tile), never queries x documents):
 for each distinct training query, its top-ranked training documents (cosine) that are not listed
 with it, skipping likely false negatives: documents scoring above a threshold set by the query's
 lowest positive score p (score > 0 pairs), `p - margin` (absolute) or `p - |p| * margin`
@@ -39,7 +39,7 @@ from simtune.params import Params
 from simtune.prepare.prepared import load as load_prepared
 from simtune.retrieval.topk import topk
 
-log = logging.getLogger("simtune.negatives")
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -37,7 +37,7 @@ from simtune.prepare.sources import (
 )
 from simtune.prepare.split import assign
 
-log = logging.getLogger("simtune.prepare")
+log = logging.getLogger(__name__)
 CORPUS = "corpus"  # split of the examples rows that only put a document in the corpus
 QRELS_FILE = {"train": "train", "val": "dev", "test": "test"}  # our split -> qrels file stem
 

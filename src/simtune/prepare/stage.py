@@ -15,7 +15,7 @@ from simtune.prepare import sources
 from simtune.prepare.prepared import Prepared, normalize, text_id, write
 from simtune.prepare.split import assign
 
-log = logging.getLogger("simtune.prepare")
+log = logging.getLogger(__name__)
 
 
 def records(p: PrepareParams) -> tuple[Path, str, list[sources.Record]]:

@@ -41,7 +41,7 @@ from simtune.encoders import fingerprint as encoder_fingerprint
 from simtune.params import Params
 from simtune.train.epochs import EpochLoop
 
-log = logging.getLogger("simtune.train")
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2  # 2: the loop state holds train_cpu_seconds
 FILE = "last.pt"

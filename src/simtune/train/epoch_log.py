@@ -27,7 +27,7 @@ from pytorch_lightning.callbacks import RichProgressBar
 
 from simtune.train.epochs import EpochLoop
 
-log = logging.getLogger("simtune.train")
+log = logging.getLogger(__name__)
 
 
 def interactive() -> bool:

@@ -37,7 +37,7 @@ def _slice(batch: Any, s: int, e: int) -> Any:
 
 
 class SimilarityModule(pl.LightningModule):
-    """A representation (`simtune.represent`: cached vectors, cached layer states + top
+    """A representation (`simtune.train.represent`: cached vectors, cached layer states + top
     layers, or the live encoder), a head and a similarity loss over `Data`."""
 
     def __init__(self, data: Data, p: Params) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import torch
 
-log = logging.getLogger("simtune.sampling")
+log = logging.getLogger(__name__)
 
 
 def fit_batch_size(epoch_size: int, batch_size: int, world: int, announce: bool = True,

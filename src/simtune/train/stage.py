@@ -1,6 +1,6 @@
 """The `train` stage, wired with PyTorch Lightning (imported here only, lazily by the stage).
 
-A batch is a tensor of example indices; a `simtune.represent.Representation` turns them into
+A batch is a tensor of example indices; a `simtune.train.represent.Representation` turns them into
 vectors (head mode: rows of the resident cache table; top_layers: cached layer states through the
 trainable top layers; full: the DataLoader tokenises in workers and the whole encoder learns),
 then the head. GradCache switches to manual optimisation.
@@ -35,7 +35,7 @@ from simtune.train.epochs import EpochLoop
 from simtune.train.module import SimilarityModule, diverged
 from simtune.train.validation import Schedule, Validator, frozen
 
-log = logging.getLogger("simtune.train")
+log = logging.getLogger(__name__)
 
 
 def accelerator_of(t: TrainParams) -> str:

@@ -34,7 +34,7 @@ from simtune.train.data import check_compatible, check_trainable, load_data
 from simtune.train.epochs import EpochLoop
 from simtune.train.stage import accelerator_of, fit, quiet_lightning, validation_task
 
-log = logging.getLogger("simtune.sweep")
+log = logging.getLogger(__name__)
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
 

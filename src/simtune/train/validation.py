@@ -1,5 +1,6 @@
 """When to validate what, when to stop, which epoch to keep, and validation that recomputes only
-what the weights change. Lightning-free (the train stage's callback drives it, `simtune.epochs`).
+what the weights change. Lightning-free (the train stage's callback drives it,
+`simtune.train.epochs`).
 
 Every epoch is validated on the monitored metric (`train.monitor`), so early stopping and the
 kept epoch are exactly those of validating everything every epoch (Lightning's
