@@ -57,7 +57,7 @@ def test_each_role_is_embedded_with_its_prompt_in_its_own_view(tmp_path: Path,
     results = cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache)
     assert sorted(r.needed for r in results) == [12, 12]
     assert sorted(d.name for d in (tmp_path / "cache").iterdir()) == ["tiny", "tiny@document"]
-    q_table, d_table = open_pair(tmp_path / "cache", p.encoders, p.cache, placed=False)
+    q_table, d_table = open_pair(tmp_path / "cache", p.encoders, p.cache, "pairs", placed=False)
     assert q_table is not d_table and len(q_table) == len(d_table) == 12
     spec = p.encoders.models["tiny"]
     for table, role, texts in ((q_table, "query", sentences(12)),
@@ -81,7 +81,7 @@ def test_one_prompt_for_both_roles_is_one_view(tmp_path: Path, tiny_bert: Path,
     p = _pairs(tmp_path, tiny_bert, prompts)
     cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache)
     assert [d.name for d in (tmp_path / "cache").iterdir()] == ["tiny"]
-    q_table, d_table = open_pair(tmp_path / "cache", p.encoders, p.cache, placed=False)
+    q_table, d_table = open_pair(tmp_path / "cache", p.encoders, p.cache, "pairs", placed=False)
     assert q_table is d_table and len(q_table) == 24
     unprompted = fingerprint(describe("tiny", p.encoders.models["tiny"].model_copy(
         update={"prompts": None})))

@@ -36,7 +36,7 @@ from simtune.cache import (
     views,
 )
 from simtune.cache.formats import Format
-from simtune.encoders import FrozenEncoder, describe, fingerprint, resolve_device
+from simtune.encoders import FrozenEncoder, describe, fingerprint, prompt_of, resolve_device
 from simtune.errors import UserError
 from simtune.params import CacheParams, EncoderParams, EncodersParams
 from simtune.prepare.prepared import Prepared, text_id
@@ -105,6 +105,7 @@ def texts_per_encoder(prepared: Prepared, encoders: EncodersParams) -> dict[Targ
     ex = prepared.examples
     if prepared.kind == "groups":
         columns = [("query", ex.column("text_id"))]
+        _unused_document_prompt(encoders)
     else:
         columns = [("query", ex.column("query_id")), ("document", ex.column("doc_id"))]
     found: dict[str, tuple[Target, list[pa.ChunkedArray]]] = {}
@@ -115,6 +116,15 @@ def texts_per_encoder(prepared: Prepared, encoders: EncodersParams) -> dict[Targ
     return {target: pc.unique(pa.chunked_array([c for col in cols for c in col.chunks],
                                                pa.string()))
             for target, cols in found.values()}
+
+
+def _unused_document_prompt(encoders: EncodersParams) -> None:
+    """Say so when groups data meets a document prompt: every groups text is a query text."""
+    spec = encoders.models[encoders.query]
+    if prompt_of(spec, "document") != prompt_of(spec, "query"):
+        log.warning("encoders.models.%s.prompts.document: not used: groups data embeds every "
+                    "text as a query (prompts.query), in training, evaluate and search",
+                    encoders.query)
 
 
 def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParams,

@@ -205,15 +205,18 @@ def open_cache(out: Path, name: str, spec: EncoderParams, cp: CacheParams,
     return vectors.place(table, cp.mapping.get(name, cp.cache_type)) if placed else table
 
 
-def open_pair(out: Path, encoders: EncodersParams, cp: CacheParams, placed: bool = True
-              ) -> tuple[vectors.CacheTable, vectors.CacheTable]:
-    """(query table, document table) of `encoders` (one table when both roles read one view);
-    one head reads both, so they must give one dim."""
+def open_pair(out: Path, encoders: EncodersParams, cp: CacheParams, kind: str,
+              placed: bool = True) -> tuple[vectors.CacheTable, vectors.CacheTable]:
+    """(query table, document table) of `encoders` for data of `kind` (groups | pairs): one
+    table when both roles read one view. Groups' texts are all query texts (the query encoder
+    and prompt: what the cache stage fills, `texts_per_encoder`), so groups get the query table
+    twice; one head reads both, so they must give one dim."""
     q_spec, d_spec = encoders.models[encoders.query], encoders.models[encoders.document]
     q = open_cache(out, encoders.query, q_spec, cp, placed)
-    same = (encoders.document == encoders.query
-            and view_name(encoders.query, q_spec, "document") == view_name(encoders.query,
-                                                                           q_spec, "query"))
+    same = kind == "groups" or (
+        encoders.document == encoders.query
+        and view_name(encoders.query, q_spec, "document") == view_name(encoders.query, q_spec,
+                                                                       "query"))
     d = q if same else open_cache(out, encoders.document, d_spec, cp, placed, "document")
     if q.dim != d.dim:
         raise UserError(f"encoders: '{encoders.query}' gives {q.dim}-d and "

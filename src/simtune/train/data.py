@@ -57,7 +57,7 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool =
     tables: dict[str, Any] = {}
     if not full:
         # placed later, by each process on its own device (represent.Representation.place)
-        q_table, d_table = open_pair(cache_dir, enc, p.cache, placed=False)
+        q_table, d_table = open_pair(cache_dir, enc, p.cache, prepared.kind, placed=False)
         tables = {"query": q_table, "doc": d_table}
     if p.train.mode == "top_layers":
         tables.update(_states_tables(p, cache_dir, q_table, d_table))
