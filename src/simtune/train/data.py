@@ -6,6 +6,7 @@ Head mode reads only the cache and the examples table, never raw texts or a toke
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from simtune.params import Params, TrainParams
 from simtune.prepare.prepared import load as load_prepared
 from simtune.train import matryoshka
 
+log = logging.getLogger(__name__)
 GROUP_LOSSES, PAIR_LOSSES = {"supcon", "triplet", "contrastive", "arcface"}, {"mnrl", "contrastive"}
 
 
@@ -106,6 +108,9 @@ def _query_dim(p: Params) -> int:
 def check_trainable(data: Data, t: TrainParams, world: int) -> None:
     """Refuse, before any training, a set-up that cannot train or can never see a positive."""
     matryoshka.check_dims(t.loss.matryoshka_dims, data.dim)  # heads keep the input dim
+    if t.mode == "head" and t.encoder.lora.r:  # a warning: `-S train.mode=head` stays one edit
+        log.warning("train.encoder.lora.r: %d is ignored in head mode (no encoder layer "
+                    "trains); LoRA applies in train.mode top_layers or full", t.encoder.lora.r)
     n = len(data.splits["train"])
     if n < world:  # a larger batch_size is reduced to the training set (sampling)
         raise UserError(f"train: {n} training examples for {world} processes (each process "
