@@ -307,3 +307,25 @@ def test_inside_resolves_within_and_refuses_escapes(tmp_path: Path) -> None:
     for bad in ("..", "b/../..", "/etc", ""):
         with pytest.raises(UserError, match=r"^w: "):
             model_files.inside(tmp_path / "a", bad, "w")
+
+
+# --- issue 28: prompts and model folders ------------------------------------------------------
+
+
+@pytest.mark.parametrize("role", ["query", "document"])
+def test_item2_a_model_folders_prompt_leaving_too_few_tokens_refused(tiny_bert: Path,
+                                                                     tmp_path: Path,
+                                                                     role: str) -> None:
+    """A prompt read from an export's simtune.json (what `simtune search` and `load_model`
+    use) that leaves too little of the window is refused at load, naming the file's key."""
+    head = _head(tmp_path / "head", tiny_bert)
+    out = tmp_path / "export"
+    export(head, out, encoder=str(tiny_bert))
+    config = out / "simtune.json"
+    good = json.loads(config.read_text())
+    prompts = {"query": "", "document": "", "include_prompt": True, role: "the " * 40}
+    config.write_text(json.dumps({**good, "encoder": {**good["encoder"], "prompts": prompts}}))
+    assert _error(lambda: load_model(out, "cpu")) == (
+        f"{config}: encoder.prompts.{role}: the prompt is 40 tokens, leaving 0 of max_length 32 "
+        "for the text (2 special tokens); at least 15 are needed (half the window): shorten the "
+        "prompt or raise max_length")

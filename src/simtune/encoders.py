@@ -275,19 +275,22 @@ class FrozenEncoder:
     """A frozen transformers encoder: texts -> pooled (and optionally normalised) vectors.
 
     `role` (`query` | `document`) picks the prompt put before every text (`spec.prompts`);
-    `as_role` gives the same loaded encoder in the other role."""
+    `as_role` gives the same loaded encoder in the other role. `key`: where the settings come
+    from, for messages (default `encoders.models.<name>`; a model folder's file); a prompt that
+    leaves too little of the window for the text is refused (`simtune.chunks.check_room`)."""
 
     def __init__(self, name: str, spec: EncoderParams, device: torch.device,
-                 role: str = "query") -> None:
+                 role: str = "query", key: str | None = None) -> None:
         path = model_dir(name, spec)
         self.name, self.spec, self.device = name, spec, device
-        self.model, self.tokenizer = load_pretrained(path, f"encoders.models.{name}.model")
+        self.key = key or f"encoders.models.{name}"
+        self.model, self.tokenizer = load_pretrained(path, f"{self.key}.model")
         self.model.requires_grad_(False).to(device)
         self.dim = int(self.model.config.hidden_size)
         self.fast = fast_path(self.tokenizer, spec.max_length)  # None: the transformers call
         self.role, self.prompt = role, prompt_of(spec, role)
         self.skip = prompt_skip(self.tokenizer, spec, role)
-        self.chunker = Chunker(self.tokenizer, spec, self.prompt, name)
+        self.chunker = Chunker(self.tokenizer, spec, self.prompt, name, role, self.key)
         log.info("loaded encoder '%s' from %s (dim %d) on %s", name, path, self.dim, device)
 
     def as_role(self, role: str) -> FrozenEncoder:
@@ -297,7 +300,8 @@ class FrozenEncoder:
         other = copy.copy(self)
         other.role, other.prompt = role, prompt_of(self.spec, role)
         other.skip = prompt_skip(self.tokenizer, self.spec, role)
-        other.chunker = Chunker(self.tokenizer, self.spec, other.prompt, self.name)
+        other.chunker = Chunker(self.tokenizer, self.spec, other.prompt, self.name, role,
+                                self.key)
         return other
 
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:

@@ -120,16 +120,19 @@ def load_model(directory: str | Path, device: str = "auto", encoder: str | None 
             spec = spec.model_copy(update={"model": str(model_files.inside(
                 directory, spec.model, f"{config_path}: encoder.model"))})
         head_dir = model_files.inside(directory, config.head, f"{config_path}: head")
+        key = f"{config_path}: encoder"
     elif (directory / "training.json").exists():  # a trained head straight from `train`
         meta = training_meta(directory)
         name, normalize_output = _trained_as(meta)
         spec = meta.encoder.model_copy(
             update={"model": trained_encoder(directory, meta, encoder)})
         head_dir = directory
+        key = f"{directory / 'training.json'}: encoder"
     else:
         raise UserError(f"{directory}: not a simtune model (no simtune.json or training.json)")
     head = heads.load(head_dir)  # before the encoder: a damaged head costs no model load
-    encoder_model = FrozenEncoder(name, spec, resolve_device(device))
+    encoder_model = FrozenEncoder(name, spec, resolve_device(device), key=key)
+    encoder_model.as_role("document")  # its prompt too: refused now, not at the first encode
     if head.config["dim"] != encoder_model.dim:
         raise UserError(f"{head_dir}: head expects {head.config['dim']}-d vectors, the encoder "
                         f"gives {encoder_model.dim}-d")

@@ -23,12 +23,24 @@ def split(name: str, spec: EncoderParams, role: str, texts: dict[str, str], labe
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir(name, spec),
                                                            local_files_only=True)
-    chunker = Chunker(tokenizer, spec, prompt_of(spec, role), name)
+    chunker = Chunker(tokenizer, spec, prompt_of(spec, role), name, role)
     cut = Cut()
     ids = list(texts)
     windows = dict(zip(ids, chunker.windows([texts[i] for i in ids], cut), strict=True))
     say(name, spec, label, cut)
     return windows, cut
+
+
+def check_prompts(targets: list[tuple[str, EncoderParams, str]]) -> None:
+    """Refuse, before any fill, a prompt of any (encoder name, spec, role) that leaves too
+    little of the window for the text (`simtune.chunks.check_room`, through the `Chunker`)."""
+    import transformers
+
+    for name, spec, role in targets:
+        if prompt_of(spec, role):
+            tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir(name, spec),
+                                                                   local_files_only=True)
+            Chunker(tokenizer, spec, prompt_of(spec, role), name, role)
 
 
 def say(name: str, spec: EncoderParams, label: str, cut: Cut) -> None:

@@ -138,6 +138,7 @@ def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParam
         raise UserError(f"{prepared_dir}: prepared data has no texts")
     dist = dist or dist_from_env()
     needs = texts_per_encoder(prepared, encoders)
+    cutting.check_prompts([(t.name, encoders.models[t.name], t.role) for t in needs])
     described = described_in_use(encoders, needs, layer)
     keep = {fingerprint(d) for d in described.values()}
     results = []

@@ -251,7 +251,7 @@ class LiveEncoder(Representation):
         self.dim = int(self.encoder.config.hidden_size)
         self.prompts = {r: prompt_of(spec, r) for r in ("query", "document")}
         self.skips = {r: prompt_skip(self.tokenizer, spec, r) for r in ("query", "document")}
-        self.chunkers = {r: Chunker(self.tokenizer, spec, self.prompts[r])
+        self.chunkers = {r: Chunker(self.tokenizer, spec, self.prompts[r], role=r)
                          for r in ("query", "document")}
 
     def collate(self, split: Any, idx: list[int]) -> dict[str, Any]:
