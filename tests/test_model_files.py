@@ -325,7 +325,199 @@ def test_item2_a_model_folders_prompt_leaving_too_few_tokens_refused(tiny_bert: 
     good = json.loads(config.read_text())
     prompts = {"query": "", "document": "", "include_prompt": True, role: "the " * 40}
     config.write_text(json.dumps({**good, "encoder": {**good["encoder"], "prompts": prompts}}))
+    _edit_json(out / "config_sentence_transformers.json", default_prompt_name="query",
+               prompts={"query": prompts["query"], "document": prompts["document"]})
     assert _error(lambda: load_model(out, "cpu")) == (
         f"{config}: encoder.prompts.{role}: the prompt is 40 tokens, leaving 0 of max_length 32 "
         "for the text (2 special tokens); at least 15 are needed (half the window): shorten the "
         "prompt or raise max_length")
+
+
+# --- issue 28, model folders as a hostile tester finds them: one line naming the file, never a
+# traceback, never a path or link followed out of the folder --------------------------------
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One export of a linear head over the tiny encoder (no prompts), copied by each case."""
+    root = tmp_path_factory.mktemp("exported")
+    export(_head(root / "head", tiny_bert), root / "export", encoder=str(tiny_bert))
+    return root / "export"
+
+
+def _damaged(exported: Path, dest: Path, edit: Any) -> Path:
+    """A copy of `exported` at `dest` with `edit(folder)` applied."""
+    shutil.copytree(exported, dest)
+    edit(dest)
+    return dest
+
+
+def _json_edit(name: str, change: Any) -> Any:
+    def edit(folder: Path) -> None:
+        path = folder / name
+        path.write_text(json.dumps(change(json.loads(path.read_text()))))
+    return edit
+
+
+ST_FILES = {  # edit of an export's sentence-transformers files -> (file, the line's rest)
+    "modules.json absolute": (_json_edit("modules.json", lambda m: [
+        {**m[0], "path": "/etc"}, *m[1:]]), "modules.json", "0.path: '/etc' must be a path "
+        "inside {folder}"),
+    "modules.json above": (_json_edit("modules.json", lambda m: [
+        *m[:1], {**m[1], "path": "../1_Pooling"}, *m[2:]]), "modules.json", "1.path: "
+        "'../1_Pooling' leads outside {folder}; a model folder only loads files from inside "
+        "itself"),
+    "modules.json an object": (_json_edit("modules.json", lambda m: {"0": m[0]}),
+                               "modules.json", "expected a JSON array, got dict"),
+    "modules.json path a number": (_json_edit("modules.json", lambda m: [{**m[0], "path": 0}]),
+                                   "modules.json", "0.path: Input should be a valid string, "
+                                   "got 0"),
+    "prompt a number": (_json_edit("config_sentence_transformers.json", lambda c: {
+        **c, "prompts": {"query": 3}}), "config_sentence_transformers.json",
+        "prompts.query: Input should be a valid string, got 3"),
+    "prompts a list": (_json_edit("config_sentence_transformers.json", lambda c: {
+        **c, "prompts": ["query: "]}), "config_sentence_transformers.json",
+        "prompts: Input should be a valid dictionary, got ['query: ']"),
+    "prompts not simtune's": (_json_edit("config_sentence_transformers.json", lambda c: {
+        **c, "prompts": {"query": "q: ", "document": ""}, "default_prompt_name": "query"}),
+        "config_sentence_transformers.json", "prompts {'query': 'q: ', 'document': ''} are not "
+        "simtune.json's {}: sentence-transformers would embed with other prompts"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ST_FILES))
+def test_model_folder_sentence_transformers_files_are_checked(exported: Path, tmp_path: Path,
+                                                              case: str) -> None:
+    """`load_model` ignored modules.json and config_sentence_transformers.json, so a folder whose
+    modules lead elsewhere, or whose prompts are of the wrong type or not simtune.json's, loaded:
+    `SentenceTransformer(dir)` then loads other files, embeds with other prompts, or fails."""
+    edit, name, rest = ST_FILES[case]
+    folder = _damaged(exported, tmp_path / "export", edit)
+    assert _error(lambda: load_model(folder, "cpu")) == (
+        f"{folder / name}: {rest.replace('{folder}', str(folder))}")
+
+
+def test_model_folder_prompts_of_simtune_json_must_be_the_st_configs(tiny_bert: Path,
+                                                                     tmp_path: Path) -> None:
+    """An export with prompts loads (its files agree); a default prompt other than `query` is
+    refused: plain `encode()` would embed as a document where `load_model` embeds a query."""
+    head = _head(tmp_path / "head", tiny_bert)
+    meta = head / "training.json"
+    prompts = {"query": "what is ", "document": "the ", "include_prompt": True}
+    _edit_json(meta, encoder={**json.loads(meta.read_text())["encoder"], "prompts": prompts})
+    out = tmp_path / "export"
+    export(head, out, encoder=str(tiny_bert))
+    want = load_model(out, "cpu").encode(TEXTS, role="document")
+    config = out / "config_sentence_transformers.json"
+    _edit_json(config, default_prompt_name="document")
+    assert _error(lambda: load_model(out, "cpu")) == (
+        f"{config}: default_prompt_name 'document' must be 'query': plain encode() embeds as a "
+        "query")
+    _edit_json(config, default_prompt_name="query")
+    assert torch.equal(load_model(out, "cpu").encode(TEXTS, role="document"), want)
+
+
+@pytest.mark.parametrize("link", ["encoder/model.safetensors", "encoder/tokenizer.json",
+                                  "head/config.json", "head/model.safetensors"])
+def test_model_folder_links_leading_outside_are_refused(exported: Path, tmp_path: Path,
+                                                        link: str) -> None:
+    """A file of the folder replaced by a symbolic link to a file elsewhere (here: the same
+    bytes, so nothing else would notice) was followed; a link inside the folder still loads."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+
+    def relink(folder: Path) -> None:
+        shutil.copy(folder / link, outside / "file")
+        (folder / link).unlink()
+        (folder / link).symlink_to(outside / "file")
+
+    folder = _damaged(exported, tmp_path / "export", relink)
+    assert _error(lambda: load_model(folder, "cpu")) == (
+        f"{folder / link}: a link leading outside {folder}; a model folder only loads files "
+        "from inside itself")
+    inner = _damaged(exported, tmp_path / "inner", lambda f: (
+        shutil.move(f / link, f / "kept"), (f / link).symlink_to(f / "kept")))
+    assert torch.equal(load_model(inner, "cpu").encode(TEXTS),
+                       load_model(exported, "cpu").encode(TEXTS))
+
+
+def _header(length: int, body: bytes = b"") -> bytes:
+    """A safetensors file's start: the little-endian u64 header length, then `body`."""
+    import struct
+
+    return struct.pack("<Q", length) + body
+
+
+SAFETENSORS = {  # bytes -> the end of safetensors' own reason
+    "garbage": (b"garbage", "header too small"),
+    "empty": (b"", "header too small"),
+    "a header of 2^62 bytes": (_header(1 << 62), "header too large"),
+    "a header past the end": (_header(90_000_000, b"{"), "invalid header length"),
+    "a header not JSON": (_header(10, b"{not json}"), "invalid JSON in header: key must be a "
+                          "string at line 1 column 2"),
+    "offsets past the end": (_header(80, json.dumps({"x": {
+        "dtype": "F32", "shape": [32, 32], "data_offsets": [0, 4096]}}).ljust(80).encode()),
+        "incomplete metadata, file not fully covered"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SAFETENSORS))
+@pytest.mark.parametrize("where", ["encoder", "head"])
+def test_model_folder_damaged_or_huge_safetensors_header_is_one_line(
+        exported: Path, tmp_path: Path, case: str, where: str) -> None:
+    data, reason = SAFETENSORS[case]
+    folder = _damaged(exported, tmp_path / "export",
+                      lambda f: (f / where / "model.safetensors").write_bytes(data))
+    got = _error(lambda: load_model(folder, "cpu"))
+    if where == "head":
+        assert got.startswith(f"{folder}/head/model.safetensors: cannot read: "), got
+    else:
+        assert got.startswith(f"{folder}/simtune.json: encoder.model: {folder}/encoder: cannot "
+                              "load: corrupt or truncated safetensors weights ("), got
+    assert reason[:40] in got, got
+
+
+ENCODER_DAMAGE = {  # edit of the export's encoder/ -> the end of the line
+    "tokenizer.json a list": (lambda f: (f / "encoder/tokenizer.json").write_text("[]"),
+                              "cannot load: TypeError: 'str' object cannot be interpreted as an "
+                              "integer"),
+    "config.json a list": (lambda f: (f / "encoder/config.json").write_text("[1]"),
+                           "cannot load: TypeError: transformers.configuration_utils."
+                           "PreTrainedConfig() argument after ** must be a mapping, not list"),
+    "hidden_size a string": (_json_edit("encoder/config.json", lambda c: {
+        **c, "hidden_size": "32"}), "cannot load: StrictDataclassFieldValidationError: "
+        "Validation error for field 'hidden_size':"),
+    "config.json a folder": (lambda f: ((f / "encoder/config.json").unlink(),
+                                        (f / "encoder/config.json").mkdir()),
+                             "not a Hugging Face model directory (no config.json)"),
+    "no tokenizer files": (lambda f: [(f / "encoder" / n).unlink() for n in (
+        "tokenizer.json", "tokenizer_config.json")], "its tokenizer knows only its 5 special "
+        "tokens (no tokenizer.json, vocab.txt, ... in the folder?): every word would be unknown"),
+    "another model's tokenizer": (_json_edit("encoder/tokenizer.json", lambda t: {
+        **t, "model": {**t["model"], "vocab": {**t["model"]["vocab"], "zzzz": 5000}}}),
+        "its tokenizer gives ids up to 5000, its embedding table has 143 rows (the tokenizer "
+        "of another model?)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ENCODER_DAMAGE))
+def test_model_folder_damaged_encoder_is_one_line(exported: Path, tmp_path: Path,
+                                                  case: str) -> None:
+    """Tracebacks (TypeError, a dataclass validation error) and, without tokenizer files, a
+    silently wrong model (every word [UNK]) became one line naming the file and the folder."""
+    edit, end = ENCODER_DAMAGE[case]
+    folder = _damaged(exported, tmp_path / "export", edit)
+    assert _error(lambda: load_model(folder, "cpu")) == (
+        f"{folder}/simtune.json: encoder.model: {folder}/encoder: {end}")
+
+
+def test_load_model_on_an_empty_folder_a_file_or_nothing_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("x")
+    assert _error(lambda: load_model(tmp_path / "empty", "cpu")) == (
+        f"{tmp_path / 'empty'}: not a simtune model (no simtune.json or training.json; an "
+        "export or a trained head folder)")
+    assert _error(lambda: load_model(tmp_path / "file", "cpu")) == (
+        f"{tmp_path / 'file'}: not a folder (a model is a folder: an export or a trained head)")
+    assert _error(lambda: load_model(tmp_path / "nothing", "cpu")) == (
+        f"{tmp_path / 'nothing'}: no such model folder")

@@ -8,7 +8,11 @@ instead of an object, a wrong type or value, nesting thousands deep) is one `Use
 naming the file and the key, never a traceback or a silently wrong model.
 
 Paths written in these files are relative to their folder and must stay inside it (`inside`):
-a folder never makes simtune read files from elsewhere.
+a folder never makes simtune read files from elsewhere, through a path or a symbolic link
+(`contained`). An export's sentence-transformers files (`modules.json`,
+`config_sentence_transformers.json`) are checked too (`check_st_files`): their module paths stay
+inside the folder and their prompts are simtune.json's, so `SentenceTransformer(dir)` embeds as
+`load_model(dir)` does.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictBool, StrictInt, ValidationError
 
 from simtune.errors import UserError, echo
 from simtune.params import ChunkParams, EncoderParams, EncoderPrompts
@@ -77,10 +81,35 @@ class ExportConfig(_File):
     sentence_transformers: Literal["plain", "trust_remote_code"] | None = None
 
 
+class STModule(_File):
+    """One entry of an export's `modules.json`: a sentence-transformers module and its folder."""
+
+    idx: StrictInt
+    name: str
+    path: str  # "": the export folder itself (version 2 exports of the bundled minilm)
+    type: str
+
+
+class STModules(RootModel[list[STModule]]):
+    """An export's `modules.json`: the modules `SentenceTransformer(dir)` chains, in order."""
+
+    model_config = ConfigDict(strict=True, frozen=True)
+
+
+class STConfig(_File):
+    """An export's `config_sentence_transformers.json`: the prompts sentence-transformers puts
+    before texts by name (`encode_query`: `query`, `encode_document`: `document`), and the one
+    plain `encode` uses."""
+
+    prompts: dict[str, str] = {}
+    default_prompt_name: str | None = None
+
+
 def read(path: Path, schema: type[Schema]) -> Schema:
     """`path` parsed and checked against `schema`; `UserError` (one line naming the file and
     the first bad key) for a file that is missing, not a regular file, too large, not UTF-8
-    JSON, too deeply nested, not an object, or not what the schema says."""
+    JSON, too deeply nested, not an object (a list: for a `RootModel` of one), or not what the
+    schema says."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: not found")
@@ -97,8 +126,9 @@ def read(path: Path, schema: type[Schema]) -> Schema:
         raise UserError(f"{path}: not JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
     except RecursionError:
         raise UserError(f"{path}: JSON nested too deep") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    want, what = (list, "array") if issubclass(schema, RootModel) else (dict, "object")
+    if not isinstance(raw, want):
+        raise UserError(f"{path}: expected a JSON {what}, got {type(raw).__name__}")
     try:
         return schema.model_validate(raw)
     except ValidationError as e:
@@ -120,3 +150,42 @@ def inside(folder: Path, rel: str, what: str) -> Path:
         raise UserError(f"{what}: {echo(rel)} leads outside {folder}; a model folder only "
                         "loads files from inside itself")
     return path
+
+
+def contained(folder: Path) -> None:
+    """`UserError` naming the link when anything in `folder` (at any depth) is a symbolic link
+    that leads outside it: a model folder's files are its own, never another folder's."""
+    folder = Path(folder)
+    base = folder.resolve()
+    for root, dirs, files in os.walk(folder):  # links to folders are listed, not followed
+        for name in (*dirs, *files):
+            path = Path(root) / name
+            if path.is_symlink() and not path.resolve().is_relative_to(base):
+                raise UserError(f"{path}: a link leading outside {folder}; a model folder only "
+                                "loads files from inside itself")
+
+
+def check_st_files(folder: Path, prompts: dict[str, str] | None) -> None:
+    """The sentence-transformers files of export `folder`, when present, agree with its
+    simtune.json: every `modules.json` path lies inside the folder, and
+    `config_sentence_transformers.json` holds the `prompts` simtune.json names ({query,
+    document}; None: none) with `query` the default, as `simtune export` writes them.
+    `UserError` naming the file otherwise: `SentenceTransformer(folder)` would load files from
+    elsewhere or embed with other prompts than `load_model(folder)`."""
+    folder = Path(folder)
+    modules = folder / "modules.json"
+    if modules.exists():
+        for i, module in enumerate(read(modules, STModules).root):
+            if module.path:
+                inside(folder, module.path, f"{modules}: {i}.path")
+    config_path = folder / "config_sentence_transformers.json"
+    if not config_path.exists():
+        return
+    config, want = read(config_path, STConfig), prompts or {}
+    if config.prompts != want:
+        raise UserError(f"{config_path}: prompts {echo(config.prompts)} are not simtune.json's "
+                        f"{echo(want)}: sentence-transformers would embed with other prompts")
+    default = "query" if want else None
+    if config.default_prompt_name != default:
+        raise UserError(f"{config_path}: default_prompt_name {echo(config.default_prompt_name)} "
+                        f"must be {echo(default)}: plain encode() embeds as a query")
