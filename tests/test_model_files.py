@@ -521,3 +521,24 @@ def test_load_model_on_an_empty_folder_a_file_or_nothing_is_one_line(tmp_path: P
         f"{tmp_path / 'file'}: not a folder (a model is a folder: an export or a trained head)")
     assert _error(lambda: load_model(tmp_path / "nothing", "cpu")) == (
         f"{tmp_path / 'nothing'}: no such model folder")
+
+
+def test_model_folder_link_loops_and_a_head_folders_outside_links_are_one_line(
+        exported: Path, tiny_bert: Path, tmp_path: Path) -> None:
+    """A loop of links raised Python's RuntimeError; `export` copied a head folder's link to a
+    file elsewhere into the export (shutil follows links), and load_model read it."""
+    def loop(folder: Path) -> None:
+        (folder / "a").symlink_to(folder / "b")
+        (folder / "b").symlink_to(folder / "a")
+
+    folder = _damaged(exported, tmp_path / "export", loop)
+    assert _error(lambda: load_model(folder, "cpu")) == (
+        f"{folder / 'a'}: a loop of links, or a link that cannot be followed")
+    head = _head(tmp_path / "head", tiny_bert)
+    shutil.move(head / "config.json", tmp_path / "config.json")
+    (head / "config.json").symlink_to(tmp_path / "config.json")
+    want = (f"{head / 'config.json'}: a link leading outside {head}; a model folder only loads "
+            "files from inside itself")
+    assert _error(lambda: export(head, tmp_path / "out", encoder=str(tiny_bert))) == want
+    assert _error(lambda: load_model(head, "cpu", encoder=str(tiny_bert))) == want
+    assert not (tmp_path / "out").exists()

@@ -146,10 +146,18 @@ def inside(folder: Path, rel: str, what: str) -> Path:
         raise UserError(f"{what}: {echo(rel)} must be a path inside {folder}")
     path = folder / rel
     base = folder.resolve()
-    if not path.resolve().is_relative_to(base):
+    if not _resolved(path, what).is_relative_to(base):
         raise UserError(f"{what}: {echo(rel)} leads outside {folder}; a model folder only "
                         "loads files from inside itself")
     return path
+
+
+def _resolved(path: Path, what: str) -> Path:
+    """`path` with every link followed; `UserError` naming `what` for a loop of links."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):  # Python 3.11: RuntimeError("Symlink loop from ...")
+        raise UserError(f"{what}: a loop of links, or a link that cannot be followed") from None
 
 
 def contained(folder: Path) -> None:
@@ -158,9 +166,9 @@ def contained(folder: Path) -> None:
     folder = Path(folder)
     base = folder.resolve()
     for root, dirs, files in os.walk(folder):  # links to folders are listed, not followed
-        for name in (*dirs, *files):
+        for name in sorted((*dirs, *files)):  # the same link named on every run
             path = Path(root) / name
-            if path.is_symlink() and not path.resolve().is_relative_to(base):
+            if path.is_symlink() and not _resolved(path, str(path)).is_relative_to(base):
                 raise UserError(f"{path}: a link leading outside {folder}; a model folder only "
                                 "loads files from inside itself")
 

@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from simtune import heads
+from simtune import heads, model_files
 from simtune.atomic import atomic_dir, write_json
 from simtune.encoders import model_dir
 from simtune.export import st_layout
@@ -36,6 +36,7 @@ def export(head_dir: Path, out: Path, card: CardInputs | None = None,
     `trust_remote_code=True` (a head type with no `Dense` form; see `simtune.st_layout`)."""
     head_dir, card = Path(head_dir), card or CardInputs()
     meta = training_meta(head_dir)
+    model_files.contained(head_dir)  # the copy below follows links: none may leave the folder
     name, normalize_output = _trained_as(meta)
     head = heads.load(head_dir)
     if encoder is None and card.params is not None:
