@@ -124,14 +124,25 @@ def test_item2_prompt_leaving_too_few_tokens_refused(tmp_path: Path, tiny_bert: 
     prompt's (all equal, exit 0), with or without `include_prompt` (issue 28, item 2). It is
     refused naming the key and both token counts, before any view or store entry is written
     (a document prompt: before the query view is filled)."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from stages import app
+
     prompts = {"query": "", "document": "", "include_prompt": include, role: LONG_PROMPT}
     p = _pairs(tmp_path, tiny_bert, prompts, enc={"max_length": 64})
+    want = (f"encoders.models.tiny.prompts.{role}: the prompt is 200 tokens, leaving 0 of "
+            "max_length 64 for the text (2 special tokens); at least 16 are needed: shorten the "
+            "prompt or raise max_length")
     with pytest.raises(UserError) as e:
         cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache)
-    assert str(e.value) == (
-        f"encoders.models.tiny.prompts.{role}: the prompt is 200 tokens, leaving 0 of max_length "
-        "64 for the text (2 special tokens); at least 16 are needed: shorten the prompt or "
-        "raise max_length")
+    assert str(e.value) == want
+    params_file = tmp_path / "params.yaml"  # the stage: exit 1, the one line, no traceback
+    params_file.write_text(yaml.safe_dump(p.model_dump(), sort_keys=False))
+    result = CliRunner().invoke(app, ["cache", "--params", str(params_file), "--prepared",
+                                      str(tmp_path / "prepared"), "--out",
+                                      str(tmp_path / "cache")])
+    assert result.exit_code == 1 and result.stderr.strip().splitlines() == [f"error: {want}"]
     assert not (tmp_path / "cache").exists()
     assert not _own_store.exists() or not any(_own_store.rglob("*.arrow"))
 
