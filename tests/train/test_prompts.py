@@ -87,3 +87,11 @@ def test_item4_groups_data_with_two_prompts_trains_on_its_one_view(
         got = rep.embed_split(split, "text")
     assert len(ids) == len(split) > 0
     assert torch.allclose(got, want, atol=2e-5), float((got - want).abs().max())
+    if mode == "head":  # evaluate reads the one view too: an identity head scores the baseline
+        from simtune import heads
+        from simtune.evaluate import stage as evaluate
+
+        heads.save(heads.build("gated", 32, 1, 0.0), tmp_path / "head")  # 2 sigmoid(0) x = x
+        result = evaluate.run(p, tmp_path / "prepared", tmp_path / "cache", tmp_path / "head",
+                              tmp_path / "m.json", tmp_path / "plot.json", tmp_path / "d.json")
+        assert result["queries"] == 6 and result["trained"] == result["baseline"]
