@@ -542,3 +542,33 @@ def test_model_folder_link_loops_and_a_head_folders_outside_links_are_one_line(
     assert _error(lambda: export(head, tmp_path / "out", encoder=str(tiny_bert))) == want
     assert _error(lambda: load_model(head, "cpu", encoder=str(tiny_bert))) == want
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("damage", "end"), [
+    ("a list", "cannot load: TypeError: 'str' object cannot be interpreted as an integer"),
+    ("none", "its tokenizer knows only its 5 special tokens (no tokenizer.json, vocab.txt, ... in "
+             "the folder?): every word would be unknown")])
+def test_an_encoders_damaged_tokenizer_is_one_line_in_the_cache_fill(
+        tiny_bert: Path, tmp_path: Path, damage: str, end: str) -> None:
+    """The fill reads the tokenizer before the model (to cut windows, to check a prompt's
+    room): a tokenizer.json that is a list was a TypeError traceback there, and none at all
+    filled the cache with vectors of [UNK]s."""
+    from simtune import params as P
+    from simtune.cache import stage as cache
+    from simtune.prepare import stage as prepare
+    from simtune.prepare.prepared import write as write_prepared
+    from tests.train_helpers import train_raw
+
+    folder = _copy(tiny_bert, tmp_path / "model")
+    if damage == "a list":
+        (folder / "tokenizer.json").write_text("[]")
+    else:
+        (folder / "tokenizer.json").unlink()
+        (folder / "tokenizer_config.json").unlink()
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "label": f"L{i % 2}"}) + "\n"
+                            for i, t in enumerate(sentences(8))))
+    p = P.validate(train_raw(folder, data))
+    write_prepared(prepare.build(p.prepare), tmp_path / "prepared", tmp_path / "prepare.json")
+    assert _error(lambda: cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders,
+                                     p.cache)) == f"encoders.models.tiny.model: {folder}: {end}"

@@ -59,15 +59,28 @@ def _weight_problem(model: Any, info: dict[str, Any]) -> str | None:
     return "; ".join(parts) or None
 
 
-def _tokenizer_problem(tok: Any, model: Any) -> str | None:
-    """What is wrong with the loaded tokenizer for `model`, or None: it knows no token but its
-    special ones (transformers builds one when a folder has no tokenizer files: every word is
-    [UNK]), or it gives ids past the model's embedding table (another model's tokenizer: an
-    index error at the first text)."""
+def load_tokenizer(path: Path, where: str) -> Any:
+    """The tokenizer of model directory `path` (offline); `UserError` naming `where` and `path`
+    when it does not load or knows no token but its special ones (transformers builds one when
+    a folder has no tokenizer files: every word would be [UNK])."""
+    import transformers
+
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # of any type: a damaged directory, not our code (see the top)
+        raise UserError(f"{where}: {path}: cannot load: {_load_failure(e)}") from None
     vocab = tok.get_vocab()
     if not set(vocab.values()) - set(tok.all_special_ids):
-        return (f"its tokenizer knows only its {len(vocab)} special tokens (no tokenizer.json, "
-                "vocab.txt, ... in the folder?): every word would be unknown")
+        raise UserError(f"{where}: {path}: its tokenizer knows only its {len(vocab)} special "
+                        "tokens (no tokenizer.json, vocab.txt, ... in the folder?): every word "
+                        "would be unknown")
+    return tok
+
+
+def _tokenizer_problem(tok: Any, model: Any) -> str | None:
+    """What is wrong with the tokenizer for `model`, or None: it gives ids past the model's
+    embedding table (another model's tokenizer: an index error at the first text)."""
+    vocab = tok.get_vocab()
     # the ids a text can meet: the vocabulary's and the special tokens put around it (an added
     # token the model was never resized for, unused in simtune's inputs, is not counted)
     added = set(tok.get_added_vocab())
@@ -94,9 +107,8 @@ def load_pretrained(path: Path, where: str, tokenizer: bool = True) -> tuple[Any
 
     transformers.logging.set_verbosity_error()  # its load report: we check the info ourselves
     transformers.logging.disable_progress_bar()
+    tok = load_tokenizer(path, where) if tokenizer else None
     try:
-        tok = (transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-               if tokenizer else None)
         model, info = transformers.AutoModel.from_pretrained(
             path, local_files_only=True, dtype=torch.float32, output_loading_info=True,
             ignore_mismatched_sizes=True)  # mis-shaped weights listed in `info`, not raised

@@ -30,6 +30,7 @@ from simtune.encoders import (
 )
 from simtune.errors import UserError
 from simtune.params import CacheParams, EncoderParams, EncodersParams, TrainParams
+from simtune.pretrained import load_tokenizer
 
 log = logging.getLogger("simtune.cache")
 VECTORS = Format()
@@ -155,11 +156,8 @@ def check_layer_size(name: str, spec: EncoderParams, texts: dict[str, str], fmt:
     x bytes of `states_dtype`; tokens counted on a sample), log it, and refuse it, before
     embedding anything, above `cache.max_layer_gb` (when set) or above what the store's disk
     has free (plus what the store entry already holds)."""
-    import transformers
-
     config = model_config(name, spec)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir(name, spec),
-                                                           local_files_only=True)
+    tokenizer = load_tokenizer(model_dir(name, spec), f"encoders.models.{name}.model")
     sample = random.Random(0).sample(sorted(texts.values()), min(2000, len(texts)))
     sample = [prompt_of(spec, role) + t for t in sample]
     lengths = tokenizer(sample, truncation=True, max_length=spec.max_length)["input_ids"]
