@@ -105,7 +105,6 @@ def texts_per_encoder(prepared: Prepared, encoders: EncodersParams) -> dict[Targ
     ex = prepared.examples
     if prepared.kind == "groups":
         columns = [("query", ex.column("text_id"))]
-        _unused_document_prompt(encoders)
     else:
         columns = [("query", ex.column("query_id")), ("document", ex.column("doc_id"))]
     found: dict[str, tuple[Target, list[pa.ChunkedArray]]] = {}
@@ -138,6 +137,8 @@ def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParam
         raise UserError(f"{prepared_dir}: prepared data has no texts")
     dist = dist or dist_from_env()
     needs = texts_per_encoder(prepared, encoders)
+    if prepared.kind == "groups":
+        _unused_document_prompt(encoders)
     cutting.check_prompts([(t.name, encoders.models[t.name], t.role) for t in needs])
     described = described_in_use(encoders, needs, layer)
     keep = {fingerprint(d) for d in described.values()}
