@@ -493,6 +493,8 @@ ENCODER_DAMAGE = {  # edit of the export's encoder/ -> the end of the line
     "no tokenizer files": (lambda f: [(f / "encoder" / n).unlink() for n in (
         "tokenizer.json", "tokenizer_config.json")], "its tokenizer knows only its 5 special "
         "tokens (no tokenizer.json, vocab.txt, ... in the folder?): every word would be unknown"),
+    "max_length past the positions": (_json_edit("simtune.json", lambda c: {
+        **c, "encoder": {**c["encoder"], "max_length": 1000}}), None),
     "another model's tokenizer": (_json_edit("encoder/tokenizer.json", lambda t: {
         **t, "model": {**t["model"], "vocab": {**t["model"]["vocab"], "zzzz": 5000}}}),
         "its tokenizer gives ids up to 5000, its embedding table has 143 rows (the tokenizer "
@@ -507,6 +509,11 @@ def test_model_folder_damaged_encoder_is_one_line(exported: Path, tmp_path: Path
     silently wrong model (every word [UNK]) became one line naming the file and the folder."""
     edit, end = ENCODER_DAMAGE[case]
     folder = _damaged(exported, tmp_path / "export", edit)
+    if end is None:  # was a tensor-size RuntimeError at the first text over 128 tokens
+        assert _error(lambda: load_model(folder, "cpu")) == (
+            f"{folder}/simtune.json: encoder.max_length: 1000 is more than the model's 128 "
+            "positions (max_position_embeddings in its config.json); use at most that")
+        return
     assert _error(lambda: load_model(folder, "cpu")) == (
         f"{folder}/simtune.json: encoder.model: {folder}/encoder: {end}")
 
@@ -553,22 +560,39 @@ def test_an_encoders_damaged_tokenizer_is_one_line_in_the_cache_fill(
     """The fill reads the tokenizer before the model (to cut windows, to check a prompt's
     room): a tokenizer.json that is a list was a TypeError traceback there, and none at all
     filled the cache with vectors of [UNK]s."""
-    from simtune import params as P
-    from simtune.cache import stage as cache
-    from simtune.prepare import stage as prepare
-    from simtune.prepare.prepared import write as write_prepared
-    from tests.train_helpers import train_raw
-
     folder = _copy(tiny_bert, tmp_path / "model")
     if damage == "a list":
         (folder / "tokenizer.json").write_text("[]")
     else:
         (folder / "tokenizer.json").unlink()
         (folder / "tokenizer_config.json").unlink()
-    data = tmp_path / "data.jsonl"
+    assert _error(_groups_fill(tmp_path, folder)) == f"encoders.models.tiny.model: {folder}: {end}"
+
+
+def _groups_fill(root: Path, model: Path, **enc: Any) -> Any:
+    """A call filling the cache of 8 groups texts (one of 600 tokens) prepared under `root` with
+    encoder `model` (`enc` keys updated)."""
+    from simtune import params as P
+    from simtune.cache import stage as cache
+    from simtune.prepare import stage as prepare
+    from simtune.prepare.prepared import write as write_prepared
+    from tests.train_helpers import train_raw
+
+    data = root / "data.jsonl"
     data.write_text("".join(json.dumps({"text": t, "label": f"L{i % 2}"}) + "\n"
-                            for i, t in enumerate(sentences(8))))
-    p = P.validate(train_raw(folder, data))
-    write_prepared(prepare.build(p.prepare), tmp_path / "prepared", tmp_path / "prepare.json")
-    assert _error(lambda: cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders,
-                                     p.cache)) == f"encoders.models.tiny.model: {folder}: {end}"
+                            for i, t in enumerate([*sentences(7), "the city " * 300])))
+    raw = train_raw(model, data)
+    raw["encoders"]["models"]["tiny"].update(enc)
+    p = P.validate(raw)
+    write_prepared(prepare.build(p.prepare), root / "prepared", root / "prepare.json")
+    return lambda: cache.fill(root / "prepared", root / "cache", p.encoders, p.cache)
+
+
+def test_a_max_length_past_the_models_positions_is_one_line_before_the_fill(
+        tiny_bert: Path, tmp_path: Path, _own_store: Path) -> None:
+    """max_length 1000 on a model of 128 positions: a tensor-size RuntimeError traceback at the
+    first batch holding a text over 128 tokens."""
+    assert _error(_groups_fill(tmp_path, tiny_bert, max_length=1000)) == (
+        "encoders.models.tiny.max_length: 1000 is more than the model's 128 positions "
+        "(max_position_embeddings in its config.json); use at most that")
+    assert not _own_store.exists() or not any(_own_store.rglob("*.arrow"))

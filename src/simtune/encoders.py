@@ -22,7 +22,7 @@ import torch
 from simtune.chunks import Chunker, chunked, pool_windows
 from simtune.errors import UserError
 from simtune.params import EncoderParams
-from simtune.pretrained import load_pretrained
+from simtune.pretrained import check_positions, load_pretrained
 from simtune.progress import Progress
 from simtune.tokens import fast_path
 
@@ -222,6 +222,7 @@ class FrozenEncoder:
         self.key = key or f"encoders.models.{name}"
         path = model_dir(name, spec, self.key)
         self.model, self.tokenizer = load_pretrained(path, f"{self.key}.model")
+        check_positions(self.model, spec.max_length, f"{self.key}.max_length")
         self.model.requires_grad_(False).to(device)
         self.dim = int(self.model.config.hidden_size)
         self.fast = fast_path(self.tokenizer, spec.max_length)  # None: the transformers call

@@ -122,3 +122,13 @@ def load_pretrained(path: Path, where: str, tokenizer: bool = True) -> tuple[Any
     if problem:
         raise UserError(f"{where}: {path}: {problem}")
     return model.eval(), tok
+
+
+def check_positions(model: Any, max_length: int, key: str) -> None:
+    """`UserError` naming `key` (the max_length's) when `max_length` exceeds the positions the
+    model has (`max_position_embeddings` of its config.json, when it says): a longer text would
+    stop the encoder with a tensor-size error mid-fill, after the short texts were embedded."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if isinstance(positions, int) and max_length > positions:
+        raise UserError(f"{key}: {max_length} is more than the model's {positions} positions "
+                        "(max_position_embeddings in its config.json); use at most that")
