@@ -372,6 +372,15 @@ ST_FILES = {  # edit of an export's sentence-transformers files -> (file, the li
     "modules.json path a number": (_json_edit("modules.json", lambda m: [{**m[0], "path": 0}]),
                                    "modules.json", "0.path: Input should be a valid string, "
                                    "got 0"),
+    "pooling not simtune's": (_json_edit("1_Pooling/config.json", lambda c: {
+        **c, "pooling_mode_mean_tokens": False, "pooling_mode_cls_token": True}),
+        "1_Pooling/config.json", "pooling modes ['cls'] are not simtune.json's pooling 'mean'"),
+    "include_prompt not simtune's": (_json_edit("1_Pooling/config.json", lambda c: {
+        **c, "include_prompt": False}), "1_Pooling/config.json", "include_prompt False is not "
+        "simtune.json's True"),
+    "max_seq_length not simtune's": (_json_edit("encoder/sentence_bert_config.json", lambda c: {
+        **c, "max_seq_length": 128}), "encoder/sentence_bert_config.json", "max_seq_length 128 "
+        "is not simtune.json's max_length 32"),
     "prompt a number": (_json_edit("config_sentence_transformers.json", lambda c: {
         **c, "prompts": {"query": 3}}), "config_sentence_transformers.json",
         "prompts.query: Input should be a valid string, got 3"),
@@ -388,9 +397,10 @@ ST_FILES = {  # edit of an export's sentence-transformers files -> (file, the li
 @pytest.mark.parametrize("case", sorted(ST_FILES))
 def test_model_folder_sentence_transformers_files_are_checked(exported: Path, tmp_path: Path,
                                                               case: str) -> None:
-    """`load_model` ignored modules.json and config_sentence_transformers.json, so a folder whose
-    modules lead elsewhere, or whose prompts are of the wrong type or not simtune.json's, loaded:
-    `SentenceTransformer(dir)` then loads other files, embeds with other prompts, or fails."""
+    """`load_model` ignored the sentence-transformers files, so a folder whose modules lead
+    elsewhere, whose prompts are of the wrong type or not simtune.json's, or whose pooling or
+    truncation is not simtune.json's, loaded: `SentenceTransformer(dir)` then loads other
+    files, embeds otherwise than `load_model`, or fails."""
     edit, name, rest = ST_FILES[case]
     folder = _damaged(exported, tmp_path / "export", edit)
     assert _error(lambda: load_model(folder, "cpu")) == (
@@ -493,8 +503,10 @@ ENCODER_DAMAGE = {  # edit of the export's encoder/ -> the end of the line
     "no tokenizer files": (lambda f: [(f / "encoder" / n).unlink() for n in (
         "tokenizer.json", "tokenizer_config.json")], "its tokenizer knows only its 5 special "
         "tokens (no tokenizer.json, vocab.txt, ... in the folder?): every word would be unknown"),
-    "max_length past the positions": (_json_edit("simtune.json", lambda c: {
-        **c, "encoder": {**c["encoder"], "max_length": 1000}}), None),
+    "max_length past the positions": (lambda f: (_json_edit("simtune.json", lambda c: {
+        **c, "encoder": {**c["encoder"], "max_length": 1000}})(f), _json_edit(
+            "encoder/sentence_bert_config.json", lambda c: {**c, "max_seq_length": 1000})(f)),
+        None),
     "another model's tokenizer": (_json_edit("encoder/tokenizer.json", lambda t: {
         **t, "model": {**t["model"], "vocab": {**t["model"]["vocab"], "zzzz": 5000}}}),
         "its tokenizer gives ids up to 5000, its embedding table has 143 rows (the tokenizer "

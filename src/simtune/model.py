@@ -127,9 +127,7 @@ def load_model(directory: str | Path, device: str = "auto", encoder: str | None 
                 directory, spec.model, f"{config_path}: encoder.model"))})
         head_dir = model_files.inside(directory, config.head, f"{config_path}: head")
         key = f"{config_path}: encoder"
-        prompts = spec.prompts  # after simtune.json's own paths: their message first
-        model_files.check_st_files(directory, None if prompts is None else {
-            "query": prompts.query, "document": prompts.document})
+        model_files.check_st_files(directory, config)  # after simtune.json's own paths
     elif (directory / "training.json").exists():  # a trained head straight from `train`
         meta = training_meta(directory)
         name, normalize_output = _trained_as(meta)

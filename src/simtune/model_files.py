@@ -105,6 +105,31 @@ class STConfig(_File):
     default_prompt_name: str | None = None
 
 
+ST_BERT = "sentence_bert_config.json"
+
+
+class STBertConfig(_File):
+    """The `Transformer` module's `sentence_bert_config.json`: where it truncates a text."""
+
+    max_seq_length: StrictInt = Field(gt=0)
+
+
+# simtune's pooling -> the `Pooling` config key that turns it on
+POOLING_KEYS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens",
+                "max": "pooling_mode_max_tokens", "lasttoken": "pooling_mode_lasttoken"}
+
+
+class STPooling(_File):
+    """The `Pooling` module's `config.json` (the modes `simtune export` writes)."""
+
+    pooling_mode_cls_token: StrictBool = False
+    pooling_mode_mean_tokens: StrictBool = False
+    pooling_mode_max_tokens: StrictBool = False
+    pooling_mode_mean_sqrt_len_tokens: StrictBool = False
+    pooling_mode_lasttoken: StrictBool = False
+    include_prompt: StrictBool = True
+
+
 def read(path: Path, schema: type[Schema]) -> Schema:
     """`path` parsed and checked against `schema`; `UserError` (one line naming the file and
     the first bad key) for a file that is missing, not a regular file, too large, not UTF-8
@@ -173,27 +198,59 @@ def contained(folder: Path) -> None:
                                 "loads files from inside itself")
 
 
-def check_st_files(folder: Path, prompts: dict[str, str] | None) -> None:
+def check_st_files(folder: Path, config: ExportConfig) -> None:
     """The sentence-transformers files of export `folder`, when present, agree with its
-    simtune.json: every `modules.json` path lies inside the folder, and
-    `config_sentence_transformers.json` holds the `prompts` simtune.json names ({query,
-    document}; None: none) with `query` the default, as `simtune export` writes them.
-    `UserError` naming the file otherwise: `SentenceTransformer(folder)` would load files from
-    elsewhere or embed with other prompts than `load_model(folder)`."""
-    folder = Path(folder)
-    modules = folder / "modules.json"
-    if modules.exists():
-        for i, module in enumerate(read(modules, STModules).root):
-            if module.path:
-                inside(folder, module.path, f"{modules}: {i}.path")
-    config_path = folder / "config_sentence_transformers.json"
-    if not config_path.exists():
+    simtune.json (`config`), so `SentenceTransformer(folder)` embeds as `load_model(folder)`:
+    every `modules.json` path lies inside the folder; `config_sentence_transformers.json` holds
+    simtune.json's prompts with `query` the default, as `simtune export` writes them; and
+    (format 3) the `Pooling` module pools and the `Transformer` module truncates as
+    simtune.json says. `UserError` naming the file otherwise."""
+    folder, spec = Path(folder), config.encoder
+    modules_path = folder / "modules.json"
+    modules = read(modules_path, STModules).root if modules_path.exists() else []
+    for i, module in enumerate(modules):
+        if module.path:
+            inside(folder, module.path, f"{modules_path}: {i}.path")
+    prompts = spec.prompts
+    _check_st_prompts(folder / "config_sentence_transformers.json", {} if prompts is None else {
+        "query": prompts.query, "document": prompts.document})
+    if config.format_version < 3:  # older layouts: their files are not checked further
         return
-    config, want = read(config_path, STConfig), prompts or {}
-    if config.prompts != want:
-        raise UserError(f"{config_path}: prompts {echo(config.prompts)} are not simtune.json's "
+    for module in modules:
+        kind = module.type.rsplit(".", 1)[-1]
+        if kind == "Pooling":
+            _check_st_pooling(folder / module.path / "config.json", spec)
+        if kind == "Transformer" and (folder / module.path / ST_BERT).exists():
+            length = read(folder / module.path / ST_BERT, STBertConfig).max_seq_length
+            if length != spec.max_length:
+                raise UserError(f"{folder / module.path / ST_BERT}: max_seq_length {length} is "
+                                f"not simtune.json's max_length {spec.max_length}")
+
+
+def _check_st_prompts(path: Path, want: dict[str, str]) -> None:
+    """`config_sentence_transformers.json` at `path` (when present) holds `want` as its
+    prompts, `query` the default when there are any."""
+    if not path.exists():
+        return
+    st = read(path, STConfig)
+    if st.prompts != want:
+        raise UserError(f"{path}: prompts {echo(st.prompts)} are not simtune.json's "
                         f"{echo(want)}: sentence-transformers would embed with other prompts")
     default = "query" if want else None
-    if config.default_prompt_name != default:
-        raise UserError(f"{config_path}: default_prompt_name {echo(config.default_prompt_name)} "
+    if st.default_prompt_name != default:
+        raise UserError(f"{path}: default_prompt_name {echo(st.default_prompt_name)} "
                         f"must be {echo(default)}: plain encode() embeds as a query")
+
+
+def _check_st_pooling(path: Path, spec: SavedEncoder) -> None:
+    """The `Pooling` module's config.json at `path` pools by simtune.json's `pooling` (one
+    mode on) and leaves the prompt in or out as its `include_prompt` says."""
+    pooling = read(path, STPooling)
+    modes = [mode for mode, key in POOLING_KEYS.items() if getattr(pooling, key)]
+    if modes != [spec.pooling] or pooling.pooling_mode_mean_sqrt_len_tokens:
+        raise UserError(f"{path}: pooling modes {modes or 'none'} are not simtune.json's "
+                        f"pooling {echo(spec.pooling)}")
+    include = spec.prompts.include_prompt if spec.prompts is not None else True
+    if pooling.include_prompt != include:
+        raise UserError(f"{path}: include_prompt {pooling.include_prompt} is not simtune.json's "
+                        f"{include}")
