@@ -307,3 +307,304 @@ def test_inside_resolves_within_and_refuses_escapes(tmp_path: Path) -> None:
     for bad in ("..", "b/../..", "/etc", ""):
         with pytest.raises(UserError, match=r"^w: "):
             model_files.inside(tmp_path / "a", bad, "w")
+
+
+# --- issue 28: prompts and model folders ------------------------------------------------------
+
+
+@pytest.mark.parametrize("role", ["query", "document"])
+def test_item2_a_model_folders_prompt_leaving_too_few_tokens_refused(tiny_bert: Path,
+                                                                     tmp_path: Path,
+                                                                     role: str) -> None:
+    """A prompt read from an export's simtune.json (what `simtune search` and `load_model`
+    use) that leaves too little of the window is refused at load, naming the file's key."""
+    head = _head(tmp_path / "head", tiny_bert)
+    out = tmp_path / "export"
+    export(head, out, encoder=str(tiny_bert))
+    config = out / "simtune.json"
+    good = json.loads(config.read_text())
+    prompts = {"query": "", "document": "", "include_prompt": True, role: "the " * 40}
+    config.write_text(json.dumps({**good, "encoder": {**good["encoder"], "prompts": prompts}}))
+    _edit_json(out / "config_sentence_transformers.json", default_prompt_name="query",
+               prompts={"query": prompts["query"], "document": prompts["document"]})
+    assert _error(lambda: load_model(out, "cpu")) == (
+        f"{config}: encoder.prompts.{role}: the prompt is 40 tokens, leaving 0 of max_length 32 "
+        "for the text (2 special tokens); at least 15 are needed (half the window): shorten the "
+        "prompt or raise max_length")
+
+
+# --- issue 28, model folders as a hostile tester finds them: one line naming the file, never a
+# traceback, never a path or link followed out of the folder --------------------------------
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One export of a linear head over the tiny encoder (no prompts), copied by each case."""
+    root = tmp_path_factory.mktemp("exported")
+    export(_head(root / "head", tiny_bert), root / "export", encoder=str(tiny_bert))
+    return root / "export"
+
+
+def _damaged(exported: Path, dest: Path, edit: Any) -> Path:
+    """A copy of `exported` at `dest` with `edit(folder)` applied."""
+    shutil.copytree(exported, dest)
+    edit(dest)
+    return dest
+
+
+def _json_edit(name: str, change: Any) -> Any:
+    def edit(folder: Path) -> None:
+        path = folder / name
+        path.write_text(json.dumps(change(json.loads(path.read_text()))))
+    return edit
+
+
+ST_FILES = {  # edit of an export's sentence-transformers files -> (file, the line's rest)
+    "modules.json absolute": (_json_edit("modules.json", lambda m: [
+        {**m[0], "path": "/etc"}, *m[1:]]), "modules.json", "0.path: '/etc' must be a path "
+        "inside {folder}"),
+    "modules.json above": (_json_edit("modules.json", lambda m: [
+        *m[:1], {**m[1], "path": "../1_Pooling"}, *m[2:]]), "modules.json", "1.path: "
+        "'../1_Pooling' leads outside {folder}; a model folder only loads files from inside "
+        "itself"),
+    "modules.json an object": (_json_edit("modules.json", lambda m: {"0": m[0]}),
+                               "modules.json", "expected a JSON array, got dict"),
+    "modules.json path a number": (_json_edit("modules.json", lambda m: [{**m[0], "path": 0}]),
+                                   "modules.json", "0.path: Input should be a valid string, "
+                                   "got 0"),
+    "pooling not simtune's": (_json_edit("1_Pooling/config.json", lambda c: {
+        **c, "pooling_mode_mean_tokens": False, "pooling_mode_cls_token": True}),
+        "1_Pooling/config.json", "pooling modes ['cls'] are not simtune.json's pooling 'mean'"),
+    "include_prompt not simtune's": (_json_edit("1_Pooling/config.json", lambda c: {
+        **c, "include_prompt": False}), "1_Pooling/config.json", "include_prompt False is not "
+        "simtune.json's True"),
+    "max_seq_length not simtune's": (_json_edit("encoder/sentence_bert_config.json", lambda c: {
+        **c, "max_seq_length": 128}), "encoder/sentence_bert_config.json", "max_seq_length 128 "
+        "is not simtune.json's max_length 32"),
+    "prompt a number": (_json_edit("config_sentence_transformers.json", lambda c: {
+        **c, "prompts": {"query": 3}}), "config_sentence_transformers.json",
+        "prompts.query: Input should be a valid string, got 3"),
+    "prompts a list": (_json_edit("config_sentence_transformers.json", lambda c: {
+        **c, "prompts": ["query: "]}), "config_sentence_transformers.json",
+        "prompts: Input should be a valid dictionary, got ['query: ']"),
+    "prompts not simtune's": (_json_edit("config_sentence_transformers.json", lambda c: {
+        **c, "prompts": {"query": "q: ", "document": ""}, "default_prompt_name": "query"}),
+        "config_sentence_transformers.json", "prompts {'query': 'q: ', 'document': ''} are not "
+        "simtune.json's {}: sentence-transformers would embed with other prompts"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ST_FILES))
+def test_model_folder_sentence_transformers_files_are_checked(exported: Path, tmp_path: Path,
+                                                              case: str) -> None:
+    """`load_model` ignored the sentence-transformers files, so a folder whose modules lead
+    elsewhere, whose prompts are of the wrong type or not simtune.json's, or whose pooling or
+    truncation is not simtune.json's, loaded: `SentenceTransformer(dir)` then loads other
+    files, embeds otherwise than `load_model`, or fails."""
+    edit, name, rest = ST_FILES[case]
+    folder = _damaged(exported, tmp_path / "export", edit)
+    assert _error(lambda: load_model(folder, "cpu")) == (
+        f"{folder / name}: {rest.replace('{folder}', str(folder))}")
+
+
+def test_model_folder_prompts_of_simtune_json_must_be_the_st_configs(tiny_bert: Path,
+                                                                     tmp_path: Path) -> None:
+    """An export with prompts loads (its files agree); a default prompt other than `query` is
+    refused: plain `encode()` would embed as a document where `load_model` embeds a query."""
+    head = _head(tmp_path / "head", tiny_bert)
+    meta = head / "training.json"
+    prompts = {"query": "what is ", "document": "the ", "include_prompt": True}
+    _edit_json(meta, encoder={**json.loads(meta.read_text())["encoder"], "prompts": prompts})
+    out = tmp_path / "export"
+    export(head, out, encoder=str(tiny_bert))
+    want = load_model(out, "cpu").encode(TEXTS, role="document")
+    config = out / "config_sentence_transformers.json"
+    _edit_json(config, default_prompt_name="document")
+    assert _error(lambda: load_model(out, "cpu")) == (
+        f"{config}: default_prompt_name 'document' must be 'query': plain encode() embeds as a "
+        "query")
+    _edit_json(config, default_prompt_name="query")
+    assert torch.equal(load_model(out, "cpu").encode(TEXTS, role="document"), want)
+
+
+@pytest.mark.parametrize("link", ["encoder/model.safetensors", "encoder/tokenizer.json",
+                                  "head/config.json", "head/model.safetensors"])
+def test_model_folder_links_leading_outside_are_refused(exported: Path, tmp_path: Path,
+                                                        link: str) -> None:
+    """A file of the folder replaced by a symbolic link to a file elsewhere (here: the same
+    bytes, so nothing else would notice) was followed; a link inside the folder still loads."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+
+    def relink(folder: Path) -> None:
+        shutil.copy(folder / link, outside / "file")
+        (folder / link).unlink()
+        (folder / link).symlink_to(outside / "file")
+
+    folder = _damaged(exported, tmp_path / "export", relink)
+    assert _error(lambda: load_model(folder, "cpu")) == (
+        f"{folder / link}: a link leading outside {folder}; a model folder only loads files "
+        "from inside itself")
+    inner = _damaged(exported, tmp_path / "inner", lambda f: (
+        shutil.move(f / link, f / "kept"), (f / link).symlink_to(f / "kept")))
+    assert torch.equal(load_model(inner, "cpu").encode(TEXTS),
+                       load_model(exported, "cpu").encode(TEXTS))
+
+
+def _header(length: int, body: bytes = b"") -> bytes:
+    """A safetensors file's start: the little-endian u64 header length, then `body`."""
+    import struct
+
+    return struct.pack("<Q", length) + body
+
+
+SAFETENSORS = {  # bytes -> the end of safetensors' own reason
+    "garbage": (b"garbage", "header too small"),
+    "empty": (b"", "header too small"),
+    "a header of 2^62 bytes": (_header(1 << 62), "header too large"),
+    "a header past the end": (_header(90_000_000, b"{"), "invalid header length"),
+    "a header not JSON": (_header(10, b"{not json}"), "invalid JSON in header: key must be a "
+                          "string at line 1 column 2"),
+    "offsets past the end": (_header(80, json.dumps({"x": {
+        "dtype": "F32", "shape": [32, 32], "data_offsets": [0, 4096]}}).ljust(80).encode()),
+        "incomplete metadata, file not fully covered"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SAFETENSORS))
+@pytest.mark.parametrize("where", ["encoder", "head"])
+def test_model_folder_damaged_or_huge_safetensors_header_is_one_line(
+        exported: Path, tmp_path: Path, case: str, where: str) -> None:
+    data, reason = SAFETENSORS[case]
+    folder = _damaged(exported, tmp_path / "export",
+                      lambda f: (f / where / "model.safetensors").write_bytes(data))
+    got = _error(lambda: load_model(folder, "cpu"))
+    if where == "head":
+        assert got.startswith(f"{folder}/head/model.safetensors: cannot read: "), got
+    else:
+        assert got.startswith(f"{folder}/simtune.json: encoder.model: {folder}/encoder: cannot "
+                              "load: corrupt or truncated safetensors weights ("), got
+    assert reason[:40] in got, got
+
+
+ENCODER_DAMAGE = {  # edit of the export's encoder/ -> the end of the line
+    "tokenizer.json a list": (lambda f: (f / "encoder/tokenizer.json").write_text("[]"),
+                              "cannot load: TypeError: 'str' object cannot be interpreted as an "
+                              "integer"),
+    "config.json a list": (lambda f: (f / "encoder/config.json").write_text("[1]"),
+                           "cannot load: TypeError: transformers.configuration_utils."
+                           "PreTrainedConfig() argument after ** must be a mapping, not list"),
+    "hidden_size a string": (_json_edit("encoder/config.json", lambda c: {
+        **c, "hidden_size": "32"}), "cannot load: StrictDataclassFieldValidationError: "
+        "Validation error for field 'hidden_size':"),
+    "config.json a folder": (lambda f: ((f / "encoder/config.json").unlink(),
+                                        (f / "encoder/config.json").mkdir()),
+                             "not a Hugging Face model directory (no config.json)"),
+    "no tokenizer files": (lambda f: [(f / "encoder" / n).unlink() for n in (
+        "tokenizer.json", "tokenizer_config.json")], "its tokenizer knows only its 5 special "
+        "tokens (no tokenizer.json, vocab.txt, ... in the folder?): every word would be unknown"),
+    "max_length past the positions": (lambda f: (_json_edit("simtune.json", lambda c: {
+        **c, "encoder": {**c["encoder"], "max_length": 1000}})(f), _json_edit(
+            "encoder/sentence_bert_config.json", lambda c: {**c, "max_seq_length": 1000})(f)),
+        None),
+    "another model's tokenizer": (_json_edit("encoder/tokenizer.json", lambda t: {
+        **t, "model": {**t["model"], "vocab": {**t["model"]["vocab"], "zzzz": 5000}}}),
+        "its tokenizer gives ids up to 5000, its embedding table has 143 rows (the tokenizer "
+        "of another model?)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ENCODER_DAMAGE))
+def test_model_folder_damaged_encoder_is_one_line(exported: Path, tmp_path: Path,
+                                                  case: str) -> None:
+    """Tracebacks (TypeError, a dataclass validation error) and, without tokenizer files, a
+    silently wrong model (every word [UNK]) became one line naming the file and the folder."""
+    edit, end = ENCODER_DAMAGE[case]
+    folder = _damaged(exported, tmp_path / "export", edit)
+    if end is None:  # was a tensor-size RuntimeError at the first text over 128 tokens
+        assert _error(lambda: load_model(folder, "cpu")) == (
+            f"{folder}/simtune.json: encoder.max_length: 1000 is more than the model's 128 "
+            "positions (max_position_embeddings in its config.json); use at most that")
+        return
+    assert _error(lambda: load_model(folder, "cpu")) == (
+        f"{folder}/simtune.json: encoder.model: {folder}/encoder: {end}")
+
+
+def test_load_model_on_an_empty_folder_a_file_or_nothing_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("x")
+    assert _error(lambda: load_model(tmp_path / "empty", "cpu")) == (
+        f"{tmp_path / 'empty'}: not a simtune model (no simtune.json or training.json; an "
+        "export or a trained head folder)")
+    assert _error(lambda: load_model(tmp_path / "file", "cpu")) == (
+        f"{tmp_path / 'file'}: not a folder (a model is a folder: an export or a trained head)")
+    assert _error(lambda: load_model(tmp_path / "nothing", "cpu")) == (
+        f"{tmp_path / 'nothing'}: no such model folder")
+
+
+def test_model_folder_link_loops_and_a_head_folders_outside_links_are_one_line(
+        exported: Path, tiny_bert: Path, tmp_path: Path) -> None:
+    """A loop of links raised Python's RuntimeError; `export` copied a head folder's link to a
+    file elsewhere into the export (shutil follows links), and load_model read it."""
+    def loop(folder: Path) -> None:
+        (folder / "a").symlink_to(folder / "b")
+        (folder / "b").symlink_to(folder / "a")
+
+    folder = _damaged(exported, tmp_path / "export", loop)
+    assert _error(lambda: load_model(folder, "cpu")) == (
+        f"{folder / 'a'}: a loop of links, or a link that cannot be followed")
+    head = _head(tmp_path / "head", tiny_bert)
+    shutil.move(head / "config.json", tmp_path / "config.json")
+    (head / "config.json").symlink_to(tmp_path / "config.json")
+    want = (f"{head / 'config.json'}: a link leading outside {head}; a model folder only loads "
+            "files from inside itself")
+    assert _error(lambda: export(head, tmp_path / "out", encoder=str(tiny_bert))) == want
+    assert _error(lambda: load_model(head, "cpu", encoder=str(tiny_bert))) == want
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("damage", "end"), [
+    ("a list", "cannot load: TypeError: 'str' object cannot be interpreted as an integer"),
+    ("none", "its tokenizer knows only its 5 special tokens (no tokenizer.json, vocab.txt, ... in "
+             "the folder?): every word would be unknown")])
+def test_an_encoders_damaged_tokenizer_is_one_line_in_the_cache_fill(
+        tiny_bert: Path, tmp_path: Path, damage: str, end: str) -> None:
+    """The fill reads the tokenizer before the model (to cut windows, to check a prompt's
+    room): a tokenizer.json that is a list was a TypeError traceback there, and none at all
+    filled the cache with vectors of [UNK]s."""
+    folder = _copy(tiny_bert, tmp_path / "model")
+    if damage == "a list":
+        (folder / "tokenizer.json").write_text("[]")
+    else:
+        (folder / "tokenizer.json").unlink()
+        (folder / "tokenizer_config.json").unlink()
+    assert _error(_groups_fill(tmp_path, folder)) == f"encoders.models.tiny.model: {folder}: {end}"
+
+
+def _groups_fill(root: Path, model: Path, **enc: Any) -> Any:
+    """A call filling the cache of 8 groups texts (one of 600 tokens) prepared under `root` with
+    encoder `model` (`enc` keys updated)."""
+    from simtune import params as P
+    from simtune.cache import stage as cache
+    from simtune.prepare import stage as prepare
+    from simtune.prepare.prepared import write as write_prepared
+    from tests.train_helpers import train_raw
+
+    data = root / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "label": f"L{i % 2}"}) + "\n"
+                            for i, t in enumerate([*sentences(7), "the city " * 300])))
+    raw = train_raw(model, data)
+    raw["encoders"]["models"]["tiny"].update(enc)
+    p = P.validate(raw)
+    write_prepared(prepare.build(p.prepare), root / "prepared", root / "prepare.json")
+    return lambda: cache.fill(root / "prepared", root / "cache", p.encoders, p.cache)
+
+
+def test_a_max_length_past_the_models_positions_is_one_line_before_the_fill(
+        tiny_bert: Path, tmp_path: Path, _own_store: Path) -> None:
+    """max_length 1000 on a model of 128 positions: a tensor-size RuntimeError traceback at the
+    first batch holding a text over 128 tokens."""
+    assert _error(_groups_fill(tmp_path, tiny_bert, max_length=1000)) == (
+        "encoders.models.tiny.max_length: 1000 is more than the model's 128 positions "
+        "(max_position_embeddings in its config.json); use at most that")
+    assert not _own_store.exists() or not any(_own_store.rglob("*.arrow"))

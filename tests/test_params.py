@@ -207,3 +207,16 @@ def test_a_loss_the_data_kind_cannot_take_is_one_line(params_raw: dict[str, Any]
     with pytest.raises(UserError) as e:
         P.resolve_loss(P.validate(params_raw).train, kind, "data/prepared")
     assert str(e.value) == message
+
+
+def test_item10_unknown_prompt_key_lists_the_allowed_keys(params_raw: dict[str, Any]) -> None:
+    """`prompts` is optional (`EncoderPrompts | None`): its allowed keys were an empty list
+    (issue 28, item 10)."""
+    params_raw["encoders"]["models"]["minilm"]["prompts"] = {
+        "query": "q: ", "document": "", "include_prompt": True, "qurey": "x"}
+    assert _error(params_raw) == (
+        "params.yaml: unknown key 'qurey' in section 'encoders.models.minilm.prompts' "
+        "(allowed: query, document, include_prompt)")
+    params_raw["encoders"]["models"]["minilm"]["prompts"] = None
+    params_raw["encoders"]["models"]["minilm"]["chunks"]["maxx"] = 2
+    assert _error(params_raw).endswith("(allowed: max, overlap, pool)")

@@ -27,6 +27,10 @@ from simtune.errors import UserError
 from simtune.params import EncoderParams
 
 MIN_STEP = 16  # new tokens a window must bring (or half of one): fewer gives near-copies
+# text tokens a prompt must leave in a window (or half of a short one): a prompt as long as the
+# window leaves none, so every text gets the prompt's own vector (all equal, exit 0); a handful
+# make the vector mostly the prompt's. Not a param: no setting wants fewer.
+MIN_TEXT_TOKENS = 16
 
 
 def chunked(spec: EncoderParams) -> bool:
@@ -75,7 +79,11 @@ class Chunker:
     `tokenizer`: the encoder's (a fast tokenizer: word ids and character offsets)."""
 
     def __init__(self, tokenizer: Any, spec: EncoderParams, prompt: str,
-                 name: str = "<name>") -> None:
+                 name: str = "<name>", role: str = "query", key: str | None = None) -> None:
+        """`role`: whose prompt `prompt` is, and `key` the settings' place (default
+        `encoders.models.<name>`; a model folder's file), both for messages. `UserError` when
+        the prompt leaves fewer than `MIN_TEXT_TOKENS` text tokens (`check_room`) or the
+        overlap too few new ones."""
         from tokenizers import Tokenizer
 
         self.spec, self.prompt = spec, prompt
@@ -89,10 +97,12 @@ class Chunker:
         prompt_tokens = len(self.backend.encode(prompt, add_special_tokens=False).ids) if (
             prompt) else 0
         self.body = spec.max_length - special - prompt_tokens  # text tokens one window holds
+        key = key or f"encoders.models.{name}"
+        check_room(f"{key}.prompts.{role}", prompt_tokens, special, spec.max_length)
         least = min(MIN_STEP, self.body // 2)
         if self.max > 1 and self.body - self.overlap < max(least, 1):
             raise UserError(
-                f"encoders.models.{name}.chunks.overlap: {self.overlap} leaves "
+                f"{key}.chunks.overlap: {self.overlap} leaves "
                 f"{self.body - self.overlap} new tokens per window of {self.body} text tokens "
                 f"(max_length {spec.max_length}, prompt {prompt_tokens}, special {special}); "
                 f"at least {least} are needed: lower chunks.overlap or raise max_length")
@@ -165,6 +175,22 @@ class Chunker:
                 return windows, end
             step = max(start + 1, end - self.overlap)
             start = word_start(step, max(start + 1, step - self.overlap))
+
+
+def check_room(key: str, prompt_tokens: int, special: int, max_length: int) -> None:
+    """`UserError` naming `key` (the prompt's) and both token counts when a prompt of
+    `prompt_tokens` leaves a window of `max_length` (`special` tokens added) fewer than
+    `MIN_TEXT_TOKENS` text tokens, or than half of a window shorter than twice that."""
+    if not prompt_tokens:
+        return
+    room = max_length - special - prompt_tokens
+    least = min(MIN_TEXT_TOKENS, (max_length - special) // 2)
+    if room < least:
+        half = " (half the window)" if least < MIN_TEXT_TOKENS else ""
+        raise UserError(f"{key}: the prompt is {prompt_tokens} tokens, leaving {max(room, 0)} of "
+                        f"max_length {max_length} for the text ({special} special tokens); at "
+                        f"least {least} are needed{half}: shorten the prompt or raise "
+                        "max_length")
 
 
 def pool_windows(vectors: torch.Tensor, counts: torch.Tensor, mode: str, normalize: bool

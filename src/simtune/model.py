@@ -106,10 +106,16 @@ def load_model(directory: str | Path, device: str = "auto", encoder: str | None 
     """Load an export directory (or a trained `models/head` directory) as a `Model`.
 
     Files are read through `simtune.model_files` (one line for a damaged one), and only from
-    inside `directory`: `simtune.json`'s encoder and head paths must stay inside it. A head
+    inside `directory`: `simtune.json`'s encoder and head paths, the sentence-transformers
+    files' module paths and every symbolic link must stay inside it, and those files' prompts
+    must be simtune.json's (`model_files.check_st_files`). A head
     folder trained on a local encoder (no `encoder/` of its own) needs that encoder's `model`
     as `encoder` (what params.yaml names; see `trained_encoder`)."""
     directory = Path(directory)
+    if not directory.is_dir():
+        raise UserError(f"{directory}: " + ("not a folder (a model is a folder: an export or a "
+                                            "trained head)" if directory.exists()
+                                            else "no such model folder"))
     config_path = directory / "simtune.json"
     if config_path.exists():
         config = model_files.read(config_path, ExportConfig)
@@ -120,16 +126,22 @@ def load_model(directory: str | Path, device: str = "auto", encoder: str | None 
             spec = spec.model_copy(update={"model": str(model_files.inside(
                 directory, spec.model, f"{config_path}: encoder.model"))})
         head_dir = model_files.inside(directory, config.head, f"{config_path}: head")
+        key = f"{config_path}: encoder"
+        model_files.check_st_files(directory, config)  # after simtune.json's own paths
     elif (directory / "training.json").exists():  # a trained head straight from `train`
         meta = training_meta(directory)
         name, normalize_output = _trained_as(meta)
         spec = meta.encoder.model_copy(
             update={"model": trained_encoder(directory, meta, encoder)})
         head_dir = directory
+        key = f"{directory / 'training.json'}: encoder"
     else:
-        raise UserError(f"{directory}: not a simtune model (no simtune.json or training.json)")
+        raise UserError(f"{directory}: not a simtune model (no simtune.json or training.json; "
+                        "an export or a trained head folder)")
+    model_files.contained(directory)  # after the named paths: their own message first
     head = heads.load(head_dir)  # before the encoder: a damaged head costs no model load
-    encoder_model = FrozenEncoder(name, spec, resolve_device(device))
+    encoder_model = FrozenEncoder(name, spec, resolve_device(device), key=key)
+    encoder_model.as_role("document")  # its prompt too: refused now, not at the first encode
     if head.config["dim"] != encoder_model.dim:
         raise UserError(f"{head_dir}: head expects {head.config['dim']}-d vectors, the encoder "
                         f"gives {encoder_model.dim}-d")

@@ -8,7 +8,11 @@ instead of an object, a wrong type or value, nesting thousands deep) is one `Use
 naming the file and the key, never a traceback or a silently wrong model.
 
 Paths written in these files are relative to their folder and must stay inside it (`inside`):
-a folder never makes simtune read files from elsewhere.
+a folder never makes simtune read files from elsewhere, through a path or a symbolic link
+(`contained`). An export's sentence-transformers files (`modules.json`,
+`config_sentence_transformers.json`) are checked too (`check_st_files`): their module paths stay
+inside the folder and their prompts are simtune.json's, so `SentenceTransformer(dir)` embeds as
+`load_model(dir)` does.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictBool, StrictInt, ValidationError
 
 from simtune.errors import UserError, echo
 from simtune.params import ChunkParams, EncoderParams, EncoderPrompts
@@ -77,10 +81,60 @@ class ExportConfig(_File):
     sentence_transformers: Literal["plain", "trust_remote_code"] | None = None
 
 
+class STModule(_File):
+    """One entry of an export's `modules.json`: a sentence-transformers module and its folder."""
+
+    idx: StrictInt
+    name: str
+    path: str  # "": the export folder itself (version 2 exports of the bundled minilm)
+    type: str
+
+
+class STModules(RootModel[list[STModule]]):
+    """An export's `modules.json`: the modules `SentenceTransformer(dir)` chains, in order."""
+
+    model_config = ConfigDict(strict=True, frozen=True)
+
+
+class STConfig(_File):
+    """An export's `config_sentence_transformers.json`: the prompts sentence-transformers puts
+    before texts by name (`encode_query`: `query`, `encode_document`: `document`), and the one
+    plain `encode` uses."""
+
+    prompts: dict[str, str] = {}
+    default_prompt_name: str | None = None
+
+
+ST_BERT = "sentence_bert_config.json"
+
+
+class STBertConfig(_File):
+    """The `Transformer` module's `sentence_bert_config.json`: where it truncates a text."""
+
+    max_seq_length: StrictInt = Field(gt=0)
+
+
+# simtune's pooling -> the `Pooling` config key that turns it on
+POOLING_KEYS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens",
+                "max": "pooling_mode_max_tokens", "lasttoken": "pooling_mode_lasttoken"}
+
+
+class STPooling(_File):
+    """The `Pooling` module's `config.json` (the modes `simtune export` writes)."""
+
+    pooling_mode_cls_token: StrictBool = False
+    pooling_mode_mean_tokens: StrictBool = False
+    pooling_mode_max_tokens: StrictBool = False
+    pooling_mode_mean_sqrt_len_tokens: StrictBool = False
+    pooling_mode_lasttoken: StrictBool = False
+    include_prompt: StrictBool = True
+
+
 def read(path: Path, schema: type[Schema]) -> Schema:
     """`path` parsed and checked against `schema`; `UserError` (one line naming the file and
     the first bad key) for a file that is missing, not a regular file, too large, not UTF-8
-    JSON, too deeply nested, not an object, or not what the schema says."""
+    JSON, too deeply nested, not an object (a list: for a `RootModel` of one), or not what the
+    schema says."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: not found")
@@ -97,8 +151,9 @@ def read(path: Path, schema: type[Schema]) -> Schema:
         raise UserError(f"{path}: not JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
     except RecursionError:
         raise UserError(f"{path}: JSON nested too deep") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    want, what = (list, "array") if issubclass(schema, RootModel) else (dict, "object")
+    if not isinstance(raw, want):
+        raise UserError(f"{path}: expected a JSON {what}, got {type(raw).__name__}")
     try:
         return schema.model_validate(raw)
     except ValidationError as e:
@@ -116,7 +171,86 @@ def inside(folder: Path, rel: str, what: str) -> Path:
         raise UserError(f"{what}: {echo(rel)} must be a path inside {folder}")
     path = folder / rel
     base = folder.resolve()
-    if not path.resolve().is_relative_to(base):
+    if not _resolved(path, what).is_relative_to(base):
         raise UserError(f"{what}: {echo(rel)} leads outside {folder}; a model folder only "
                         "loads files from inside itself")
     return path
+
+
+def _resolved(path: Path, what: str) -> Path:
+    """`path` with every link followed; `UserError` naming `what` for a loop of links."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):  # Python 3.11: RuntimeError("Symlink loop from ...")
+        raise UserError(f"{what}: a loop of links, or a link that cannot be followed") from None
+
+
+def contained(folder: Path) -> None:
+    """`UserError` naming the link when anything in `folder` (at any depth) is a symbolic link
+    that leads outside it: a model folder's files are its own, never another folder's."""
+    folder = Path(folder)
+    base = folder.resolve()
+    for root, dirs, files in os.walk(folder):  # links to folders are listed, not followed
+        for name in sorted((*dirs, *files)):  # the same link named on every run
+            path = Path(root) / name
+            if path.is_symlink() and not _resolved(path, str(path)).is_relative_to(base):
+                raise UserError(f"{path}: a link leading outside {folder}; a model folder only "
+                                "loads files from inside itself")
+
+
+def check_st_files(folder: Path, config: ExportConfig) -> None:
+    """The sentence-transformers files of export `folder`, when present, agree with its
+    simtune.json (`config`), so `SentenceTransformer(folder)` embeds as `load_model(folder)`:
+    every `modules.json` path lies inside the folder; `config_sentence_transformers.json` holds
+    simtune.json's prompts with `query` the default, as `simtune export` writes them; and
+    (format 3) the `Pooling` module pools and the `Transformer` module truncates as
+    simtune.json says. `UserError` naming the file otherwise."""
+    folder, spec = Path(folder), config.encoder
+    modules_path = folder / "modules.json"
+    modules = read(modules_path, STModules).root if modules_path.exists() else []
+    for i, module in enumerate(modules):
+        if module.path:
+            inside(folder, module.path, f"{modules_path}: {i}.path")
+    prompts = spec.prompts
+    _check_st_prompts(folder / "config_sentence_transformers.json", {} if prompts is None else {
+        "query": prompts.query, "document": prompts.document})
+    if config.format_version < 3:  # older layouts: their files are not checked further
+        return
+    for module in modules:
+        kind = module.type.rsplit(".", 1)[-1]
+        if kind == "Pooling":
+            _check_st_pooling(folder / module.path / "config.json", spec)
+        if kind == "Transformer" and (folder / module.path / ST_BERT).exists():
+            length = read(folder / module.path / ST_BERT, STBertConfig).max_seq_length
+            if length != spec.max_length:
+                raise UserError(f"{folder / module.path / ST_BERT}: max_seq_length {length} is "
+                                f"not simtune.json's max_length {spec.max_length}")
+
+
+def _check_st_prompts(path: Path, want: dict[str, str]) -> None:
+    """`config_sentence_transformers.json` at `path` (when present) holds `want` as its
+    prompts, `query` the default when there are any."""
+    if not path.exists():
+        return
+    st = read(path, STConfig)
+    if st.prompts != want:
+        raise UserError(f"{path}: prompts {echo(st.prompts)} are not simtune.json's "
+                        f"{echo(want)}: sentence-transformers would embed with other prompts")
+    default = "query" if want else None
+    if st.default_prompt_name != default:
+        raise UserError(f"{path}: default_prompt_name {echo(st.default_prompt_name)} "
+                        f"must be {echo(default)}: plain encode() embeds as a query")
+
+
+def _check_st_pooling(path: Path, spec: SavedEncoder) -> None:
+    """The `Pooling` module's config.json at `path` pools by simtune.json's `pooling` (one
+    mode on) and leaves the prompt in or out as its `include_prompt` says."""
+    pooling = read(path, STPooling)
+    modes = [mode for mode, key in POOLING_KEYS.items() if getattr(pooling, key)]
+    if modes != [spec.pooling] or pooling.pooling_mode_mean_sqrt_len_tokens:
+        raise UserError(f"{path}: pooling modes {modes or 'none'} are not simtune.json's "
+                        f"pooling {echo(spec.pooling)}")
+    include = spec.prompts.include_prompt if spec.prompts is not None else True
+    if pooling.include_prompt != include:
+        raise UserError(f"{path}: include_prompt {pooling.include_prompt} is not simtune.json's "
+                        f"{include}")

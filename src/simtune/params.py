@@ -10,6 +10,8 @@ is in `dvc.yaml`.
 from __future__ import annotations
 
 import re
+import types
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -675,6 +677,14 @@ def _dotted(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc)
 
 
+def _optional_of(ann: Any) -> Any:
+    """`X` for an optional `X | None` annotation (`prompts`, `chunks`), else `ann` itself."""
+    args = [a for a in typing.get_args(ann) if a is not type(None)]
+    if typing.get_origin(ann) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return ann
+
+
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """Field names of the model found at `loc` (the mapping holding an unknown key)."""
     named = False  # the part is an entry's name in a mapping of models (encoders.models)
@@ -683,7 +693,7 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
             named = False
             continue
         field = model.model_fields.get(str(part))
-        ann = getattr(field, "annotation", None)
+        ann = _optional_of(getattr(field, "annotation", None))
         if getattr(ann, "__origin__", None) is dict:
             ann, named = ann.__args__[1], True  # type: ignore[union-attr]
         if not (isinstance(ann, type) and issubclass(ann, BaseModel)):

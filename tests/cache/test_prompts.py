@@ -16,19 +16,20 @@ from simtune.cache import stage as cache
 from simtune.cache import vectors
 from simtune.cache.views import open_pair, view_name
 from simtune.encoders import FrozenEncoder, describe, fingerprint
+from simtune.errors import UserError
 from simtune.prepare import stage as prepare
 from simtune.prepare.prepared import text_id
 from simtune.prepare.prepared import write as write_prepared
 from tests.cache_helpers import cache_params, encoder_params, sentences
-from tests.conftest import repo_params
+from tests.conftest import WORDS, repo_params
 
 E5 = {"query": "what is ", "document": "the ", "include_prompt": False}
 
 
-def _pairs(root: Path, model: Path, prompts: dict[str, Any] | None, **train: Any
-           ) -> P.Params:
-    """12 (query, document) pairs prepared under `root`, params for the tiny encoder (mnrl,
-    `train` keys updated)."""
+def _pairs(root: Path, model: Path, prompts: dict[str, Any] | None,
+           enc: dict[str, Any] | None = None, **train: Any) -> P.Params:
+    """12 (query, document) pairs prepared under `root`, params for the tiny encoder (`enc`
+    keys updated; mnrl, `train` keys updated)."""
     root.mkdir(parents=True, exist_ok=True)
     rows = [{"q": q, "d": d} for q, d in zip(sentences(12), sentences(12, 100), strict=True)]
     (root / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -36,7 +37,7 @@ def _pairs(root: Path, model: Path, prompts: dict[str, Any] | None, **train: Any
     raw["prepare"].update(source="file")
     raw["prepare"]["file"].update(path=str(root / "pairs.jsonl"), kind="pairs")
     raw["prepare"]["file"]["columns"].update(query="q", positive="d")
-    raw["encoders"] = encoder_params(model, prompts=prompts)
+    raw["encoders"] = encoder_params(model, prompts=prompts, **(enc or {}))
     raw["cache"] = cache_params()
     raw["train"]["loss"]["name"] = "mnrl"
     # an `encoder` given in part keeps the rest of params.yaml's train.encoder (lora, ...)
@@ -57,7 +58,7 @@ def test_each_role_is_embedded_with_its_prompt_in_its_own_view(tmp_path: Path,
     results = cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache)
     assert sorted(r.needed for r in results) == [12, 12]
     assert sorted(d.name for d in (tmp_path / "cache").iterdir()) == ["tiny", "tiny@document"]
-    q_table, d_table = open_pair(tmp_path / "cache", p.encoders, p.cache, placed=False)
+    q_table, d_table = open_pair(tmp_path / "cache", p.encoders, p.cache, "pairs", placed=False)
     assert q_table is not d_table and len(q_table) == len(d_table) == 12
     spec = p.encoders.models["tiny"]
     for table, role, texts in ((q_table, "query", sentences(12)),
@@ -81,7 +82,7 @@ def test_one_prompt_for_both_roles_is_one_view(tmp_path: Path, tiny_bert: Path,
     p = _pairs(tmp_path, tiny_bert, prompts)
     cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache)
     assert [d.name for d in (tmp_path / "cache").iterdir()] == ["tiny"]
-    q_table, d_table = open_pair(tmp_path / "cache", p.encoders, p.cache, placed=False)
+    q_table, d_table = open_pair(tmp_path / "cache", p.encoders, p.cache, "pairs", placed=False)
     assert q_table is d_table and len(q_table) == 24
     unprompted = fingerprint(describe("tiny", p.encoders.models["tiny"].model_copy(
         update={"prompts": None})))
@@ -109,3 +110,59 @@ def test_the_onnx_export_leaves_the_prompt_out_as_torch_does(tmp_path: Path, tin
         with torch.inference_mode():
             want = encoder.embed(batch)
         assert float((fast.embed(batch) - want).abs().max()) <= 1e-6
+
+
+LONG_PROMPT = " ".join(WORDS[i % len(WORDS)] for i in range(200))  # 200 words, 200 tokens
+
+
+@pytest.mark.parametrize(("role", "include"), [("query", True), ("query", False),
+                                               ("document", True)])
+def test_item2_prompt_leaving_too_few_tokens_refused(tmp_path: Path, tiny_bert: Path,
+                                                     _own_store: Path, role: str,
+                                                     include: bool) -> None:
+    """A 200-word prompt in a 64-token window left no token for the text: every vector was the
+    prompt's (all equal, exit 0), with or without `include_prompt` (issue 28, item 2). It is
+    refused naming the key and both token counts, before any view or store entry is written
+    (a document prompt: before the query view is filled)."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from stages import app
+
+    prompts = {"query": "", "document": "", "include_prompt": include, role: LONG_PROMPT}
+    p = _pairs(tmp_path, tiny_bert, prompts, enc={"max_length": 64})
+    want = (f"encoders.models.tiny.prompts.{role}: the prompt is 200 tokens, leaving 0 of "
+            "max_length 64 for the text (2 special tokens); at least 16 are needed: shorten the "
+            "prompt or raise max_length")
+    with pytest.raises(UserError) as e:
+        cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache)
+    assert str(e.value) == want
+    params_file = tmp_path / "params.yaml"  # the stage: exit 1, the one line, no traceback
+    params_file.write_text(yaml.safe_dump(p.model_dump(), sort_keys=False))
+    result = CliRunner().invoke(app, ["cache", "--params", str(params_file), "--prepared",
+                                      str(tmp_path / "prepared"), "--out",
+                                      str(tmp_path / "cache")])
+    assert result.exit_code == 1 and result.stderr.strip().splitlines() == [f"error: {want}"]
+    assert not (tmp_path / "cache").exists()
+    assert not _own_store.exists() or not any(_own_store.rglob("*.arrow"))
+
+
+def test_item2_a_prompt_may_leave_exactly_the_least(tiny_bert: Path) -> None:
+    """64 tokens less 2 special: a 46-token prompt leaves 16 (accepted), 47 leave 15; a window
+    shorter than 2 x 16 needs half of itself (16 tokens, prompt 2: 12 of 14 left, accepted)."""
+    import transformers
+
+    from simtune.chunks import Chunker
+
+    tok = transformers.AutoTokenizer.from_pretrained(tiny_bert)
+    spec = P.EncoderParams(**encoder_params(tiny_bert, max_length=64)["models"]["tiny"])
+    words = LONG_PROMPT.split()
+    assert Chunker(tok, spec, " ".join(words[:46]) + " ", "tiny").body == 16
+    with pytest.raises(UserError, match=r"^encoders.models.tiny.prompts.query: the prompt is "
+                       r"47 tokens, leaving 15 of max_length 64 "):
+        Chunker(tok, spec, " ".join(words[:47]) + " ", "tiny")
+    short = spec.model_copy(update={"max_length": 16})
+    assert Chunker(tok, short, "what is ", "tiny").body == 12
+    with pytest.raises(UserError, match=r"leaving 6 of max_length 16 .* at least 7 are "
+                       r"needed \(half the window\)"):
+        Chunker(tok, short, " ".join(words[:8]) + " ", "tiny")

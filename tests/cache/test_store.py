@@ -143,7 +143,8 @@ def test_a_model_that_cannot_load_loses_nothing(tmp_path: Path, tiny_bert: Path)
     files = {f.name: f.read_bytes() for f in view.iterdir()}
     broken = tmp_path / "broken-model"
     broken.mkdir()
-    (broken / "config.json").write_text((tiny_bert / "config.json").read_text())  # no weights
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):  # no weights
+        (broken / name).write_text((tiny_bert / name).read_text())
     with pytest.raises(UserError, match=rf"encoders.models.tiny.model: {broken}: cannot load"):
         _fill(prepared, tmp_path / "cache", params(broken))
     assert {f.name: f.read_bytes() for f in view.iterdir()} == files

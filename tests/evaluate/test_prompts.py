@@ -27,7 +27,7 @@ def test_full_mode_test_vectors_carry_each_roles_prompt(tmp_path: Path, tiny_ber
     train.run(p, tmp_path / "prepared", tmp_path / "cache", head_dir, tmp_path / "train.json",
               tmp_path / "live")
     prepared = load_prepared(tmp_path / "prepared")
-    q_table, d_table = open_pair(tmp_path / "cache", p.encoders, p.cache, placed=False)
+    q_table, d_table = open_pair(tmp_path / "cache", p.encoders, p.cache, "pairs", placed=False)
     data = examples.load(prepared.kind, prepared.examples, q_table, d_table)
     vectors = evaluate._trained(data, heads.load(head_dir), head_dir, p, tmp_path / "prepared")
     model, texts = load_model(head_dir, "cpu"), prepared.text_map()

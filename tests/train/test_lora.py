@@ -103,3 +103,37 @@ def test_bad_lora_settings_are_one_line_naming_the_key(tmp_path: Path, tiny_bert
     assert re.fullmatch(r"error: train\.encoder\.lora\.target_modules: \['q_proj'\]: no such "
                         r"linear modules in the trainable layers of a BertModel \(.*q_proj.*\)",
                         result.stderr.strip().splitlines()[-1]), result.output
+
+
+def test_item9_lora_rank_above_the_layer_width_is_refused(tiny_bert: Path) -> None:
+    """r 33 on the tiny BERT's 32-wide layers: no more capacity than r 32, only compute (issue
+    28, item 9); r 32 still adapts."""
+    top = layers.top_model(tiny_bert, 1)
+    wide = ON.model_copy(update={"r": 33})
+    with pytest.raises(UserError) as e:
+        lora.adapt(top, wide)
+    assert str(e.value) == (
+        "train.encoder.lora.r: 33 is more than the width of the layers it adapts (hidden_size "
+        "32): a rank above it adds no capacity, only compute; use at most 32 (LoRA's point is "
+        "r much smaller)")
+    adapted = lora.adapt(layers.top_model(tiny_bert, 1), ON.model_copy(update={"r": 32}))
+    assert {tuple(q.shape) for n, q in adapted.named_parameters() if "lora_A" in n} == {(32, 32),
+                                                                                       (32, 64)}
+
+
+def test_item9_lora_in_head_mode_is_said_to_be_ignored(tmp_path: Path, tiny_bert: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """Head mode trains no encoder layer: LoRA set there is ignored, and a warning says so in
+    one line (issue 28, item 9); r 0 says nothing."""
+    from simtune.train.data import check_trainable, load_data
+
+    raw, _ = project(tmp_path, tiny_bert, n=24)
+    for r, said in ((4, True), (0, False)):
+        raw["train"]["encoder"]["lora"]["r"] = r
+        p = P.validate(raw)
+        caplog.clear()
+        check_trainable(load_data(p, tmp_path / "prepared", tmp_path / "cache"), p.train, 1)
+        warned = [m for m in caplog.messages if "lora" in m]
+        assert warned == (["train.encoder.lora.r: 4 is ignored in head mode (no encoder layer "
+                           "trains); LoRA applies in train.mode top_layers or full"]
+                          if said else [])

@@ -9,6 +9,7 @@ import logging
 from simtune.chunks import Chunker, Cut, chunked
 from simtune.encoders import model_dir, prompt_of
 from simtune.params import EncoderParams
+from simtune.pretrained import load_tokenizer
 
 log = logging.getLogger(__name__)
 WARN_SHARE = 0.2  # texts that lose tokens, above which the fill warns
@@ -19,16 +20,22 @@ def split(name: str, spec: EncoderParams, role: str, texts: dict[str, str], labe
     """(workspace id -> the windows of its text, one when it fits or chunking is off; what is
     cut), logged as one line, and a warning naming the key to change when more than
     `WARN_SHARE` of the texts still lose tokens."""
-    import transformers
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir(name, spec),
-                                                           local_files_only=True)
-    chunker = Chunker(tokenizer, spec, prompt_of(spec, role), name)
+    tokenizer = load_tokenizer(model_dir(name, spec), f"encoders.models.{name}.model")
+    chunker = Chunker(tokenizer, spec, prompt_of(spec, role), name, role)
     cut = Cut()
     ids = list(texts)
     windows = dict(zip(ids, chunker.windows([texts[i] for i in ids], cut), strict=True))
     say(name, spec, label, cut)
     return windows, cut
+
+
+def check_prompts(targets: list[tuple[str, EncoderParams, str]]) -> None:
+    """Refuse, before any fill, a prompt of any (encoder name, spec, role) that leaves too
+    little of the window for the text (`simtune.chunks.check_room`, through the `Chunker`)."""
+    for name, spec, role in targets:
+        if prompt_of(spec, role):
+            tokenizer = load_tokenizer(model_dir(name, spec), f"encoders.models.{name}.model")
+            Chunker(tokenizer, spec, prompt_of(spec, role), name, role)
 
 
 def say(name: str, spec: EncoderParams, label: str, cut: Cut) -> None:

@@ -36,7 +36,7 @@ from simtune.cache import (
     views,
 )
 from simtune.cache.formats import Format
-from simtune.encoders import FrozenEncoder, describe, fingerprint, resolve_device
+from simtune.encoders import FrozenEncoder, describe, fingerprint, prompt_of, resolve_device
 from simtune.errors import UserError
 from simtune.params import CacheParams, EncoderParams, EncodersParams
 from simtune.prepare.prepared import Prepared, text_id
@@ -117,6 +117,15 @@ def texts_per_encoder(prepared: Prepared, encoders: EncodersParams) -> dict[Targ
             for target, cols in found.values()}
 
 
+def _unused_document_prompt(encoders: EncodersParams) -> None:
+    """Say so when groups data meets a document prompt: every groups text is a query text."""
+    spec = encoders.models[encoders.query]
+    if prompt_of(spec, "document") != prompt_of(spec, "query"):
+        log.warning("encoders.models.%s.prompts.document: not used: groups data embeds every "
+                    "text as a query (prompts.query), in training, evaluate and search",
+                    encoders.query)
+
+
 def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParams,
          dist: Dist | None = None, layer: int | None = None) -> list[FillResult]:
     """Fill the view of every (encoder, role) the prepared data needs (`texts_per_encoder`),
@@ -128,6 +137,9 @@ def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParam
         raise UserError(f"{prepared_dir}: prepared data has no texts")
     dist = dist or dist_from_env()
     needs = texts_per_encoder(prepared, encoders)
+    if prepared.kind == "groups":
+        _unused_document_prompt(encoders)
+    cutting.check_prompts([(t.name, encoders.models[t.name], t.role) for t in needs])
     described = described_in_use(encoders, needs, layer)
     keep = {fingerprint(d) for d in described.values()}
     results = []

@@ -30,6 +30,7 @@ from simtune.encoders import (
 )
 from simtune.errors import UserError
 from simtune.params import CacheParams, EncoderParams, EncodersParams, TrainParams
+from simtune.pretrained import load_tokenizer
 
 log = logging.getLogger(__name__)
 VECTORS = Format()
@@ -155,11 +156,8 @@ def check_layer_size(name: str, spec: EncoderParams, texts: dict[str, str], fmt:
     x bytes of `states_dtype`; tokens counted on a sample), log it, and refuse it, before
     embedding anything, above `cache.max_layer_gb` (when set) or above what the store's disk
     has free (plus what the store entry already holds)."""
-    import transformers
-
     config = model_config(name, spec)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir(name, spec),
-                                                           local_files_only=True)
+    tokenizer = load_tokenizer(model_dir(name, spec), f"encoders.models.{name}.model")
     sample = random.Random(0).sample(sorted(texts.values()), min(2000, len(texts)))
     sample = [prompt_of(spec, role) + t for t in sample]
     lengths = tokenizer(sample, truncation=True, max_length=spec.max_length)["input_ids"]
@@ -205,15 +203,18 @@ def open_cache(out: Path, name: str, spec: EncoderParams, cp: CacheParams,
     return vectors.place(table, cp.mapping.get(name, cp.cache_type)) if placed else table
 
 
-def open_pair(out: Path, encoders: EncodersParams, cp: CacheParams, placed: bool = True
-              ) -> tuple[vectors.CacheTable, vectors.CacheTable]:
-    """(query table, document table) of `encoders` (one table when both roles read one view);
-    one head reads both, so they must give one dim."""
+def open_pair(out: Path, encoders: EncodersParams, cp: CacheParams, kind: str,
+              placed: bool = True) -> tuple[vectors.CacheTable, vectors.CacheTable]:
+    """(query table, document table) of `encoders` for data of `kind` (groups | pairs): one
+    table when both roles read one view. Groups' texts are all query texts (the query encoder
+    and prompt: what the cache stage fills, `texts_per_encoder`), so groups get the query table
+    twice; one head reads both, so they must give one dim."""
     q_spec, d_spec = encoders.models[encoders.query], encoders.models[encoders.document]
     q = open_cache(out, encoders.query, q_spec, cp, placed)
-    same = (encoders.document == encoders.query
-            and view_name(encoders.query, q_spec, "document") == view_name(encoders.query,
-                                                                           q_spec, "query"))
+    same = kind == "groups" or (
+        encoders.document == encoders.query
+        and view_name(encoders.query, q_spec, "document") == view_name(encoders.query, q_spec,
+                                                                       "query"))
     d = q if same else open_cache(out, encoders.document, d_spec, cp, placed, "document")
     if q.dim != d.dim:
         raise UserError(f"encoders: '{encoders.query}' gives {q.dim}-d and "

@@ -80,7 +80,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
     `run_files` (trained, baseline), both rankings as TREC run files."""
     head = heads.load(head_dir)
     prepared = load_prepared(prepared_dir)
-    q_table, d_table = open_pair(cache_dir, p.encoders, p.cache, placed=False)
+    q_table, d_table = open_pair(cache_dir, p.encoders, p.cache, prepared.kind, placed=False)
     data = examples.load(prepared.kind, prepared.examples, q_table, d_table)
     if len(data.splits["test"]) == 0:
         raise UserError(f"{prepared_dir}: the test split is empty")

@@ -9,7 +9,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from simtune import heads
+from simtune import heads, model_files
 from simtune.atomic import atomic_dir, write_json
 from simtune.encoders import model_dir
 from simtune.export import st_layout
@@ -38,6 +38,7 @@ def export(head_dir: Path, out: Path, card: CardInputs | None = None,
     `trust_remote_code=True` (a head type with no `Dense` form; see `simtune.export.st_layout`)."""
     head_dir, card = Path(head_dir), card or CardInputs()
     meta = training_meta(head_dir)
+    model_files.contained(head_dir)  # the copy below follows links: none may leave the folder
     if card.params is not None and meta.kind is not None:  # the loss that ran (`auto` resolved)
         p = card.params
         train = resolve_loss(p.train, meta.kind, f"the data {head_dir} was trained on")

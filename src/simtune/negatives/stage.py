@@ -116,7 +116,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path
                               "skipped_false_negatives": 0}
     if prepared.kind == "pairs" and n.count:
         enc = p.encoders
-        q_table, d_table = open_pair(cache_dir, enc, p.cache, placed=False)
+        q_table, d_table = open_pair(cache_dir, enc, p.cache, prepared.kind, placed=False)
         ex = prepared.examples.filter(pc.equal(prepared.examples["split"], "train"))
         qs, ds = ex.column("query_id").to_pylist(), ex.column("doc_id").to_pylist()
         q_ids, d_ids = list(dict.fromkeys(qs)), list(dict.fromkeys(ds))

@@ -6,6 +6,7 @@ Head mode reads only the cache and the examples table, never raw texts or a toke
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from simtune.negatives import mined
 from simtune.params import Params, TrainParams, resolve_loss
 from simtune.prepare.prepared import load as load_prepared
 from simtune.train import matryoshka
+
+log = logging.getLogger(__name__)
 
 
 def check_compatible(kind: str, t: TrainParams, data: str = "the prepared data") -> None:
@@ -52,7 +55,7 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool =
     tables: dict[str, Any] = {}
     if not full:
         # placed later, by each process on its own device (represent.Representation.place)
-        q_table, d_table = open_pair(cache_dir, enc, p.cache, placed=False)
+        q_table, d_table = open_pair(cache_dir, enc, p.cache, prepared.kind, placed=False)
         tables = {"query": q_table, "doc": d_table}
     if p.train.mode == "top_layers":
         tables.update(_states_tables(p, cache_dir, q_table, d_table))
@@ -101,6 +104,9 @@ def _query_dim(p: Params) -> int:
 def check_trainable(data: Data, t: TrainParams, world: int) -> None:
     """Refuse, before any training, a set-up that cannot train or can never see a positive."""
     matryoshka.check_dims(t.loss.matryoshka_dims, data.dim)  # heads keep the input dim
+    if t.mode == "head" and t.encoder.lora.r:  # a warning: `-S train.mode=head` stays one edit
+        log.warning("train.encoder.lora.r: %d is ignored in head mode (no encoder layer "
+                    "trains); LoRA applies in train.mode top_layers or full", t.encoder.lora.r)
     n = len(data.splits["train"])
     if n < world:  # a larger batch_size is reduced to the training set (sampling)
         raise UserError(f"train: {n} training examples for {world} processes (each process "

@@ -29,6 +29,7 @@ def adapt(model: Any, lora: LoraParams | None) -> Any:
     matches."""
     if lora is None or lora.r == 0:
         return model
+    check_rank(lora, int(model.config.hidden_size))
     import peft
 
     pooler = getattr(model, "pooler", None) is not None  # peft warns of an exclusion unused
@@ -43,6 +44,16 @@ def adapt(model: Any, lora: LoraParams | None) -> Any:
         raise UserError(f"train.encoder.lora.target_modules: {lora.target_modules!r}: no such "
                         f"linear modules in the trainable layers of a {type(model).__name__} "
                         f"({shorten(str(e).splitlines()[0], 160)})") from None
+
+
+def check_rank(lora: LoraParams, width: int) -> None:
+    """`UserError` naming the key and the width when `lora.r` exceeds the layers' width: B A of
+    a (width x width) layer has rank at most `width`, so a larger r adds no capacity, only
+    compute (r 4096 on a 32-wide layer: epochs 30x slower)."""
+    if lora.r > width:
+        raise UserError(f"train.encoder.lora.r: {lora.r} is more than the width of the layers "
+                        f"it adapts (hidden_size {width}): a rank above it adds no capacity, only "
+                        f"compute; use at most {width} (LoRA's point is r much smaller)")
 
 
 def merged(model: Any) -> Any:

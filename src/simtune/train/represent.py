@@ -35,6 +35,7 @@ from simtune.encoders import (
     trim_padding,
 )
 from simtune.params import EncoderParams, LoraParams, Params
+from simtune.pretrained import load_tokenizer
 from simtune.train import layers, lora
 
 ROWS = {"text": "rows", "query": "q_rows", "doc": "d_rows", "neg": "neg_rows"}
@@ -117,9 +118,7 @@ def _skips(path: Path, spec: EncoderParams) -> dict[str, int]:
     tokenizer is loaded only when a prompt is set with include_prompt false."""
     if spec.prompts is None or spec.prompts.include_prompt:
         return {"query": 0, "document": 0}
-    import transformers
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer = load_tokenizer(path, "train.mode top_layers")
     return {role: prompt_skip(tokenizer, spec, role) for role in ("query", "document")}
 
 
@@ -251,7 +250,7 @@ class LiveEncoder(Representation):
         self.dim = int(self.encoder.config.hidden_size)
         self.prompts = {r: prompt_of(spec, r) for r in ("query", "document")}
         self.skips = {r: prompt_skip(self.tokenizer, spec, r) for r in ("query", "document")}
-        self.chunkers = {r: Chunker(self.tokenizer, spec, self.prompts[r])
+        self.chunkers = {r: Chunker(self.tokenizer, spec, self.prompts[r], role=r)
                          for r in ("query", "document")}
 
     def collate(self, split: Any, idx: list[int]) -> dict[str, Any]:
