@@ -668,10 +668,41 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return list(model.model_fields)
 
 
+def _is_branch(part: Any) -> bool:
+    """Whether a part of an error's location is pydantic's name of a union member (`int`,
+    `function-before[_yaml_float(), float]`), not a key of the file."""
+    return isinstance(part, str) and (part in {"int", "float", "bool", "str", "none"}
+                                      or re.fullmatch(r"[\w-]+\[.*\]", part) is not None)
+
+
+def _merge_branches(errors: list[Any]) -> list[dict[str, Any]]:
+    """Errors of one value that fits no member of a union (one per member, each located at the
+    member's name) -> one error at the value's own key, `expected` listing every member."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for err in errors:
+        loc = tuple(err["loc"])
+        if len(loc) > 1 and _is_branch(loc[-1]) and err["type"] in _EXPECTED:
+            groups.setdefault(loc[:-1], []).append(dict(err))
+    out, seen = [], set()
+    for err in errors:
+        loc = tuple(err["loc"])
+        members = groups.get(loc[:-1], [])
+        if len(members) < 2 or err not in members:
+            out.append(dict(err))
+        elif loc[:-1] not in seen:
+            seen.add(loc[:-1])
+            expected = list(dict.fromkeys(_EXPECTED[m["type"]] for m in members))
+            out.append({**err, "loc": loc[:-1], "type": "union",
+                        "expected": ", ".join(expected[:-1]) + f" or {expected[-1]}"})
+    return out
+
+
 def _message(source: str, err: dict[str, Any]) -> str:
     """One line for one pydantic error, naming file, key, expected type and given value."""
     loc, kind, given = tuple(err["loc"]), err["type"], err.get("input")
     key = _dotted(loc)
+    if kind == "union":  # see `_merge_branches`
+        return f"{source}: {key}: expected {err['expected']}, got {given!r}"
     if kind == "extra_forbidden":
         parent = loc[:-1]
         where = f"section '{_dotted(parent)}'" if parent else "the top level"
@@ -702,7 +733,8 @@ def validate(raw: Any, source: str = "params.yaml") -> Params:
     except ValidationError as e:
         # an unknown key first: a typo (`lrr:`) also makes its intended key missing, and
         # the typo, not the missing key, is what the user must fix
-        errors = sorted(e.errors(), key=lambda err: err["type"] != "extra_forbidden")
+        errors = sorted(_merge_branches(e.errors()),
+                        key=lambda err: err["type"] != "extra_forbidden")
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise UserError(_message(source, dict(errors[0])) + more) from None
 
