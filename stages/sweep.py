@@ -39,20 +39,21 @@ def sweep(
     from simtune.errors import UserError
     from simtune.train import space
     from simtune.train import sweep as lib
+    from simtune.train import sweep_report as report
 
     p = P.load(params)
     if study_name is not None and not study_name.strip():
         raise UserError("--study: give the study a name")
     update = {k: v for k, v in (("trials", trials), ("study", study_name)) if v is not None}
     p = p.model_copy(update={"sweep": p.sweep.model_copy(update=update)})
-    failures = lib.Failures()
+    failures = report.Failures()
     study = lib.run(p, prepared, cache, negatives, callbacks=[failures])
-    print(lib.summary(study, top, p.sweep.trials))
+    print(report.summary(study, top, p.sweep.trials))
     if failures.numbers:
         numbers = ", ".join(map(str, failures.numbers))
         raise UserError(f"sweep: {len(failures.numbers)} trial(s) failed in this run (trial "
                         f"{numbers}, see its line above); run the sweep again for the missing "
                         "ones" + ("; nothing applied" if apply else ""))
     if apply:
-        space.write_yaml(params, lib.best_values(study))
+        space.write_yaml(params, report.best_values(study))
         print(f"wrote the best values into {params}")
