@@ -482,20 +482,23 @@ def test_item6_a_resumed_sweep_never_repeats_a_finished_trial(
                             "lower sweep.trials (or --trials)")
 
 
-def _immutable(path: Path) -> bool:
-    """Make the folder `path` unwritable (chattr +i as root, else mode 0555); False if the file
-    system will not."""
-    path.mkdir()
+def _freeze(path: Path, frozen: bool = True) -> bool:
+    """Make the file or folder `path` unwritable (chattr +i as root, else a read-only mode), or
+    writable again (`frozen` False); -> whether writing it now fails (not on every file system)."""
     if os.geteuid() == 0:
-        if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
-            return False
+        done = subprocess.run(["chattr", "+i" if frozen else "-i", str(path)],
+                              capture_output=True).returncode == 0
     else:
-        path.chmod(0o555)
+        path.chmod((0o555 if path.is_dir() else 0o444) if frozen else 0o755)
+        done = True
+    probe = path / "probe" if path.is_dir() else path
     try:
-        (path / "probe").touch()
+        with probe.open("ab"):
+            pass
     except OSError:
-        return True
-    (path / "probe").unlink()
+        return done
+    if path.is_dir():
+        probe.unlink()
     return False
 
 
@@ -512,8 +515,8 @@ def _immutable(path: Path) -> bool:
     ("url", "'postgresql://u@h/db': a study is stored in a SQLite file; give its path "
             "(reports/sweep.db) or sqlite:///path"),
 ])
-def test_item7_storage_errors_are_one_line_naming_the_file(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, message: str) -> None:
+def test_item7_storage_errors_are_one_line_naming_the_file(tmp_path: Path, case: str,
+                                                           message: str) -> None:
     import sqlite3
 
     path = tmp_path / "s" / "sweep.db"
@@ -533,9 +536,9 @@ def test_item7_storage_errors_are_one_line_naming_the_file(
         path = Path("/proc/x.db")
     elif case == "immutable":
         path = tmp_path / "ro" / "sweep.db"
-        if not _immutable(path.parent):
+        path.parent.mkdir()
+        if not _freeze(path.parent):
             pytest.skip("no unwritable folder on this file system")
-        monkeypatch.setattr(os, "geteuid", os.geteuid)  # nothing; cleanup below
 
     raw = repo_params()
     raw["sweep"]["storage"] = "postgresql://u@h/db" if case == "url" else str(path)
@@ -544,8 +547,8 @@ def test_item7_storage_errors_are_one_line_naming_the_file(
         result = CliRunner().invoke(app, ["sweep", "--params", str(tmp_path / "params.yaml"),
                                           "--prepared", str(tmp_path), "--cache", str(tmp_path)])
     finally:
-        if case == "immutable" and os.geteuid() == 0:
-            subprocess.run(["chattr", "-i", str(path.parent)], check=True)
+        if case == "immutable":
+            _freeze(path.parent, frozen=False)
     assert result.exit_code == 1
     assert result.output.splitlines() == [
         "error: sweep.storage: " + message.format(path=path, parent=path.parent)]
@@ -566,6 +569,18 @@ def test_item7_a_storage_name_is_literal_and_a_sqlite_url_is_its_path(
     assert sorted(p.name for p in (tmp_path / "reports").iterdir() if p.suffix == ".db") == [
         "url.db", "what?x=1.db"]
     assert not (tmp_path / "reports" / "what").exists() and not (tmp_path / "sqlite:").exists()
+    # a study file that cannot be written (Optuna writes as it opens one): one line
+    url = tmp_path / "reports" / "url.db"
+    _with(params_file, sweep__storage=str(url))
+    if _freeze(url):
+        try:
+            result = CliRunner().invoke(app, _args(tmp_path, params_file, "--trials", "2"))
+        finally:
+            _freeze(url, frozen=False)
+        assert result.exit_code == 1 and "Traceback" not in result.output
+        assert result.output.splitlines()[-1] == (
+            f"error: sweep.storage: {url}: cannot open the study (attempt to write a readonly "
+            "database)")
     with pytest.raises(UserError) as e:
         study_lib.storage_path("sqlite:///reports/x.db?mode=ro")
     assert str(e.value) == ("sweep.storage: 'sqlite:///reports/x.db?mode=ro': give a sqlite:/// "

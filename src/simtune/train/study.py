@@ -206,18 +206,36 @@ def lock(path: Path, name: str) -> Iterator[None]:
 
 
 def _reason(e: BaseException) -> str:
-    """The first line of a database error (SQLAlchemy's own text runs to many lines)."""
-    orig = getattr(e, "orig", None)
-    text = str(orig if orig is not None else e) or type(e).__name__
-    return text.splitlines()[0]
+    """The first line of the SQLite error under a database error (SQLAlchemy's and Optuna's
+    own texts run to many lines), else of the error itself."""
+    cause: BaseException | None = e
+    while cause is not None:
+        if isinstance(cause, sqlite3.Error):
+            return str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        cause = cause.__cause__ or cause.__context__
+    return (str(e) or type(e).__name__).splitlines()[0]
+
+
+def _database_error_types() -> tuple[type[BaseException], ...]:
+    import sqlalchemy.exc
+
+    return sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, optuna.exceptions.StorageInternalError
+
+
+@contextlib.contextmanager
+def database_errors(path: Path, doing: str) -> Iterator[None]:
+    """A database error in the block (a read-only file or folder, a full disk) -> one line
+    naming the study file; `doing`: what failed ("write the study")."""
+    try:
+        yield
+    except _database_error_types() as e:
+        raise UserError(f"sweep.storage: {path}: cannot {doing} ({_reason(e)})") from None
 
 
 def open_study(p: Params, path: Path, ident: dict[str, Any]) -> optuna.Study:
     """Create study `sweep.study` in `path` (with `ident`) or resume it (its identity must equal
     `ident`); trials a killed run left running are marked failed; the sampler is seeded with
     `sweep.seed` + the number of trials the study holds. Call it holding `lock`."""
-    import sqlalchemy.exc
-
     sw = p.sweep
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial is ours
     pruner: optuna.pruners.BasePruner = (
@@ -231,20 +249,21 @@ def open_study(p: Params, path: Path, ident: dict[str, Any]) -> optuna.Study:
         study = optuna.create_study(storage=storage, study_name=sw.study, direction="maximize",
                                     load_if_exists=True, pruner=pruner)
         known, trials = study.user_attrs.get("identity"), study.get_trials(deepcopy=False)
-    except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, OSError, RuntimeError) as e:
+    except (*_database_error_types(), OSError, RuntimeError) as e:
         raise UserError(f"sweep.storage: {path}: cannot open the study ({_reason(e)})") from None
     where = f"sweep.study: study '{sw.study}' in {path}"
     if known is None and trials:
         raise UserError(f"{where} was made by an older simtune that did not record its data; "
                         "set sweep.study (or --study) to a new name")
-    if known is None:
-        study.set_user_attr("identity", ident)
-        study.set_user_attr("fixed", dict(sw.fixed))  # the best trial's line carries them
-    elif changed := differences(known, ident):
+    if known is not None and (changed := differences(known, ident)):
         raise UserError(f"{where} was made for {'; '.join(changed)}; set sweep.study (or "
                         "--study) to a new name")
-    for trial in trials:
-        if trial.state == optuna.trial.TrialState.RUNNING:  # left by a killed run (we hold it)
-            storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+    with database_errors(path, "write the study"):
+        if known is None:
+            study.set_user_attr("identity", ident)
+            study.set_user_attr("fixed", dict(sw.fixed))  # the best trial's line carries them
+        for trial in trials:
+            if trial.state == optuna.trial.TrialState.RUNNING:  # a killed run's (we hold it)
+                storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
     study.sampler = optuna.samplers.TPESampler(seed=sw.seed + len(trials))
     return study

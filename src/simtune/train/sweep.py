@@ -234,6 +234,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, negatives_dir: Path | No
             return study
         log.info("study '%s': %d finished trials, running %d more", sw.study, done, missing)
         start = time.perf_counter()
-        _optimize(study, loaded, missing, [Progress(), *(callbacks or [])])
+        with study_lib.database_errors(path, "write the study"):
+            _optimize(study, loaded, missing, [Progress(), *(callbacks or [])])
         log.info("%d trials in %.1f s", missing, time.perf_counter() - start)
     return study
