@@ -525,7 +525,8 @@ class SweepParams(Section):
     sampler, pruned each epoch), stored in SQLite so an interrupted sweep resumes."""
 
     trials: int = Field(gt=0, description="finished (complete or pruned) trials the study "
-                        "should hold; a resumed study runs only the missing ones")
+                        "should hold; a resumed study runs only the missing ones (`--trials` "
+                        "overrides it for one run)")
     timeout: Number = Field(ge=0, description="start no trial after this many seconds of this "
                             "run (0: no limit)")
     seed: int = Field(description="seed of the TPE sampler (the trials' training seed is "
@@ -535,11 +536,12 @@ class SweepParams(Section):
         "(below the median of earlier trials at that epoch) or `halving` (successive halving)")
     min_epochs: int = Field(gt=0, description="the first epoch at which the pruner may stop "
                             "a trial (median: its warm-up; halving: the first rung)")
-    storage: str = Field(min_length=1, description="the study's SQLite file (e.g. "
-                         "reports/sweep.db; `optuna-dashboard sqlite:///reports/sweep.db` "
-                         "opens it)")
+    storage: str = Field(min_length=1, description="the study's SQLite file, a name used "
+                         "literally (e.g. reports/sweep.db), or sqlite:///path; "
+                         "`optuna-dashboard sqlite:///reports/sweep.db` opens it")
     study: str = Field(min_length=1, description="study name in the storage (a new name "
-                       "starts a new study; the same name resumes it)")
+                       "starts a new study; the same name resumes it, refused if it was made "
+                       "for other data or train params; `--study` overrides it for one run)")
     space: dict[str, SpaceEntry] = Field(
         min_length=1, description="`train.<key>` -> {low, high[, log]} or {choices}: the "
         "search space")
