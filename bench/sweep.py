@@ -123,9 +123,10 @@ def in_process(project: Path) -> dict[str, Any]:
     finally:
         os.chdir(cwd)
     from simtune.train import space
+    from simtune.train.sweep_report import best_values
 
     return {"wall_s": time.perf_counter() - start, "trials": rows,
-            "best_value": study.best_value, "best_line": space.overrides(lib.best_values(study))}
+            "best_value": study.best_value, "best_line": space.overrides(best_values(study))}
 
 
 def as_queue(project: Path, env: dict[str, str], fixed: dict[str, Any],

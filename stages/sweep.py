@@ -3,6 +3,8 @@
 A command, not a DVC stage: it proposes params; the pipeline (`dvc exp run -S ...`, printed at
 the end) still trains and evaluates the chosen model. The study is a SQLite file
 (`sweep.storage`): rerunning resumes it; `optuna-dashboard sqlite:///reports/sweep.db` shows it.
+`--trials` and `--study` replace `sweep.trials` and `sweep.study` for one run (a quick search
+without editing params.yaml); a trial that failed in this run makes the exit status 1.
 """
 
 from __future__ import annotations
@@ -27,15 +29,31 @@ def sweep(
     top: int = typer.Option(5, min=1, help="best trials shown in the closing table"),
     apply: bool = typer.Option(False, "--apply", help="write the best trial's values into the "
                                "params file (comments kept)"),
+    trials: int | None = typer.Option(None, "--trials", min=1, help="finished trials the study "
+                                      "should hold, for this run (instead of sweep.trials)"),
+    study_name: str | None = typer.Option(None, "--study", help="the study to run or resume, "
+                                          "for this run (instead of sweep.study)"),
 ) -> None:
     """Search train.* with Optuna (TPE, pruned per epoch) over the loaded cache, in one process."""
     from simtune import params as P
+    from simtune.errors import UserError
     from simtune.train import space
     from simtune.train import sweep as lib
+    from simtune.train import sweep_report as report
 
     p = P.load(params)
-    study = lib.run(p, prepared, cache, negatives)
-    print(lib.summary(study, top))
+    if study_name is not None and not study_name.strip():
+        raise UserError("--study: give the study a name")
+    update = {k: v for k, v in (("trials", trials), ("study", study_name)) if v is not None}
+    p = p.model_copy(update={"sweep": p.sweep.model_copy(update=update)})
+    failures = report.Failures()
+    study = lib.run(p, prepared, cache, negatives, callbacks=[failures])
+    print(report.summary(study, top, p.sweep.trials))
+    if failures.numbers:
+        numbers = ", ".join(map(str, failures.numbers))
+        raise UserError(f"sweep: {len(failures.numbers)} trial(s) failed in this run (trial "
+                        f"{numbers}, see its line above); run the sweep again for the missing "
+                        "ones" + ("; nothing applied" if apply else ""))
     if apply:
-        space.write_yaml(params, lib.best_values(study))
+        space.write_yaml(params, report.best_values(study))
         print(f"wrote the best values into {params}")

@@ -551,7 +551,8 @@ class SweepParams(Section):
     sampler, pruned each epoch), stored in SQLite so an interrupted sweep resumes."""
 
     trials: int = Field(gt=0, description="finished (complete or pruned) trials the study "
-                        "should hold; a resumed study runs only the missing ones")
+                        "should hold; a resumed study runs only the missing ones (`--trials` "
+                        "overrides it for one run)")
     timeout: Number = Field(ge=0, description="start no trial after this many seconds of this "
                             "run (0: no limit)")
     seed: int = Field(description="seed of the TPE sampler (the trials' training seed is "
@@ -561,11 +562,12 @@ class SweepParams(Section):
         "(below the median of earlier trials at that epoch) or `halving` (successive halving)")
     min_epochs: int = Field(gt=0, description="the first epoch at which the pruner may stop "
                             "a trial (median: its warm-up; halving: the first rung)")
-    storage: str = Field(min_length=1, description="the study's SQLite file (e.g. "
-                         "reports/sweep.db; `optuna-dashboard sqlite:///reports/sweep.db` "
-                         "opens it)")
+    storage: str = Field(min_length=1, description="the study's SQLite file, a name used "
+                         "literally (e.g. reports/sweep.db), or sqlite:///path; "
+                         "`optuna-dashboard sqlite:///reports/sweep.db` opens it")
     study: str = Field(min_length=1, description="study name in the storage (a new name "
-                       "starts a new study; the same name resumes it)")
+                       "starts a new study; the same name resumes it, refused if it was made "
+                       "for other data or train params; `--study` overrides it for one run)")
     space: dict[str, SpaceEntry] = Field(
         min_length=1, description="`train.<key>` -> {low, high[, log]} or {choices}: the "
         "search space")
@@ -702,10 +704,41 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return list(model.model_fields)
 
 
+def _is_branch(part: Any) -> bool:
+    """Whether a part of an error's location is pydantic's name of a union member (`int`,
+    `function-before[_yaml_float(), float]`), not a key of the file."""
+    return isinstance(part, str) and (part in {"int", "float", "bool", "str", "none"}
+                                      or re.fullmatch(r"[\w-]+\[.*\]", part) is not None)
+
+
+def _merge_branches(errors: list[Any]) -> list[dict[str, Any]]:
+    """Errors of one value that fits no member of a union (one per member, each located at the
+    member's name) -> one error at the value's own key, `expected` listing every member."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for err in errors:
+        loc = tuple(err["loc"])
+        if len(loc) > 1 and _is_branch(loc[-1]) and err["type"] in _EXPECTED:
+            groups.setdefault(loc[:-1], []).append(dict(err))
+    out, seen = [], set()
+    for err in errors:
+        loc = tuple(err["loc"])
+        members = groups.get(loc[:-1], [])
+        if len(members) < 2 or err not in members:
+            out.append(dict(err))
+        elif loc[:-1] not in seen:
+            seen.add(loc[:-1])
+            expected = list(dict.fromkeys(_EXPECTED[m["type"]] for m in members))
+            out.append({**err, "loc": loc[:-1], "type": "union",
+                        "expected": ", ".join(expected[:-1]) + f" or {expected[-1]}"})
+    return out
+
+
 def _message(source: str, err: dict[str, Any]) -> str:
     """One line for one pydantic error, naming file, key, expected type and given value."""
     loc, kind, given = tuple(err["loc"]), err["type"], err.get("input")
     key = _dotted(loc)
+    if kind == "union":  # see `_merge_branches`
+        return f"{source}: {key}: expected {err['expected']}, got {given!r}"
     if kind == "extra_forbidden":
         parent = loc[:-1]
         where = f"section '{_dotted(parent)}'" if parent else "the top level"
@@ -736,7 +769,8 @@ def validate(raw: Any, source: str = "params.yaml") -> Params:
     except ValidationError as e:
         # an unknown key first: a typo (`lrr:`) also makes its intended key missing, and
         # the typo, not the missing key, is what the user must fix
-        errors = sorted(e.errors(), key=lambda err: err["type"] != "extra_forbidden")
+        errors = sorted(_merge_branches(e.errors()),
+                        key=lambda err: err["type"] != "extra_forbidden")
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise UserError(_message(source, dict(errors[0])) + more) from None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -23,7 +24,9 @@ from typer.testing import CliRunner
 from simtune import params as P
 from simtune.errors import UserError
 from simtune.train import space
+from simtune.train import study as study_lib
 from simtune.train import sweep as lib
+from simtune.train import sweep_report as report
 from simtune.train.epochs import EpochLoop
 from simtune.train.validation import Schedule
 from stages import app
@@ -325,3 +328,414 @@ def test_a_killed_sweep_resumes_the_same_study(tmp_path: Path, tiny_bert: Path) 
         [optuna.trial.TrialState.FAIL] * len(running)
     assert all(t.state in lib.FINISHED for t in trials[n_before:])
     assert f"study 'test': {done} finished trials, running {5 - done} more" in rerun.stderr
+
+
+# --- issue 28: a study bound to its data, locked, resumed without repeats ---------------------
+
+@pytest.fixture
+def fake_training(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Trials that refuse what the train stage refuses but do not train: the value is a
+    function of the params (each call's values are recorded)."""
+    calls: list[dict[str, Any]] = []
+
+    def fake(loaded: lib.Loaded, values: dict[str, Any], trial: Any = None
+             ) -> tuple[float, int, int]:
+        lib._checked(loaded, values)
+        calls.append(values)
+        return 0.5 + values.get("train.lr", 0.0), 2, 0
+
+    monkeypatch.setattr(lib, "train_trial", fake)
+    return calls
+
+
+def _study(root: Path, name: str = "test", db: str = "reports/sweep.db") -> optuna.Study:
+    from urllib.parse import quote
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{quote(str(root / db))}")
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def _with(params_file: Path, **changes: Any) -> P.Params:
+    """params_file with dotted keys changed (written back), as loaded."""
+    raw = yaml.safe_load(params_file.read_text())
+    for key, value in changes.items():
+        *parents, leaf = key.split("__")
+        section = raw
+        for part in parents:
+            section = section[part]
+        section[leaf] = value
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return P.load(params_file)
+
+
+def test_item1_study_identity_covers_data(tmp_path: Path, tiny_bert: Path,
+                                          fake_training: list[dict[str, Any]]) -> None:
+    from simtune.cache import stage as cache
+    from simtune.prepare import stage as prepare
+    from simtune.prepare.prepared import write as write_prepared
+
+    _, params_file = _sweep_project(tmp_path, tiny_bert, trials=2)
+    dirs = (tmp_path / "prepared", tmp_path / "cache")
+    lib.run(P.load(params_file), *dirs)
+    where = f"sweep.study: study 'test' in {tmp_path / 'reports' / 'sweep.db'} was made for"
+    hint = "; set sweep.study (or --study) to a new name"
+
+    def reprepare(p: P.Params) -> None:
+        write_prepared(prepare.build(p.prepare), dirs[0], tmp_path / "prepare.json")
+
+    # another split of the same texts: the cache is the same, the prepared data is not
+    p = _with(params_file, prepare__split__seed=14)
+    reprepare(p)
+    with pytest.raises(UserError) as e:
+        lib.run(p, *dirs)
+    assert str(e.value) == (f"{where} other prepared data (changed since: prepare.split.seed "
+                            f"13 -> 14){hint}")
+    # back to the study's data (a rebuild is exact): it resumes
+    p = _with(params_file, prepare__split__seed=13)
+    reprepare(p)
+    assert len(lib.run(p.model_copy(update={"sweep": p.sweep.model_copy(
+        update={"trials": 3})}), *dirs).trials) == 3
+    # another encoder setting: other vectors
+    p = _with(params_file, encoders__models__tiny__pooling="cls")
+    cache.fill(dirs[0], dirs[1], p.encoders, p.cache)
+    with pytest.raises(UserError) as e:
+        lib.run(p, *dirs)
+    assert str(e.value) == (f"{where} another cache (changed since: "
+                            f"encoders.models.tiny.pooling mean -> cls){hint}")
+    assert len(_study(tmp_path).trials) == 3 and len(fake_training) == 3
+    # the mined negatives (read with train.hard_negatives > 0) are compared the same way
+    old = {"version": 1, "space": {}, "params": {}, "prepared": "a", "cache": {}, "negatives": "n",
+           "settings": {"negatives.count": 8}}
+    assert study_lib.differences(old, {**old, "negatives": "m"}) == [
+        "other mined negatives (its files changed)"]
+    assert study_lib.differences(old, {**old, "negatives": "m",
+                                       "settings": {"negatives.count": 4}}) == [
+        "other mined negatives (changed since: negatives.count 8 -> 4)"]
+
+
+def test_item3_apply_refuses_when_the_params_changed_since_the_study(
+        tmp_path: Path, tiny_bert: Path, fake_training: list[dict[str, Any]]) -> None:
+    _, params_file = _sweep_project(tmp_path, tiny_bert, trials=2)
+    assert CliRunner().invoke(app, _args(tmp_path, params_file)).exit_code == 0
+    _with(params_file, train__loss__name="triplet", train__weight_decay=0.02)
+    before = params_file.read_text()
+    result = CliRunner().invoke(app, _args(tmp_path, params_file, "--apply"))
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-1] == (
+        f"error: sweep.study: study 'test' in {tmp_path / 'reports' / 'sweep.db'} was made for "
+        "other params (train.loss.name supcon -> triplet, train.weight_decay 0.01 -> 0.02); set "
+        "sweep.study (or --study) to a new name")
+    assert params_file.read_text() == before
+    assert "Traceback" not in result.output
+
+
+def test_item5_a_second_sweep_on_a_running_study_is_refused(
+        tmp_path: Path, tiny_bert: Path, fake_training: list[dict[str, Any]]) -> None:
+    from simtune.atomic import locked
+
+    _, params_file = _sweep_project(tmp_path, tiny_bert, trials=2)
+    assert CliRunner().invoke(app, _args(tmp_path, params_file, "--trials", "1")).exit_code == 0
+    db = tmp_path / "reports" / "sweep.db"
+    running = _study(tmp_path).ask()  # the first sweep's trial in progress
+    # the first sweep holds the study (flock is per open file: this process counts as another)
+    with locked(study_lib.lock_path(db, "test")):
+        result = CliRunner().invoke(app, _args(tmp_path, params_file))
+        assert result.exit_code == 1
+        assert result.output.splitlines() == [
+            f"error: another sweep is running study 'test' ({db}); wait for it to finish "
+            "(or stop it)"]
+        assert _study(tmp_path).trials[running.number].state == \
+            optuna.trial.TrialState.RUNNING  # untouched
+        other = CliRunner().invoke(app, _args(tmp_path, params_file, "--study", "other"))
+        assert other.exit_code == 0, other.output  # another study of the file is free
+    assert len(fake_training) == 3
+    result = CliRunner().invoke(app, _args(tmp_path, params_file))  # released: it resumes
+    assert result.exit_code == 0, result.output
+    assert _study(tmp_path).trials[running.number].state == optuna.trial.TrialState.FAIL
+
+
+def test_item6_a_resumed_sweep_never_repeats_a_finished_trial(
+        tmp_path: Path, tiny_bert: Path, fake_training: list[dict[str, Any]]) -> None:
+    _, params_file = _sweep_project(tmp_path, tiny_bert, trials=3)
+    p = P.load(params_file)
+    dirs = (tmp_path / "prepared", tmp_path / "cache")
+    lib.run(p, *dirs)
+    lib.run(p.model_copy(update={"sweep": p.sweep.model_copy(update={"trials": 6})}), *dirs)
+    params = [t.params for t in _study(tmp_path).trials]
+    assert len(params) == 6 and all(a != b for i, a in enumerate(params) for b in params[:i])
+    # a space of 4 combinations: 4 distinct trials, repeats proposed are skipped, not run
+    grid = {"train.head.type": {"choices": ["linear", "mlp"]},
+            "train.batch_size": {"choices": [8, 16]}}
+    q = _with(params_file, sweep__space=grid, sweep__study="grid", sweep__trials=4)
+    fake_training.clear()
+    study = lib.run(q, *dirs)
+    ran = sorted((v["train.head.type"], v["train.batch_size"]) for v in fake_training)
+    assert ran == [("linear", 8), ("linear", 16), ("mlp", 8), ("mlp", 16)]
+    skipped = [t for t in study.trials if "duplicate_of" in t.user_attrs]
+    assert all(t.params == study.trials[t.user_attrs["duplicate_of"]].params for t in skipped)
+    assert report.summary(study, 1, 4).splitlines()[0] == (
+        "study 'grid': 4 of 4 finished (4 complete"
+        + (f", {len(skipped)} skipped as repeats)" if skipped else ")"))
+    with pytest.raises(UserError) as e:
+        lib.run(_with(params_file, sweep__trials=5), *dirs)
+    assert str(e.value) == ("sweep.trials: 5 trials asked of a space that holds 4 distinct ones; "
+                            "lower sweep.trials (or --trials)")
+
+
+def _freeze(path: Path, frozen: bool = True) -> bool:
+    """Make the file or folder `path` unwritable (chattr +i as root, else a read-only mode), or
+    writable again (`frozen` False); -> whether writing it now fails (not on every file system)."""
+    if os.geteuid() == 0:
+        done = subprocess.run(["chattr", "+i" if frozen else "-i", str(path)],
+                              capture_output=True).returncode == 0
+    else:
+        path.chmod((0o555 if path.is_dir() else 0o444) if frozen else 0o755)
+        done = True
+    probe = path / "probe" if path.is_dir() else path
+    try:
+        with probe.open("ab"):
+            pass
+    except OSError:
+        return done
+    if path.is_dir():
+        probe.unlink()
+    return False
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("folder", "{path}: a folder, not a study file (name a file, e.g. {path}/sweep.db)"),
+    ("garbage", "{path}: not a SQLite file; name another file or delete it"),
+    ("truncated", "{path}: a damaged SQLite file (database disk image is malformed); restore "
+                  "it or name another file"),
+    ("other_db", "{path}: a SQLite database of something else (no Optuna studies in it); name "
+                 "another file"),
+    ("proc", "{path}: cannot create the study file in /proc (No such file or directory)"),
+    ("immutable", "{path}: cannot create the study file in {parent} (Operation not "
+                  "permitted)"),
+    ("url", "'postgresql://u@h/db': a study is stored in a SQLite file; give its path "
+            "(reports/sweep.db) or sqlite:///path"),
+])
+def test_item7_storage_errors_are_one_line_naming_the_file(tmp_path: Path, case: str,
+                                                           message: str) -> None:
+    import sqlite3
+
+    path = tmp_path / "s" / "sweep.db"
+    path.parent.mkdir()
+    if case == "folder":
+        path.mkdir()
+    elif case == "garbage":
+        path.write_bytes(b"\x00\x01 not a database" * 100)
+    elif case in ("truncated", "other_db"):
+        with sqlite3.connect(path) as con:
+            table = "studies" if case == "truncated" else "songs"
+            con.execute(f"CREATE TABLE {table} (x TEXT)")
+            con.executemany(f"INSERT INTO {table} VALUES (?)", [("x" * 500,)] * 200)
+        if case == "truncated":
+            path.write_bytes(path.read_bytes()[:20000])
+    elif case == "proc":
+        path = Path("/proc/x.db")
+    elif case == "immutable":
+        path = tmp_path / "ro" / "sweep.db"
+        path.parent.mkdir()
+        if not _freeze(path.parent):
+            pytest.skip("no unwritable folder on this file system")
+
+    raw = repo_params()
+    raw["sweep"]["storage"] = "postgresql://u@h/db" if case == "url" else str(path)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    try:
+        result = CliRunner().invoke(app, ["sweep", "--params", str(tmp_path / "params.yaml"),
+                                          "--prepared", str(tmp_path), "--cache", str(tmp_path)])
+    finally:
+        if case == "immutable":
+            _freeze(path.parent, frozen=False)
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [
+        "error: sweep.storage: " + message.format(path=path, parent=path.parent)]
+
+
+def test_item7_a_storage_name_is_literal_and_a_sqlite_url_is_its_path(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch,
+        fake_training: list[dict[str, Any]]) -> None:
+    _, params_file = _sweep_project(tmp_path, tiny_bert, trials=1)
+    monkeypatch.chdir(tmp_path)
+    for storage, file in (("reports/what?x=1.db", "reports/what?x=1.db"),
+                          ("sqlite:///reports/url.db", "reports/url.db"),
+                          (f"sqlite:///{tmp_path}/abs%20db.db", "abs db.db")):
+        _with(params_file, sweep__storage=storage)
+        result = CliRunner().invoke(app, _args(tmp_path, params_file))
+        assert result.exit_code == 0, result.output
+        assert len(_study(tmp_path, db=file).trials) == 1
+    assert sorted(p.name for p in (tmp_path / "reports").iterdir() if p.suffix == ".db") == [
+        "url.db", "what?x=1.db"]
+    assert not (tmp_path / "reports" / "what").exists() and not (tmp_path / "sqlite:").exists()
+    # a study file that cannot be written (Optuna writes as it opens one): one line
+    url = tmp_path / "reports" / "url.db"
+    _with(params_file, sweep__storage=str(url))
+    if _freeze(url):
+        try:
+            result = CliRunner().invoke(app, _args(tmp_path, params_file, "--trials", "2"))
+        finally:
+            _freeze(url, frozen=False)
+        assert result.exit_code == 1 and "Traceback" not in result.output
+        assert result.output.splitlines()[-1] == (
+            f"error: sweep.storage: {url}: cannot open the study (attempt to write a readonly "
+            "database)")
+    with pytest.raises(UserError) as e:
+        study_lib.storage_path("sqlite:///reports/x.db?mode=ro")
+    assert str(e.value) == ("sweep.storage: 'sqlite:///reports/x.db?mode=ro': give a sqlite:/// "
+                            "URL a file path and no query (or give the file's path itself)")
+
+
+def test_item8_a_choice_that_can_never_train_is_refused_when_the_sweep_starts(
+        tmp_path: Path, tiny_bert: Path, fake_training: list[dict[str, Any]]) -> None:
+    _, params_file = _sweep_project(tmp_path, tiny_bert, trials=3)
+    p = _with(params_file, sweep__space={"train.loss.name": {"choices": ["supcon", "mnrl"]},
+                                         "train.lr": {"low": 0.001, "high": 0.01}})
+    with pytest.raises(UserError) as e:
+        lib.run(p, tmp_path / "prepared", tmp_path / "cache")
+    assert str(e.value) == (
+        "sweep.space.train.loss.name: no trial can train with mnrl on this data "
+        "(train.loss.name: 'mnrl' needs pairs data, the prepared data is groups (use one of "
+        "arcface, contrastive, supcon, triplet)); remove it from the space")
+    # a choice that fails with some of the other keys' choices only is kept (identity is a
+    # head arcface trains; the others need one in head mode)
+    q = _with(params_file, sweep__space={"train.loss.name": {"choices": ["supcon", "arcface"]},
+                                         "train.head.type": {"choices": ["identity", "mlp"]}})
+    lib.check_values(lib.load(q, tmp_path / "prepared", tmp_path / "cache"))
+    # a fixed key no trial can train with: the sweep, not a swept key, is refused
+    r = _with(params_file, sweep__space=SPACE, sweep__fixed={"train.loss.name": "mnrl"})
+    with pytest.raises(UserError, match=r"^sweep: no trial can train on this data: "
+                       r"train.loss.name: 'mnrl' needs pairs data"):
+        lib.run(r, tmp_path / "prepared", tmp_path / "cache")
+    assert not (tmp_path / "reports").exists() and fake_training == []
+
+
+def test_item8_a_failing_trial_is_one_line_and_the_sweep_exits_non_zero(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch,
+        fake_training: list[dict[str, Any]]) -> None:
+    _, params_file = _sweep_project(tmp_path, tiny_bert, trials=3)
+    fake = lib.train_trial
+
+    def second_fails(loaded: lib.Loaded, values: dict[str, Any], trial: Any = None
+                     ) -> tuple[float, int, int]:
+        if len(fake_training) == 1:
+            fake_training.append(values)
+            raise UserError("train.lr: training diverged at epoch 1, step 2: the loss is nan")
+        return fake(loaded, values, trial)
+
+    monkeypatch.setattr(lib, "train_trial", second_fails)
+    result = CliRunner().invoke(app, _args(tmp_path, params_file, "--apply"))
+    assert result.exit_code == 1
+    failed = [line for line in result.output.splitlines() if "failed" in line]
+    assert len(failed) == 3 and "Traceback" not in result.output
+    assert re.fullmatch(r".*: trial 1: failed: train.lr: training diverged at "
+                        r"epoch 1, step 2: the loss is nan, \d+\.\d s", failed[0])
+    assert failed[1] == "study 'test': 2 of 3 finished (2 complete, 1 failed)"
+    assert failed[2] == ("error: sweep: 1 trial(s) failed in this run (trial 1, see its line "
+                         "above); run the sweep again for the missing ones; nothing applied")
+    assert P.load(params_file).train.lr == 0.01  # not applied
+    again = CliRunner().invoke(app, _args(tmp_path, params_file))  # runs the missing one
+    assert again.exit_code == 0, again.output
+    assert "study 'test': 3 of 3 finished (3 complete, 1 failed)" in again.stdout
+
+
+def test_item9_a_swept_key_the_loss_ignores_is_warned_or_refused(
+        caplog: pytest.LogCaptureFixture) -> None:
+    raw = repo_params()  # supcon
+    raw["sweep"]["space"] = {"train.loss.margin": {"low": 0.1, "high": 0.5}}
+    with pytest.raises(UserError) as e:
+        space.check_ignored(P.validate(raw))
+    assert str(e.value) == ("sweep.space: train.loss.name supcon reads none of the swept keys "
+                            "(train.loss.margin): every trial would train the same")
+    raw["sweep"]["space"]["train.lr"] = {"low": 0.001, "high": 0.01}
+    raw["sweep"]["fixed"] = {"train.loss.scale": 30.0}
+    with caplog.at_level("WARNING"):
+        space.check_ignored(P.validate(raw))
+    assert [r.getMessage() for r in caplog.records] == [
+        "sweep.space.train.loss.margin: train.loss.name supcon does not read it (arcface, "
+        "contrastive, triplet do): every value of it trains the same",
+        "sweep.fixed.train.loss.scale: train.loss.name supcon does not read it (arcface, mnrl "
+        "do): every value of it trains the same"]
+    caplog.clear()
+    raw["sweep"]["space"]["train.loss.name"] = {"choices": ["supcon", "triplet"]}
+    raw["sweep"]["fixed"] = {}
+    space.check_ignored(P.validate(raw))  # margin matters in the triplet trials
+    assert caplog.records == []
+
+
+@pytest.mark.parametrize(("kind", "name"), [("groups", "supcon"), ("groups", "triplet"),
+                                            ("groups", "contrastive"), ("groups", "arcface"),
+                                            ("pairs", "mnrl"), ("pairs", "contrastive")])
+def test_item9_the_table_of_loss_keys_is_what_each_loss_reads(kind: str, name: str) -> None:
+    import torch
+
+    from simtune.train.losses import USED_BY, build_loss
+
+    other = {"distance": "euclidean", "temperature": 0.2, "margin": 0.9, "mining": "batch_hard",
+             "scale": 7.0, "symmetric": True}
+    base = P.validate(repo_params()).train
+    base = base.model_copy(update={"loss": base.loss.model_copy(update={
+        "name": name, "distance": "cosine", "temperature": 0.05, "margin": 0.3,
+        "mining": "batch_all", "scale": 20.0, "symmetric": False})})
+    gen = torch.Generator().manual_seed(0)
+    emb, docs = torch.randn(12, 8, generator=gen), torch.randn(12, 8, generator=gen)
+    labels, ids = torch.arange(12) % 3, torch.arange(12)
+
+    def value(t: P.TrainParams) -> float:
+        torch.manual_seed(0)  # arcface's centres
+        loss = build_loss(kind, t, 3, 8)
+        out = loss(emb, labels) if kind == "groups" else loss(emb, docs, ids, ids + 100,
+                                                              torch.ones(12))
+        return float(out.detach())
+
+    reads = {key for key, changed in other.items() if value(base.model_copy(update={
+        "loss": base.loss.model_copy(update={key: changed})})) != value(base)}
+    assert reads == {key for key, users in USED_BY.items() if name in users}
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({"train.lr": {"low": "abc", "high": 1}},
+     "sweep.space.train.lr.low: expected an integer or a number, got 'abc'"),
+    ({"train.lr": {"choices": [0.1, [2]]}},
+     "sweep.space.train.lr.choices.1: expected true or false, an integer, a number or a "
+     "string, got [2]"),
+    ({"fixed": {"train.lr": [0.1]}},
+     "sweep.fixed.train.lr: expected true or false, an integer, a number or a string, got "
+     "[0.1]"),
+])
+def test_item10_sweep_space_type_errors_name_the_key_in_plain_words(
+        entry: dict[str, Any], message: str) -> None:
+    raw = repo_params()
+    raw["sweep"]["fixed"] = entry.pop("fixed", {})
+    raw["sweep"]["space"] = entry or raw["sweep"]["space"]
+    with pytest.raises(UserError) as e:
+        P.validate(raw)
+    assert str(e.value) == f"params.yaml: {message}"
+
+
+# --- issue 29 item 3: --trials and --study for one run -----------------------------------------
+
+def test_issue29_item3_trials_and_study_options_override_the_params_for_one_run(
+        tmp_path: Path, tiny_bert: Path, fake_training: list[dict[str, Any]]) -> None:
+    _, params_file = _sweep_project(tmp_path, tiny_bert, trials=5)
+    before = params_file.read_text()
+    result = CliRunner().invoke(app, _args(tmp_path, params_file, "--trials", "2",
+                                           "--study", "quick"))
+    assert result.exit_code == 0, result.output
+    assert params_file.read_text() == before
+    study = _study(tmp_path, "quick")
+    assert sum(t.state in lib.FINISHED for t in study.trials) == 2 and len(fake_training) == 2
+    assert [s.study_name for s in optuna.study.get_all_study_summaries(study._storage)] == [
+        "quick"]
+    out = result.stdout.splitlines()
+    assert out[0] == "study 'quick': 2 of 2 finished (2 complete)"
+    assert out[-1] == space.overrides(report.best_values(study))  # the -S line as ever
+    applied = CliRunner().invoke(app, _args(tmp_path, params_file, "--trials", "2", "--study",
+                                            "quick", "--apply"))
+    assert applied.exit_code == 0, applied.output
+    assert len(fake_training) == 2  # complete: nothing ran
+    assert P.load(params_file).train.lr == study.best_params["train.lr"]
+    assert P.load(params_file).sweep.trials == 5 and P.load(params_file).sweep.study == "test"
+    empty = CliRunner().invoke(app, _args(tmp_path, params_file, "--study", " "))
+    assert empty.exit_code == 1 and empty.output == "error: --study: give the study a name\n"

@@ -57,21 +57,32 @@ def fingerprint(p: Params, prepared_dir: Path, tables: dict[str, Any],
                 "encoders": p.encoders.model_dump(mode="json"),
                 "cache": p.cache.model_dump(mode="json"), "corpus": p.evaluate.corpus}
     h.update(json.dumps(settings, sort_keys=True).encode())
-    dirs = [Path(prepared_dir)]
+    hash_files(h, prepared_dir)
     if p.train.hard_negatives and negatives_dir is not None:
-        dirs.append(Path(negatives_dir))
-    for directory in dirs:
-        for f in sorted(x for x in directory.rglob("*") if x.is_file()):
-            h.update(f"\0{f.relative_to(directory)}\0".encode())
-            with f.open("rb") as fh:
-                h.update(hashlib.file_digest(fh, "blake2b").digest())
+        hash_files(h, negatives_dir)
+    h.update(json.dumps(cache_fingerprints(p, tables), sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def hash_files(h: Any, directory: Path) -> None:
+    """Feed `h` (a hashlib hash) every file of `directory`, in sorted order: its relative path
+    and the blake2b of its bytes (so a renamed, added, removed or edited file changes it)."""
+    directory = Path(directory)
+    for f in sorted(x for x in directory.rglob("*") if x.is_file()):
+        h.update(f"\0{f.relative_to(directory)}\0".encode())
+        with f.open("rb") as fh:
+            h.update(hashlib.file_digest(fh, "blake2b").digest())
+
+
+def cache_fingerprints(p: Params, tables: dict[str, Any]) -> dict[str, str]:
+    """The fingerprint of each cache table a run reads (`tables`: `Data.tables`, by role); full
+    mode reads none: {"encoder": the live encoder's fingerprint, from its files}."""
     cached = {k: t.manifest.fingerprint for k, t in sorted(tables.items())
               if hasattr(t, "manifest")}
-    if not cached:  # full mode: the live encoder, described by its files
+    if not cached:
         name = p.encoders.query
         cached = {"encoder": encoder_fingerprint(describe(name, p.encoders.models[name]))}
-    h.update(json.dumps(cached, sort_keys=True).encode())
-    return h.hexdigest()
+    return cached
 
 
 def rng_states(device: torch.device) -> dict[str, Any]:

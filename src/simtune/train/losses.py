@@ -29,6 +29,16 @@ CHUNK_ROWS = 512  # anchors per chunk: memory O(CHUNK_ROWS x B), recomputed in b
 # of 0.42 core-s (one thread) for ~30 MB more
 WHOLE_ELEMENTS = 2**21
 
+# the `train.loss` keys each loss reads (the others change nothing; a sweep over one warns)
+USED_BY = {
+    "distance": {"supcon", "triplet", "contrastive", "mnrl"},  # arcface: cosine to centres
+    "temperature": {"supcon"},
+    "margin": {"triplet", "contrastive", "arcface"},
+    "mining": {"triplet"},
+    "scale": {"mnrl", "arcface"},
+    "symmetric": {"mnrl"},
+}
+
 
 def similarity(a: torch.Tensor, b: torch.Tensor, distance: str) -> torch.Tensor:
     """(n, D), (m, D) -> (n, m) similarity."""

@@ -6,6 +6,8 @@ comments kept). Lightning-free; Optuna is used only through the trial passed in.
 
 from __future__ import annotations
 
+import logging
+import math
 import shlex
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,9 @@ from typing import Any
 from simtune import params as P
 from simtune.atomic import write_bytes
 from simtune.errors import UserError
+from simtune.train.losses import USED_BY
+
+log = logging.getLogger(__name__)
 
 
 def check_mode(p: P.Params) -> None:
@@ -25,6 +30,40 @@ def check_mode(p: P.Params) -> None:
             if (path in P.HEAD_ONLY and not head) or (path.startswith("encoder.") and head):
                 raise UserError(f"sweep.{what}.{key}: has no effect in train.mode "
                                 f"{p.train.mode} (see train.encoder)")
+
+
+def check_ignored(p: P.Params) -> None:
+    """A swept or fixed `train.loss.*` key that no loss of the sweep reads (`loss.margin` with
+    supcon) is a warning line; when every swept key is such a key (every trial would train the
+    same), the sweep is refused."""
+    sw = p.sweep
+    name = sw.space.get("train.loss.name")
+    names = set(name.choices) if name is not None and name.choices else \
+        {sw.fixed.get("train.loss.name", p.train.loss.name)}
+    losses = ", ".join(sorted(str(n) for n in names))
+    ignored = [(what, key, users) for what, keys in (("space", sw.space), ("fixed", sw.fixed))
+               for key in keys if key.startswith("train.loss.")
+               and not (users := USED_BY.get(key.removeprefix("train.loss."), names)) & names]
+    if set(sw.space) <= {key for _, key, _ in ignored}:
+        raise UserError(f"sweep.space: train.loss.name {losses} reads none of the swept keys "
+                        f"({', '.join(sw.space)}): every trial would train the same")
+    for what, key, users in ignored:
+        log.warning("sweep.%s.%s: train.loss.name %s does not read it (%s do): every value of "
+                    "it trains the same", what, key, losses, ", ".join(sorted(users)))
+
+
+def combinations(space: dict[str, P.SpaceEntry]) -> int | None:
+    """How many distinct trials the space holds (choices, integer ranges); None: unbounded (a
+    float range)."""
+    sizes = []
+    for key, entry in space.items():
+        if entry.choices is not None:
+            sizes.append(len(entry.choices))
+        elif P.train_field(key.removeprefix("train.")).annotation in (int, "int"):
+            sizes.append(int(entry.high) - int(entry.low) + 1)
+        else:
+            return None
+    return math.prod(sizes)
 
 
 def suggest(trial: Any, space: dict[str, P.SpaceEntry]) -> dict[str, Any]:

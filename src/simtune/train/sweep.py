@@ -5,18 +5,20 @@ module and trainer with the trial's params (`stage.fit`, which seeds every RNG f
 trains exactly as the train stage does with the same params, so its value is the value
 `reports/train.json` will show). TPE proposes the params; after each epoch the trial reports its
 best validation value so far (the value the kept epoch would have) and the pruner (median or
-successive halving) may stop it. The study lives in SQLite (`sweep.storage`): a killed sweep
-resumes the same study; trials it left running are marked failed and run again.
+successive halving) may stop it. The study lives in SQLite (`sweep.storage`, see `study`: its
+identity, lock and storage checks): a killed sweep resumes the same study; trials it left running
+are marked failed. A proposal equal to a finished trial's params is not run again; a trial that
+fails (a diverging lr) is one line and the sweep goes on; the closing table counts it.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
-import json
+import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +32,16 @@ from simtune.negatives import mined
 from simtune.params import Params
 from simtune.retrieval.task import RetrievalTask
 from simtune.train import space
+from simtune.train import study as study_lib
 from simtune.train.data import check_compatible, check_trainable, load_data
 from simtune.train.epochs import EpochLoop
 from simtune.train.stage import accelerator_of, fit, quiet_lightning, validation_task
+from simtune.train.sweep_report import Progress
 
 log = logging.getLogger(__name__)
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+MAX_COMBINATIONS = 64  # of the other keys' choices, tried for each value (`check_values`)
+MAX_REPEATS = 20  # proposals in a row that repeat finished trials before a sweep stops
 
 
 class PruningLoop(EpochLoop):
@@ -89,18 +95,55 @@ def load(p: Params, prepared_dir: Path, cache_dir: Path,
     return Loaded(p, data, validation_task(data, p))
 
 
+def _checked(loaded: Loaded, values: dict[str, Any]) -> Params:
+    """The params of a trial with `values` (`train.<key>` -> value), the mode's overrides
+    applied, refused (`UserError`) as the train stage would refuse them on this data."""
+    p = space.apply(loaded.params, values)
+    t = P.resolve_loss(P.effective(p.train), loaded.data.kind)  # as the train stage does
+    check_compatible(loaded.data.kind, t)
+    if t.hard_negatives:
+        mined.check(loaded.data.kind, t)
+    check_trainable(loaded.data, t, 1)
+    return p.model_copy(update={"train": t})
+
+
+def check_values(loaded: Loaded) -> None:
+    """Refuse, before any trial, a value of the space that no trial can train with on this data
+    (`mnrl` among the loss choices on groups data): with every combination of the other keys'
+    choices (the first `MAX_COMBINATIONS`), the train stage would refuse it. When no value of a
+    key can train, the fault is elsewhere (a fixed key, train's own): the sweep is refused."""
+    entries = loaded.params.sweep.space
+    choices = {k: e.choices for k, e in entries.items() if e.choices is not None}
+    for key, entry in entries.items():
+        others = {k: c for k, c in choices.items() if k != key}
+        errors: dict[str, str] = {}
+        for value in entry.values():
+            first = None
+            for combo in itertools.islice(itertools.product(*others.values()),
+                                          MAX_COMBINATIONS):
+                try:
+                    _checked(loaded, {**dict(zip(others, combo, strict=True)), key: value})
+                    break
+                except UserError as e:
+                    first = first or str(e)
+            else:
+                errors[space.literal(value)] = first or ""
+        if not errors:
+            continue
+        value, why = next(iter(errors.items()))
+        if len(errors) == len(entry.values()):
+            raise UserError(f"sweep: no trial can train on this data: {why}")
+        raise UserError(f"sweep.space.{key}: no trial can train with {value} on this data "
+                        f"({why}); remove it from the space")
+
+
 def train_trial(loaded: Loaded, values: dict[str, Any], trial: Any = None
                 ) -> tuple[float, int, int]:
     """Train with the base params and `values` (`train.<key>` -> value) on the loaded data ->
     (the kept epoch's validation value of `train.monitor`, epochs run, the epoch the pruner
     stopped it at or 0). `trial` None: no pruning (a plain run, as the train stage)."""
-    p = space.apply(loaded.params, values)
-    t = P.resolve_loss(P.effective(p.train), loaded.data.kind)  # as the train stage does
-    p = p.model_copy(update={"train": t})
-    check_compatible(loaded.data.kind, t)
-    if t.hard_negatives:
-        mined.check(loaded.data.kind, t)
-    check_trainable(loaded.data, t, 1)
+    p = _checked(loaded, values)
+    t = p.train
     loop_type: Any = functools.partial(PruningLoop, trial) if trial is not None else EpochLoop
     module, loop, trainer, _ = fit(p, loaded.data, loaded.task, accelerator_of(t), None,
                                    loop_type, progress=False)
@@ -112,153 +155,86 @@ def train_trial(loaded: Loaded, values: dict[str, Any], trial: Any = None
     return result
 
 
-def _fingerprint(p: Params) -> str:
-    """The study's identity beyond its name: the space and every train key it does not vary,
-    the fixed ones as fixed (a resumed study must search the same thing)."""
-    raw = with_fixed(p).train.model_dump()
-    for key in p.sweep.space:
-        *parents, leaf = key.removeprefix("train.").split(".")
-        section = raw
-        for part in parents:
-            section = section[part]
-        section.pop(leaf)
-    return json.dumps({"space": {k: e.model_dump() for k, e in p.sweep.space.items()},
-                       "train": raw}, sort_keys=True)
+def _finished(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=FINISHED))
 
 
-def open_study(p: Params) -> optuna.Study:
-    """Create or resume the study `sweep.study` in the SQLite file `sweep.storage`; a study of
-    that name over another space or other fixed train keys is refused; trials a killed run left
-    running are marked failed (they run again)."""
-    sw = p.sweep
-    path = Path(sw.storage).resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial is ours
-    pruner: optuna.pruners.BasePruner = (
-        optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=sw.min_epochs)
-        if sw.pruner == "median" else
-        optuna.pruners.SuccessiveHalvingPruner(min_resource=sw.min_epochs))
-    storage = optuna.storages.RDBStorage(f"sqlite:///{path}")
-    study = optuna.create_study(
-        storage=storage, study_name=sw.study, direction="maximize", load_if_exists=True,
-        sampler=optuna.samplers.TPESampler(seed=sw.seed), pruner=pruner)
-    mark = _fingerprint(p)
-    known = study.user_attrs.get("fingerprint")
-    if known is None:
-        study.set_user_attr("fingerprint", mark)
-        study.set_user_attr("fixed", dict(sw.fixed))  # the best trial's line carries them
-    elif known != mark:
-        raise UserError(f"sweep.study: study '{sw.study}' in {sw.storage} searched another space "
-                        "or other fixed train keys; use a new study name")
-    for trial in study.get_trials(deepcopy=False,
-                                  states=(optuna.trial.TrialState.RUNNING,)):
-        storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
-    return study
+def _run_trial(study: optuna.Study, loaded: Loaded) -> optuna.trial.FrozenTrial:
+    """Ask for a trial and run it: the same params as a finished trial are not run again (the
+    trial is told failed, marked `duplicate_of`); a `UserError` (a diverging lr) fails it with
+    the error's line as its `error`; anything else fails it and propagates."""
+    trial = study.ask()
+    values = space.suggest(trial, loaded.params.sweep.space)
+    for done in study.get_trials(deepcopy=False, states=FINISHED):
+        if done.params == trial.params:
+            trial.set_user_attr("duplicate_of", done.number)
+            return study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    try:
+        value, epochs, pruned_at = train_trial(loaded, values, trial)
+    except UserError as e:
+        trial.set_user_attr("error", str(e))
+        return study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    except BaseException:
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)  # never left running
+        raise
+    trial.set_user_attr("epochs", epochs)
+    if pruned_at:
+        trial.set_user_attr("pruned_at", pruned_at)
+        return study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    return study.tell(trial, value)
 
 
-@dataclass
-class Progress:
-    """One log line per finished trial (number, value or where it was pruned, seconds)."""
-
-    lines: list[str] = field(default_factory=list)
-
-    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        sec = trial.duration.total_seconds() if trial.duration else 0.0
-        state, attrs = trial.state, trial.user_attrs
-        if state == optuna.trial.TrialState.COMPLETE:
-            what = f"{trial.value:.4f} ({attrs.get('epochs')} epochs)"
-        elif state == optuna.trial.TrialState.PRUNED:
-            what = f"pruned at epoch {attrs.get('pruned_at')} (best {trial.value:.4f})" \
-                if trial.value is not None else "pruned"
-        else:
-            what = f"failed: {attrs.get('error', 'see the log')}"
-        line = f"trial {trial.number}: {what}, {sec:.1f} s"
-        self.lines.append(line)
-        log.info("%s", line)
+def _optimize(study: optuna.Study, loaded: Loaded, missing: int,
+              callbacks: list[Any]) -> None:
+    """Run `missing` trials (failed ones count, skipped repeats do not), starting none after
+    `sweep.timeout` seconds and stopping after `MAX_REPEATS` repeats in a row."""
+    sw, start = loaded.params.sweep, time.perf_counter()
+    runs = repeats = 0
+    while runs < missing:
+        if sw.timeout and time.perf_counter() - start >= sw.timeout:
+            log.info("sweep.timeout: %g s passed, no new trial", sw.timeout)
+            return
+        frozen = _run_trial(study, loaded)
+        repeat = "duplicate_of" in frozen.user_attrs
+        runs, repeats = runs + (not repeat), repeats + 1 if repeat else 0
+        for callback in callbacks:
+            callback(study, frozen)
+        if repeats >= MAX_REPEATS:
+            log.warning("study '%s': %d proposals in a row repeated finished trials; the space "
+                        "seems exhausted, stopping", sw.study, repeats)
+            return
 
 
 def run(p: Params, prepared_dir: Path, cache_dir: Path, negatives_dir: Path | None = None,
         callbacks: list[Any] | None = None) -> optuna.Study:
     """Run the missing trials of the study (`sweep.trials` finished ones in all, or until
-    `sweep.timeout`) and return it; `callbacks`: more of Optuna's per-trial callbacks."""
+    `sweep.timeout`) and return it; `callbacks`: more per-trial callbacks (study, FrozenTrial).
+
+    Refused before anything is written: keys the mode or loss ignores, more trials than the
+    space holds, an unusable `sweep.storage`, a value no trial can train with on this data, a
+    study made for other data or params (`study`), a study another sweep is running."""
+    sw = p.sweep
     space.check_mode(p)
-    # a new study's file is written only once the data loaded (bad paths leave nothing); an
-    # existing study that is complete needs no data
-    loaded = None if Path(p.sweep.storage).exists() else load(p, prepared_dir, cache_dir,
-                                                              negatives_dir)
-    study = open_study(p)
-    done = len(study.get_trials(deepcopy=False, states=FINISHED))
-    missing = p.sweep.trials - done
-    if missing <= 0:
-        log.info("study '%s' already holds %d finished trials", p.sweep.study, done)
-        return study
-    loaded = loaded or load(p, prepared_dir, cache_dir, negatives_dir)
-    log.info("study '%s': %d finished trials, running %d more", p.sweep.study, done, missing)
-
-    def objective(trial: optuna.Trial) -> float:
-        values = space.suggest(trial, p.sweep.space)
-        try:
-            value, epochs, pruned_at = train_trial(loaded, values, trial)
-        except UserError as e:  # a diverging lr, a loss the data cannot use: a failed trial
-            trial.set_user_attr("error", str(e))
-            raise
-        trial.set_user_attr("epochs", epochs)
-        if pruned_at:
-            trial.set_user_attr("pruned_at", pruned_at)
-            raise optuna.TrialPruned()
-        return value
-
-    start = time.perf_counter()
-    study.optimize(objective, n_trials=missing, timeout=p.sweep.timeout or None,
-                   catch=(UserError,), callbacks=[Progress(), *(callbacks or [])])
-    log.info("%d trials in %.1f s", missing, time.perf_counter() - start)
+    space.check_ignored(p)
+    size = space.combinations(sw.space)
+    if size is not None and size < sw.trials:
+        raise UserError(f"sweep.trials: {sw.trials} trials asked of a space that holds "
+                        f"{size} distinct ones; lower sweep.trials (or --trials)")
+    path = study_lib.storage_path(sw.storage)
+    study_lib.check_storage(path)
+    loaded = load(p, prepared_dir, cache_dir, negatives_dir)
+    check_values(loaded)
+    ident = study_lib.identity(loaded.params, prepared_dir, negatives_dir, loaded.data.tables)
+    with study_lib.lock(path, sw.study):
+        study = study_lib.open_study(p, path, ident)
+        done = _finished(study)
+        missing = sw.trials - done
+        if missing <= 0:
+            log.info("study '%s' already holds %d finished trials", sw.study, done)
+            return study
+        log.info("study '%s': %d finished trials, running %d more", sw.study, done, missing)
+        start = time.perf_counter()
+        with study_lib.database_errors(path, "write the study"):
+            _optimize(study, loaded, missing, [Progress(), *(callbacks or [])])
+        log.info("%d trials in %.1f s", missing, time.perf_counter() - start)
     return study
-
-
-def best_values(study: optuna.Study) -> dict[str, Any]:
-    """What reproduces the best complete trial: the study's fixed values and the trial's
-    params (`train.<key>` -> value); `UserError` when there is no complete trial."""
-    try:
-        return {**study.user_attrs.get("fixed", {}), **study.best_trial.params}
-    except ValueError:
-        raise UserError(f"sweep: study '{study.study_name}' has no complete trial yet") from None
-
-
-def importances(study: optuna.Study) -> dict[str, float]:
-    """Each param's importance to the value over the complete trials (Optuna's default
-    evaluator, PED-ANOVA); {} while there are too few trials to tell."""
-    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    if len(complete) < 2:
-        return {}
-    try:
-        return dict(optuna.importance.get_param_importances(study))
-    except (RuntimeError, ValueError):  # e.g. every complete trial has the same params
-        return {}
-
-
-def summary(study: optuna.Study, top: int) -> str:
-    """The closing text: the best `top` complete trials (validation value, epochs, seconds,
-    params), the importances, and the `dvc exp run -S` line of the best trial."""
-    trials = sorted(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)),
-                    key=lambda t: -float(t.value))  # type: ignore[arg-type]
-    states = [t.state for t in study.get_trials(deepcopy=False)]
-    counts = ", ".join(f"{states.count(s)} {s.name.lower()}" for s in
-                       optuna.trial.TrialState if states.count(s))
-    lines = [f"study '{study.study_name}': {counts or 'no trials'}", ""]
-    if not trials:
-        return "\n".join(lines)
-    keys = list(trials[0].params)
-    lines += ["| trial | val | epochs | s | " + " | ".join(keys) + " |",
-              "|---" * (4 + len(keys)) + "|"]
-    for t in trials[:top]:
-        sec = t.duration.total_seconds() if t.duration else 0.0
-        cells = [f"{v:.4g}" if isinstance(v, float) else space.literal(v)
-                 for v in (t.params.get(k) for k in keys)]
-        lines.append(f"| {t.number} | {t.value:.4f} | {t.user_attrs.get('epochs')} | "
-                     f"{sec:.1f} | " + " | ".join(cells) + " |")
-    imp = importances(study)
-    if imp:
-        lines += ["", "importance: " + ", ".join(f"{k} {v:.2f}" for k, v in imp.items())]
-    lines += ["", "best trial through the pipeline (train, evaluate on test):",
-              space.overrides(best_values(study))]
-    return "\n".join(lines)

@@ -1,0 +1,108 @@
+"""What a sweep tells: one line per trial as it ends (`Progress`), the trials that failed
+(`Failures`, for the exit status), and the closing text (`summary`): the study's counts, the best
+trials, the importances and the `dvc exp run -S` line that reproduces the best one
+(`best_values`). Reads a study; runs nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from simtune.errors import UserError
+from simtune.train import space
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Progress:
+    """One log line per trial (number, value or where it was pruned or why it failed, seconds)."""
+
+    lines: list[str] = field(default_factory=list)
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        sec = trial.duration.total_seconds() if trial.duration else 0.0
+        state, attrs = trial.state, trial.user_attrs
+        if state == optuna.trial.TrialState.COMPLETE:
+            what = f"{trial.value:.4f} ({attrs.get('epochs')} epochs)"
+        elif state == optuna.trial.TrialState.PRUNED:
+            what = f"pruned at epoch {attrs.get('pruned_at')} (best {trial.value:.4f})" \
+                if trial.value is not None else "pruned"
+        elif "duplicate_of" in attrs:
+            what = f"skipped: the params of trial {attrs['duplicate_of']} (not run again)"
+        else:
+            what = f"failed: {attrs.get('error', 'see the log')}"
+        line = f"trial {trial.number}: {what}, {sec:.1f} s"
+        self.lines.append(line)
+        log.info("%s", line)
+
+
+@dataclass
+class Failures:
+    """A callback that collects the numbers of the trials that failed (not skipped repeats)."""
+
+    numbers: list[int] = field(default_factory=list)
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if trial.state == optuna.trial.TrialState.FAIL and "duplicate_of" not in trial.user_attrs:
+            self.numbers.append(trial.number)
+
+
+def best_values(study: optuna.Study) -> dict[str, Any]:
+    """What reproduces the best complete trial: the study's fixed values and the trial's
+    params (`train.<key>` -> value); `UserError` when there is no complete trial."""
+    try:
+        return {**study.user_attrs.get("fixed", {}), **study.best_trial.params}
+    except ValueError:
+        raise UserError(f"sweep: study '{study.study_name}' has no complete trial yet") from None
+
+
+def importances(study: optuna.Study) -> dict[str, float]:
+    """Each param's importance to the value over the complete trials (Optuna's default
+    evaluator, PED-ANOVA); {} while there are too few trials to tell."""
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if len(complete) < 2:
+        return {}
+    try:
+        return dict(optuna.importance.get_param_importances(study))
+    except (RuntimeError, ValueError):  # e.g. every complete trial has the same params
+        return {}
+
+
+def summary(study: optuna.Study, top: int, trials: int) -> str:
+    """The closing text: how many of the `trials` asked for are finished (and how many failed,
+    were pruned, were skipped as repeats), the best `top` complete trials (validation value,
+    epochs, seconds, params), the importances, and the `dvc exp run -S` line of the best."""
+    everything = study.get_trials(deepcopy=False)
+    complete = sorted((t for t in everything if t.state == optuna.trial.TrialState.COMPLETE),
+                      key=lambda t: -float(t.value))  # type: ignore[arg-type]
+    fail = [t for t in everything if t.state == optuna.trial.TrialState.FAIL]
+    repeats = sum("duplicate_of" in t.user_attrs for t in fail)
+    counts = {"complete": len(complete), "pruned": sum(t.state == optuna.trial.TrialState.PRUNED
+                                                       for t in everything),
+              "failed": len(fail) - repeats, "skipped as repeats": repeats}
+    parts = ", ".join(f"{n} {what}" for what, n in counts.items() if n)
+    finished = counts["complete"] + counts["pruned"]
+    lines = [f"study '{study.study_name}': {finished} of {trials} finished"
+             + (f" ({parts})" if parts else ""), ""]
+    if not complete:
+        return "\n".join(lines)
+    keys = list(complete[0].params)
+    lines += ["| trial | val | epochs | s | " + " | ".join(keys) + " |",
+              "|---" * (4 + len(keys)) + "|"]
+    for t in complete[:top]:
+        sec = t.duration.total_seconds() if t.duration else 0.0
+        cells = [f"{v:.4g}" if isinstance(v, float) else space.literal(v)
+                 for v in (t.params.get(k) for k in keys)]
+        lines.append(f"| {t.number} | {t.value:.4f} | {t.user_attrs.get('epochs')} | "
+                     f"{sec:.1f} | " + " | ".join(cells) + " |")
+    imp = importances(study)
+    if imp:
+        lines += ["", "importance: " + ", ".join(f"{k} {v:.2f}" for k, v in imp.items())]
+    lines += ["", "best trial through the pipeline (train, evaluate on test):",
+              space.overrides(best_values(study))]
+    return "\n".join(lines)
