@@ -314,5 +314,18 @@ def page(results: dict[str, Any]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def long_sets(long: dict[str, Any]) -> str:
+    """The long-documents bench's data sets: where they come from and how long their texts are
+    (bench/long_docs.json's `sets`)."""
+    lines = ["| set | documents | labels (same label = similar) | median MiniLM tokens | "
+             "over 128 | over 512 |", "|---|---|---|---|---|---|"]
+    for name, info in long["sets"].items():
+        tokens = info["tokens"]
+        lines.append(f"| {name}<br>`{info['package']}` | {info['documents']:,} | "
+                     f"{info['labels']} | {tokens['median_tokens']} | "
+                     f"{tokens['share_over_128']:.0%} | {tokens['share_over_512']:.0%} |")
+    return "\n".join(lines)
+
+
 _QUALITY = ("P@1", "MRR@10", "nDCG@10", "lift / peer's", "time / peer's", "beats head",
             "val", "kept epoch", "test p@1", "test mrr@10")

@@ -254,5 +254,8 @@ def bench_page(markdown: str) -> str:
         table = table.replace(",train.", ", ").replace("| train.", "| ").replace(
             "| setting ", "| `train.` setting ")
         markdown = markdown.replace(marker, report.narrow(table))
+    if "long_docs" in results:
+        markdown = markdown.replace("<!-- generated:bench-long-sets -->",
+                                    report.long_sets(results["long_docs"]))
     return (markdown.replace("<!-- generated:bench-summary -->", report.summary(results))
             .replace("<!-- generated:bench-tables -->", report.page(results)))
