@@ -374,3 +374,45 @@ def test_the_benchmarks_page_opens_with_the_summary_and_no_table_is_wider_than_7
     # every full table is in a collapsible block, closed until opened
     assert raw.count('<details class="note">') >= 12
     assert "bench:start" not in (DOCS / "benchmarks.md").read_text()
+
+
+# --- pages that fit the screen ----------------------------------------------------------------
+
+# lines another page's owner quotes verbatim (an error message as the code prints it)
+QUOTED = ("error: train.lr: training diverged at epoch 1",)
+
+
+def test_every_code_block_line_of_the_docs_fits_80_characters() -> None:
+    """A code block wider than the column scrolls sideways: comments go on their own lines."""
+    wide = []
+    blocks = 0
+    for path in sorted(DOCS.rglob("*.md")):
+        fence = None
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            opening = re.match(r"\s*(`{3,}|~{3,})", line)
+            if fence is None and opening:
+                fence, blocks = opening.group(1), blocks + 1
+            elif fence is not None and line.strip() == fence:
+                fence = None
+            elif fence is not None and len(line) > 80 and not line.startswith(QUOTED):
+                wide.append(f"{path.relative_to(DOCS)}:{number}: {len(line)}")
+    assert blocks >= 20
+    assert wide == []
+
+
+def test_the_data_pages_params_sections_are_valid_params(tmp_path: Path) -> None:
+    """Each `prepare:` block of docs/data.md, put into the checked-in params.yaml, passes the
+    schema (a section a reader pastes is whole)."""
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    blocks = re.findall(r"```yaml\n(.*?)```", (DOCS / "data.md").read_text(), re.S)
+    files = {}
+    for block in blocks:
+        section = yaml.safe_load(block)["prepare"]
+        params = P.Params.model_validate({**raw, "prepare": {**raw["prepare"], **section}})
+        files[params.prepare.file.path] = params.prepare.file
+    assert sorted(files) == ["data/raw/faq.jsonl", "data/raw/scifact", "data/raw/tickets.csv"]
+    pairs = files["data/raw/faq.jsonl"]
+    assert (pairs.kind, pairs.columns.query, pairs.columns.positive) == ("pairs", "question",
+                                                                         "answer")
+    assert files["data/raw/tickets.csv"].columns.label == "intent"
+    assert files["data/raw/scifact"].format == "beir"
