@@ -416,3 +416,40 @@ def test_the_data_pages_params_sections_are_valid_params(tmp_path: Path) -> None
                                                                          "answer")
     assert files["data/raw/tickets.csv"].columns.label == "intent"
     assert files["data/raw/scifact"].format == "beir"
+
+
+# --- figures the bench wrote, quoted by the pages ----------------------------------------------
+
+def _hook() -> object:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hook", DOCS / "hooks" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_bench_placeholder_becomes_the_figure_of_the_json() -> None:
+    hook = _hook()
+    speed = json.loads((ROOT / "bench" / "train_speed.json").read_text())
+    sweep = json.loads((ROOT / "bench" / "sweep.json").read_text())
+    text = ("{{ bench.train_speed.stage_rows.0.ours|.1f }} s, P@1 "
+            "{{bench.sweep.results.trec.default.test.p@1 | .3f}}, "
+            "{{ bench.results.noop_repro.ran_nothing }}")
+    assert hook.bench_figures(text, "page.md") == (
+        f"{speed['stage_rows'][0]['ours']:.1f} s, P@1 "
+        f"{sweep['results']['trec']['default']['test']['p@1']:.3f}, True")
+    with pytest.raises(ValueError, match=r"page\.md: \{\{ bench\.sweep\.nothing \}\} names no"):
+        hook.bench_figures("{{ bench.sweep.nothing }}", "page.md")
+
+
+def test_the_pages_quote_the_bench_figures_not_placeholders(site: Path) -> None:
+    sources = [p for p in DOCS.rglob("*.md") if "{{ bench." in p.read_text()]
+    assert {p.name for p in sources} >= {"benchmarks.md", "modes.md", "experiments.md"}
+    for path in sources:
+        built = site / path.relative_to(DOCS).with_suffix("") / "index.html"
+        assert "{{" not in _text(built), path.name
+    sweep = json.loads((ROOT / "bench" / "sweep.json").read_text())
+    head = f"{sweep['results']['trec']['default']['test']['p@1']:.3f}"
+    assert f"TREC-50: test P@1 {head} with the head" in _text(site / "modes" / "index.html")

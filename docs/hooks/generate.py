@@ -225,7 +225,8 @@ FIGURE = re.compile(r"\{\{\s*bench\.([\w.@-]+?)\s*(?:\|\s*([^}]*?)\s*)?\}\}")
 def bench_figure(path: str, spec: str = "") -> str:
     """The value at `path` (`<name>.<key>...`) of bench/<name>.json, formatted with `spec`."""
     name, *keys = path.split(".")
-    node: Any = _report().load()[name]
+    results = _report().load()  # results.json at the top, each other file under its name
+    node: Any = results if name == "results" else results[name]
     for key in keys:
         node = node[int(key)] if isinstance(node, list) else node[key]
     return format(node, spec) if spec else str(node)
