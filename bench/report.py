@@ -153,8 +153,8 @@ def _shown(value: float, bound: float) -> str:
 def _miss(row: dict[str, Any]) -> str:
     target = str(row["target"]).split(" (")[0].strip()
     figure = row["measure"] + (f" vs {row['peer name']}" if row.get("peer name") else "")
-    if verdict(row) == "not run":
-        return f"{figure} ({target})"
+    if verdict(row) == "not run":  # the peer's name says why, at length: the table keeps it
+        return f"{figure.split(': not run')[0]}: not run ({target})"
     m = _BOUND.match(target)
     value = compared(row)
     if isinstance(row.get("ratio"), str) and row["ratio"].strip():
