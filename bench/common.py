@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from bench.report import table  # noqa: F401  (the benchmarks print their tables with it)
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -79,21 +81,6 @@ class PeakAnon:
     @property
     def growth(self) -> float:
         return self.peak - self.base
-
-
-def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    """A Markdown table of `rows` (dicts) with `columns`."""
-    fmt = [[_cell(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(f[i]) for f in fmt)) for i, c in enumerate(columns)]
-    def line(cells: list[str]) -> str:
-        return "| " + " | ".join(x.ljust(w) for x, w in zip(cells, widths, strict=True)) + " |"
-    return "\n".join([line(columns), line(["-" * w for w in widths]), *map(line, fmt)])
-
-
-def _cell(x: Any) -> str:
-    if isinstance(x, float):
-        return f"{x:,.3g}" if abs(x) < 100 else f"{x:,.0f}"
-    return str(x)
 
 
 def write_results(name: str, payload: dict[str, Any]) -> Path:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import html
 import http.server
+import json
 import os
 import re
 import shutil
@@ -264,3 +265,191 @@ def test_dvc_plots_show_page_renders_every_plot(tmp_path: Path,
     dom, console = render(served(out) + "index.html", tmp_path, "plots.png")
     assert [m for m in console if not BENIGN.match(m)] == []
     assert dom.count('class="marks"') == plots  # each plot drawn (a canvas or an svg)
+
+
+# --- the benchmarks page: a summary of the targets, tables that fit the screen -----------------
+
+def _bench_row(ratio: object, target: str, **extra: object) -> dict[str, object]:
+    return {"measure": "m", "ours": 1.0, "peer name": "p", "peer": 1.0, "ratio": ratio,
+            "target": target, **extra}
+
+
+@pytest.mark.parametrize(("row", "expected"), [
+    (_bench_row(0.898, ">= 0.9"), "missed"),
+    (_bench_row(1.27, ">= 1.0"), "met"),
+    (_bench_row(98.05, "peer/ours >= 100"), "missed"),
+    (_bench_row(1.0126, "ours/peer <= 1.0"), "missed"),
+    (_bench_row(1.09, ">= 1.3 (not met: the same kernels)"), "missed"),
+    (_bench_row(0.79, "ours/peer <= 0.5 (a note that says nothing of the verdict)"), "missed"),
+    (_bench_row("0.99 of the lift", ">= 0.95 of the lift"), "met"),
+    (_bench_row("+0.000", ">= +0.02"), "missed"),
+    (_bench_row("-0.113", "> 0"), "missed"),
+    (_bench_row(0.0254, "<< 1"), "met"),
+    (_bench_row(0.137, "clearly < 1"), "met"),
+    (_bench_row(1.0017, "< 1"), "missed"),
+    (_bench_row("", "<= 1e-6", ours=2.09e-07), "met"),
+    (_bench_row("", "< 1 s", ours=0.152, peer=1.2), "met"),
+    (_bench_row("", "~100", ours=100.0, peer=""), "met"),
+    (_bench_row("", ">= 1.0", **{"peer name": "(d) onnx: not run (no Optimum)", "peer": ""}),
+     "not run"),
+    (_bench_row("", "same kept epoch", ours="57 / 82", peer="57 / 82"), "met"),
+    (_bench_row("", "no model load", **{"peer name": "model loaded: False"}), "met"),
+    (_bench_row(0.0076, "bounded"), None),
+    (_bench_row(0.5, ""), None),
+])
+def test_a_benchmark_target_is_met_or_missed_by_its_figures(row: dict, expected: str) -> None:
+    from bench import report
+
+    assert report.verdict(row) == expected
+
+
+def test_the_benchmark_summary_counts_and_names_every_miss(tmp_path: Path) -> None:
+    from bench import report
+
+    fill = {"rows": [
+        {"measure": "fill (a)", "ours": 494.0, "peer name": "(b) encode", "peer": 389.0,
+         "ratio": 1.27, "target": ">= 1.0"},
+        {"measure": "fill (a)", "ours": 494.0, "peer name": "(c) bound", "peer": 550.0,
+         "ratio": 0.8983, "target": ">= 0.9"},
+        {"measure": "open (s)", "ours": 0.15, "peer name": "", "peer": "", "ratio": "",
+         "target": "< 1 s"},
+        {"measure": "export (s)", "ours": 1.19, "peer name": "", "peer": "", "ratio": "",
+         "target": ""}]}
+    speed = {"rows": [{"measure": "epoch (s)", "ours": 0.223, "peer name": "frozen",
+                       "peer": 21.9, "ratio": 98.05, "target": "peer/ours >= 100"}]}
+    (tmp_path / "cache_fill.json").write_text(json.dumps(fill))
+    (tmp_path / "train_speed.json").write_text(json.dumps(speed))
+    (tmp_path / "results.json").write_text(json.dumps(
+        {"machine": "2 CPU cores", "noop_repro": {"seconds": 1.35, "ran_nothing": True}}))
+    text = report.summary(report.load(tmp_path))
+    assert text.startswith("**3 of 5 targets met, 2 missed** in `bench/*.json` (2 CPU cores).")
+    rows = [line for line in text.splitlines() if line.startswith("| [")]
+    assert rows == [
+        "| [Cache fill](#cache-fill) | 2 of 3 | fill (a) vs (c) bound: 0.898 (>= 0.9) |",
+        "| [Training speed](#training-speed) | 0 of 1 | epoch (s) vs frozen: 98 "
+        "(peer/ours >= 100) |",
+        "| [Reruns](#reruns) | 1 of 1 | none |"]
+
+
+def test_a_wide_benchmark_table_is_split_with_the_quoted_columns_first() -> None:
+    from bench import report
+
+    header = ["row", "P@1", "MRR@10", "train s", "val s", "fill s", "peak MB", "cache MB",
+              "epochs (best)", "lift / peer's", "time / peer's", "beats head"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 12,
+             "| top-3 | " + " | ".join(str(i) for i in range(1, 12)) + " |"]
+    first, second = report.split_table(lines, first=("P@1", "MRR@10", "lift / peer's",
+                                                     "time / peer's", "beats head"))
+    assert first[0] == "| row | P@1 | MRR@10 | lift / peer's | time / peer's | beats head |"
+    assert first[2] == "| top-3 | 1 | 2 | 9 | 10 | 11 |"
+    assert second[0] == ("| row | train s | val s | fill s | peak MB | cache MB | "
+                         "epochs (best) |")
+    assert second[2] == "| top-3 | 3 | 4 | 5 | 6 | 7 | 8 |"
+
+
+def test_the_benchmarks_page_opens_with_the_summary_and_no_table_is_wider_than_7(
+        site: Path) -> None:
+    from bench import report
+
+    results = report.load()
+    raw = (site / "benchmarks" / "index.html").read_text()
+    tables = re.findall(r"<table>.*?</table>", raw, re.S)
+    assert len(tables) >= 20
+    widths = [len(re.findall(r"<th[ >]", re.search(r"<tr>.*?</tr>", t, re.S).group(0)))
+              for t in tables]
+    assert max(widths) <= 7
+    # the summary comes before everything else, with the counts the figures give
+    verdicts = [report.verdict(r) for rows in report.headline_rows(results).values()
+                for r in rows]
+    met, missed = verdicts.count("met"), verdicts.count("missed")
+    assert met >= 30 and missed >= 5
+    text = _text(site / "benchmarks" / "index.html")
+    summary = f"{met} of {met + missed + verdicts.count('not run')} targets met, {missed} missed"
+    assert summary in text
+    assert (raw.index('id="at-a-glance"') < raw.index(summary)
+            < raw.index('id="the-default-data-set"'))
+    # the misses the old page did not say are said now
+    assert "bare forward+pool bound: 0.898 (>= 0.9)" in text
+    assert "frozen MiniLM in the loop: 98.1 (peer/ours >= 100)" in text
+    # every full table is in a collapsible block, closed until opened
+    assert raw.count('<details class="note">') >= 12
+    assert "bench:start" not in (DOCS / "benchmarks.md").read_text()
+
+
+# --- pages that fit the screen ----------------------------------------------------------------
+
+# lines another page's owner quotes verbatim (an error message as the code prints it)
+QUOTED = ("error: train.lr: training diverged at epoch 1",)
+
+
+def test_every_code_block_line_of_the_docs_fits_80_characters() -> None:
+    """A code block wider than the column scrolls sideways: comments go on their own lines."""
+    wide = []
+    blocks = 0
+    for path in sorted(DOCS.rglob("*.md")):
+        fence = None
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            opening = re.match(r"\s*(`{3,}|~{3,})", line)
+            if fence is None and opening:
+                fence, blocks = opening.group(1), blocks + 1
+            elif fence is not None and line.strip() == fence:
+                fence = None
+            elif fence is not None and len(line) > 80 and not line.startswith(QUOTED):
+                wide.append(f"{path.relative_to(DOCS)}:{number}: {len(line)}")
+    assert blocks >= 20
+    assert wide == []
+
+
+def test_the_data_pages_params_sections_are_valid_params(tmp_path: Path) -> None:
+    """Each `prepare:` block of docs/data.md, put into the checked-in params.yaml, passes the
+    schema (a section a reader pastes is whole)."""
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    blocks = re.findall(r"```yaml\n(.*?)```", (DOCS / "data.md").read_text(), re.S)
+    files = {}
+    for block in blocks:
+        section = yaml.safe_load(block)["prepare"]
+        params = P.Params.model_validate({**raw, "prepare": {**raw["prepare"], **section}})
+        files[params.prepare.file.path] = params.prepare.file
+    assert sorted(files) == ["data/raw/faq.jsonl", "data/raw/scifact", "data/raw/tickets.csv"]
+    pairs = files["data/raw/faq.jsonl"]
+    assert (pairs.kind, pairs.columns.query, pairs.columns.positive) == ("pairs", "question",
+                                                                         "answer")
+    assert files["data/raw/tickets.csv"].columns.label == "intent"
+    assert files["data/raw/scifact"].format == "beir"
+
+
+# --- figures the bench wrote, quoted by the pages ----------------------------------------------
+
+def _hook() -> object:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hook", DOCS / "hooks" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_bench_placeholder_becomes_the_figure_of_the_json() -> None:
+    hook = _hook()
+    speed = json.loads((ROOT / "bench" / "train_speed.json").read_text())
+    sweep = json.loads((ROOT / "bench" / "sweep.json").read_text())
+    text = ("{{ bench.train_speed.stage_rows.0.ours|.1f }} s, P@1 "
+            "{{bench.sweep.results.trec.default.test.p@1 | .3f}}, "
+            "{{ bench.results.noop_repro.ran_nothing }}")
+    assert hook.bench_figures(text, "page.md") == (
+        f"{speed['stage_rows'][0]['ours']:.1f} s, P@1 "
+        f"{sweep['results']['trec']['default']['test']['p@1']:.3f}, True")
+    with pytest.raises(ValueError, match=r"page\.md: \{\{ bench\.sweep\.nothing \}\} names no"):
+        hook.bench_figures("{{ bench.sweep.nothing }}", "page.md")
+
+
+def test_the_pages_quote_the_bench_figures_not_placeholders(site: Path) -> None:
+    sources = [p for p in DOCS.rglob("*.md") if "{{ bench." in p.read_text()]
+    assert {p.name for p in sources} >= {"benchmarks.md", "modes.md", "experiments.md"}
+    for path in sources:
+        built = site / path.relative_to(DOCS).with_suffix("") / "index.html"
+        assert "{{" not in _text(built), path.name
+    sweep = json.loads((ROOT / "bench" / "sweep.json").read_text())
+    head = f"{sweep['results']['trec']['default']['test']['p@1']:.3f}"
+    assert f"TREC-50: test P@1 {head} with the head" in _text(site / "modes" / "index.html")

@@ -74,6 +74,24 @@ def test_the_layout_names_every_package_of_the_code() -> None:
         assert (ROOT / "src" / "simtune" / f"{core}.py").is_file() and core in block
 
 
+def test_the_results_quote_the_figures_the_bench_wrote() -> None:
+    """The README cannot be generated like the site: its figures are checked against the
+    git-tracked bench/*.json instead (the trained head's test metrics from the sweep bench's run
+    of the defaults, the train stage's seconds from bench.train_speed)."""
+    results = section("Results on TREC")
+    default = json.loads((ROOT / "bench" / "sweep.json").read_text())["results"]["trec"]
+    rows = {m.group(1): m.group(2).split(" | ")
+            for m in re.finditer(r"^\| ([\w@]+) \| (.*) \|$", results, re.M)}
+    for name, key in (("P@1", "p@1"), ("MRR@10", "mrr@10"), ("nDCG@10", "ndcg@10"),
+                      ("MAP@R", "map@r")):
+        trained, lift = rows[name][2], rows[name][3]
+        assert trained == f"{default['default']['test'][key]:.3f}", name
+        assert lift == f"{default['default']['lift'][key]:+.3f}", name
+    stage = json.loads((ROOT / "bench" / "train_speed.json").read_text())["stage_rows"][0]
+    assert stage["measure"].startswith("train stage, TREC default head mode")
+    assert f"The head's train stage takes {stage['ours']:.0f} s on a quiet" in results
+
+
 def _quickstart() -> list[str]:
     return [line for line in code_block(section("Quickstart"), "bash").splitlines()
             if line.strip()]

@@ -4,7 +4,11 @@
 The descriptions live once, in `src/simtune/params.py` (`documented_keys`); the values shown are
 those of the checked-in `params.yaml`, and the allowed values come from the schema's `Literal`
 annotations. The architecture page's module map (each module's docstring) and import rules
-(pyproject.toml's import-linter contracts) are filled in the same way.
+(pyproject.toml's import-linter contracts) are filled in the same way, and so are the benchmarks
+page's summary and tables (bench/report.py, from the git-tracked bench/<name>.json files) and
+every figure a page quotes from those files: `{{ bench.<name>.<key>...|<format> }}` becomes the
+value at that path of bench/<name>.json (list items by index), formatted with Python's
+`format(value, "<format>")` (e.g. `{{ bench.train_speed.cached_epoch_s|.2f }}`).
 """
 
 from __future__ import annotations
@@ -194,8 +198,65 @@ def contracts_list() -> str:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
-    """Fills the architecture page's generated parts."""
+    """Fills the architecture page's and the benchmarks page's generated parts, and every
+    page's `{{ bench.... }}` figures."""
+    markdown = bench_figures(markdown, page.file.src_uri)
+    if page.file.src_uri == "benchmarks.md":
+        return bench_page(markdown)
     if page.file.src_uri != "architecture.md":
         return markdown
     return (markdown.replace("<!-- generated:modules -->", modules_table())
             .replace("<!-- generated:contracts -->", contracts_list()))
+
+
+# --- the benchmarks: figures from bench/<name>.json, which git tracks ---------------------------
+
+def _report() -> Any:
+    if str(ROOT) not in sys.path:  # the checkout's bench package (pure Python: no torch)
+        sys.path.insert(0, str(ROOT))
+    from bench import report
+
+    return report
+
+
+FIGURE = re.compile(r"\{\{\s*bench\.([\w.@-]+?)\s*(?:\|\s*([^}]*?)\s*)?\}\}")
+
+
+def bench_figure(path: str, spec: str = "") -> str:
+    """The value at `path` (`<name>.<key>...`) of bench/<name>.json, formatted with `spec`."""
+    name, *keys = path.split(".")
+    results = _report().load()  # results.json at the top, each other file under its name
+    node: Any = results if name == "results" else results[name]
+    for key in keys:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    return format(node, spec) if spec else str(node)
+
+
+def bench_figures(markdown: str, where: str) -> str:
+    """`markdown` with each `{{ bench.<path>|<format> }}` replaced by its figure; a path that
+    names nothing fails the build, saying which page and placeholder."""
+    def figure(match: re.Match[str]) -> str:
+        try:
+            return bench_figure(match.group(1), match.group(2) or "")
+        except (KeyError, IndexError, ValueError, TypeError) as err:
+            raise ValueError(f"{where}: {match.group(0)} names no figure in bench/: "
+                             f"{err!r}") from err
+    return FIGURE.sub(figure, markdown)
+
+
+def bench_page(markdown: str) -> str:
+    """The benchmarks page's summary and tables, from bench/<name>.json."""
+    report = _report()
+    results = report.load()
+    tables = {f"<!-- generated:bench-table {name} -->": results[name]["table"]
+              for name in ("train_sweep",) if name in results}
+    for marker, table in tables.items():
+        # the sweep's settings are all train.* keys: named without the prefix, wrapped at commas
+        table = table.replace(",train.", ", ").replace("| train.", "| ").replace(
+            "| setting ", "| `train.` setting ")
+        markdown = markdown.replace(marker, report.narrow(table))
+    if "long_docs" in results:
+        markdown = markdown.replace("<!-- generated:bench-long-sets -->",
+                                    report.long_sets(results["long_docs"]))
+    return (markdown.replace("<!-- generated:bench-summary -->", report.summary(results))
+            .replace("<!-- generated:bench-tables -->", report.page(results)))

@@ -21,23 +21,30 @@ model = SentenceTransformer("{path}")
 # the export's chunk settings (simtune.json: encoder.max_length, encoder.chunks)
 MAX_LENGTH, WINDOWS, OVERLAP, POOL = {max_length}, {windows}, {overlap}, "{pool}"
 NORMALIZE = {normalize}  # encoder.normalize
-ENCODER = {encoder}  # the encoder's modules (Transformer, Pooling[, Normalize]); the head follows
+# the encoder's modules (Transformer, Pooling[, Normalize]); the head follows
+ENCODER = {encoder}
 
 
 def windows(text: str, prompt: str = "") -> list[str]:
-    """simtune's windows: whole-word substrings of at most MAX_LENGTH tokens, prompt included."""
+    """simtune's windows: whole-word substrings of at most MAX_LENGTH tokens,
+    prompt included."""
     tok = model.tokenizer
     if len(tok(prompt + text)["input_ids"]) <= MAX_LENGTH:
         return [text]
     body = MAX_LENGTH - tok.num_special_tokens_to_add()
     body -= len(tok(prompt, add_special_tokens=False)["input_ids"])
-    spans = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    spans = tok(text, add_special_tokens=False,
+                return_offsets_mapping=True)["offset_mapping"]
 
-    def word_start(i: int, low: int) -> int:  # i's word start, or i if it is below low
+    def after_space(j: int) -> bool:
+        return text[spans[j][0] - 1 : spans[j][0]].isspace()
+
+    def word_start(i: int, low: int) -> int:
+        # i's word start, or i if it is below low
         j = i
-        while j > low and not text[spans[j][0] - 1 : spans[j][0]].isspace():
+        while j > low and not after_space(j):
             j -= 1
-        return j if j == 0 or text[spans[j][0] - 1 : spans[j][0]].isspace() else i
+        return j if j == 0 or after_space(j) else i
 
     out, start, n = [], 0, len(spans)
     while True:
@@ -52,18 +59,23 @@ def windows(text: str, prompt: str = "") -> list[str]:
 
 
 def encode_long(text: str, prompt_name: str = "query") -> torch.Tensor:
-    """The text's vector as simtune computes it: windows, encoder, pool, head."""
+    """The text's vector as simtune computes it: windows, encoder, pool,
+    head."""
     prompt = model.prompts.get(prompt_name, "")
-    encoder = SentenceTransformer(modules=list(model)[:ENCODER], device=model.device)
-    parts = encoder.encode(windows(text, prompt), prompt=prompt, convert_to_tensor=True)
-    vector = {{"mean": parts.mean(0), "max": parts.max(0).values, "first": parts[0]}}[POOL]
+    encoder = SentenceTransformer(modules=list(model)[:ENCODER],
+                                  device=model.device)
+    parts = encoder.encode(windows(text, prompt), prompt=prompt,
+                           convert_to_tensor=True)
+    vector = {{"mean": parts.mean(0), "max": parts.max(0).values,
+              "first": parts[0]}}[POOL]
     if len(parts) == 1:
         vector = parts[0]
     elif NORMALIZE:
         vector = torch.nn.functional.normalize(vector, dim=0)
     head = torch.nn.Sequential(*list(model)[ENCODER:])
     with torch.inference_mode():
-        return head({{"sentence_embedding": vector[None]}})["sentence_embedding"][0]
+        out = head({{"sentence_embedding": vector[None]}})
+    return out["sentence_embedding"][0]
 '''
 
 
