@@ -16,6 +16,7 @@ attribute is used). `python -m tests.test_dvc_deps` rewrites the deps in dvc.yam
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -129,7 +130,7 @@ def test_editing_a_stage_s_own_code_reruns_it(stage: str) -> None:
 
 def test_editing_the_search_command_docs_or_tests_reruns_nothing() -> None:
     declared = _declared()
-    others = ["stages/search.py", "README.md", "mkdocs.yml", "params.yaml", "Makefile"]
+    others = ["stages/search.py", "README.md", "mkdocs.yml", "Makefile"]
     others += [f for f in _repository_files() if f.startswith(("docs/", "tests/", "bench/"))]
     assert "docs/index.md" in others and "tests/test_dvc_deps.py" in others
     assert {f: rerun_by(f, declared) for f in others if rerun_by(f, declared)} == {}
@@ -153,6 +154,22 @@ def test_editing_a_module_reruns_exactly_the_stages_that_run_it() -> None:
     assert rerun_by("src/simtune/retrieval/lexical.py", declared) == {"evaluate"}
     assert rerun_by("src/simtune/model.py", declared) == {"evaluate", "export"}
     assert rerun_by("stages/_common.py", declared) == set(declared)
+
+
+def test_python_bytecode_is_no_part_of_a_package_dep(tmp_path: Path) -> None:
+    # running a stage writes __pycache__ into its package: were it hashed with the directory, a
+    # fresh clone (no bytecode) or another Python would rerun every stage
+    from dvc.repo import Repo
+
+    shutil.copy(ROOT / ".dvcignore", tmp_path / ".dvcignore")
+    package = tmp_path / "src" / "simtune" / "train"
+    (package / "__pycache__").mkdir(parents=True)
+    for name in ("stage.py", "__pycache__/stage.cpython-311.pyc", "stale.pyc"):
+        (package / name).write_text("")
+    with Repo.init(str(tmp_path), no_scm=True) as repo:
+        ignored = {str(f.relative_to(package)): repo.dvcignore.is_ignored(repo.fs, str(f))
+                   for f in (package / "stage.py", package / "__pycache__", package / "stale.pyc")}
+    assert ignored == {"stage.py": False, "__pycache__": True, "stale.pyc": True}
 
 
 def test_the_closure_sees_imports_inside_functions(tmp_path: Path) -> None:

@@ -30,8 +30,8 @@ class EpochLoop(pl.Callback):
     the validation seconds, and (on rank 0, when `live_dir` is given) the curves with dvclive:
     one point per epoch at step = epoch number (1, 2, ...; the metrics other than the monitored
     one at the epochs that compute them), so x only increases, and at the end the kept epoch,
-    `kept_epoch.json` beside them ([{"step": e, "kept_epoch": e}]: the plots draw it as a rule
-    across each curve, `.dvc/plots/curves.json`). `history`: epoch -> its
+    `live_dir/kept_epoch.json` ([{"step": e, "kept_epoch": e}]: dvc.yaml's plots draw it as a
+    rule across each curve, `.dvc/plots/curves.json`). `history`: epoch -> its
     validation metrics ("val/<name>"; without MAP@R where only the top 10 was ranked); the
     kept epoch's has every metric."""
 
