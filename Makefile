@@ -27,7 +27,7 @@ export TRANSFORMERS_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint bench mpnet docs clean-venv
+.PHONY: install run plots test lint bench mpnet docs clean-venv
 
 $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,12 @@ install: $(VENV)/.installed
 
 run: install
 	PATH="$(BIN):$$PATH" dvc repro
+
+# the plots of the last run (training curves with the kept epoch, Recall@k of trained and
+# baseline) into dvc_plots/index.html: a page that opens without the network (Vega's scripts are
+# inlined in .dvc/plots/page.html, set as DVC's plots.html_template in .dvc/config)
+plots: install
+	PATH="$(BIN):$$PATH" dvc plots show
 
 # the tests, after the architecture's import rules (pyproject's importlinter contracts) and ruff;
 # tests/test_docs.py builds the site with `mkdocs build --strict` (headless-browser checks run

@@ -5,9 +5,8 @@ the navigation); the generated parts list exactly what the code holds; no senten
 places; and a headless Chromium (Debian's `chromium`) renders the built home page and `dvc plots
 show`'s page with no script error and every Vega plot drawn. The browser tests skip, saying why,
 where `chromium` is not installed (`apt-get install chromium`: ~300 MB, so `make test` does not
-install it) or, for the plots page, where `npm` cannot fetch the Vega scripts DVC's page loads
-(the page takes them from a CDN, which tests must not reach; the same versions come from the npm
-registry instead). Set `SIMTUNE_SHOTS=<dir>` to keep the pages' screenshots there.
+install it); the plots page needs no network (its scripts are inlined: tests/test_plots.py).
+Set `SIMTUNE_SHOTS=<dir>` to keep the pages' screenshots there.
 """
 
 from __future__ import annotations
@@ -201,27 +200,6 @@ def test_the_home_page_renders_without_a_script_error(site: Path, served: Callab
     assert 'href="getting-started/"' in dom
 
 
-def _vega_scripts(directory: Path) -> list[Path]:
-    """The Vega, Vega-Lite and Vega-Embed builds DVC's page names, from the npm registry."""
-    from dvc_render.vega import VegaRenderer
-
-    names = re.findall(r"cdn\.jsdelivr\.net/npm/([\w-]+@[\d.]+)", VegaRenderer.SCRIPTS)
-    assert [n.split("@")[0] for n in names] == ["vega", "vega-lite", "vega-embed"]
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed: it fetches the Vega scripts DVC's page loads")
-    proc = subprocess.run([npm, "pack", "--silent", *names], cwd=directory, capture_output=True,
-                          text=True, timeout=300)
-    if proc.returncode != 0:
-        pytest.skip(f"npm pack {' '.join(names)} failed: {proc.stderr.strip()[-300:]}")
-    scripts = []
-    for name in names:
-        package, version = name.split("@")
-        shutil.unpack_archive(directory / f"{package}-{version}.tgz", directory / package)
-        scripts.append(directory / package / "package" / "build" / f"{package}.min.js")
-    return scripts
-
-
 # What Vega logs on every DVC page, errors excluded: vega-embed's version check compares "v5" with
 # the full version (its own bug), and DVC's templates hold layers (hover rules, the smoothing's
 # selection) that are empty until the reader interacts, whose extent Vega warns about
@@ -239,28 +217,17 @@ def test_dvc_plots_show_page_renders_every_plot(tmp_path: Path,
 
     project, *_ = _small_project(tmp_path)
     project.dvc("repro")
-    vendor = tmp_path / "vendor"
-    vendor.mkdir()
-    scripts = _vega_scripts(vendor)
-    # DVC's own page, with the CDN's script tags replaced by the same versions served locally
-    template = tmp_path / "template.html"
-    template.write_text("<!DOCTYPE html>\n<html><head><title>DVC Plot</title>\n"
-                        + "".join(f'<script src="vendor/{s.relative_to(vendor)}"></script>\n'
-                                  for s in scripts)
-                        + "</head><body>{plot_divs}</body></html>\n")
+    # plain `dvc plots show`: the project's page (.dvc/plots/page.html) inlines Vega's scripts
     out = tmp_path / "plots"
-    project.dvc("plots", "show", "--html-template", str(template), "-o", str(out))
-    shutil.copytree(vendor, out / "vendor")
+    project.dvc("plots", "show", "-o", str(out))
     page = (out / "index.html").read_text()
+    assert not re.search(r"<script[^>]*\bsrc=", page)
     plots = len(re.findall(r"vegaEmbed\('#", page))
-    # one plot per curve dvclive wrote (the loss, each validation metric) and one Recall@k plot
-    # of both models (drawn once: dvc.yaml's top-level entry, k on the x axis)
-    curves = sorted((project.path / "reports" / "train_live" / "plots" / "metrics").rglob("*.tsv"))
-    assert len(curves) >= 2
+    # the loss, the validation metrics, validation Recall@k (each with the kept epoch) and the
+    # test Recall@k of both models (drawn once: dvc.yaml's top-level entries)
     ids = re.findall(r'<div id = "([^"]+)"', page)
-    assert plots == len(ids) == len(curves) + 1
-    assert [i for i in ids if "recall_at_k" in i] == ["reports_recall_at_k_json"]
-    assert '"field": "k"' in page
+    assert plots == len(ids) == 4
+    assert ids == ["loss", "validation", "validation_recall", "reports_recall_at_k_json"]
 
     dom, console = render(served(out) + "index.html", tmp_path, "plots.png")
     assert [m for m in console if not BENIGN.match(m)] == []

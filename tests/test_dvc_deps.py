@@ -1,16 +1,23 @@
-"""dvc.yaml's code deps are exactly the code each stage can run, so an edit to any file a stage
-runs reruns it, and an edit to any other file reruns nothing.
+"""dvc.yaml's code deps: each stage's own package as one directory, plus each module it runs
+from elsewhere (the core, another stage's package, its command under `stages/`) as a file.
 
-The closure of `python -m stages <name>`: the top-level imports of `stages/__init__.py` and
-`stages/__main__.py` (commands are registered lazily: only the one asked for is imported), then
-every import of `stages/<name>.py` and, transitively, of each `simtune` module it reaches, imports
-inside functions included (they may run). A package `__init__.py` counts with its top-level
-imports only (its lazy `__getattr__` imports run only when that attribute is used).
+So editing a stage's own code reruns that stage (and DVC reruns what follows), editing a shared
+module reruns exactly the stages that run it, and editing anything else (`stages/search.py`,
+docs, tests) reruns nothing; `dvc exp show` lists one column per package rather than one per file.
+
+What a stage runs is the closure of `python -m stages <name>`: the top-level imports of
+`stages/__init__.py` and `stages/__main__.py` (commands are registered lazily: only the one asked
+for is imported), then every import of `stages/<name>.py` and, transitively, of each `simtune`
+module it reaches, imports inside functions included (they may run). A package `__init__.py`
+counts with its top-level imports only (its lazy `__getattr__` imports run only when that
+attribute is used). `python -m tests.test_dvc_deps` rewrites the deps in dvc.yaml.
 """
 
 from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -73,18 +80,96 @@ def stage_closure(stage: str) -> set[str]:
     return {str(f.relative_to(ROOT)) for f in files}
 
 
+def stage_deps(stage: str) -> set[str]:
+    """The code deps dvc.yaml should list for `stage`: its package directory and every file of
+    its closure outside that package."""
+    own = f"src/simtune/{stage}"
+    return {own} | {f for f in stage_closure(stage) if not f.startswith(own + "/")}
+
+
+def _is_code(dep: str) -> bool:
+    return dep.startswith(("src/", "stages/"))
+
+
 def _declared() -> dict[str, set[str]]:
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
-    return {name: {d for d in stage.get("deps", []) if d.endswith(".py")}
+    return {name: {d for d in stage.get("deps", []) if _is_code(d)}
             for name, stage in dvc["stages"].items()}
 
 
+def rerun_by(path: str, declared: dict[str, set[str]]) -> set[str]:
+    """The stages whose own deps change when the file `path` is edited (DVC then reruns what
+    follows them)."""
+    return {s for s, deps in declared.items()
+            if any(path == d or path.startswith(d + "/") for d in deps)}
+
+
+def _repository_files() -> list[str]:
+    """Every file of the checkout, tracked or not (git's ignored files aside)."""
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    return [f for f in out.splitlines() if (ROOT / f).is_file()]
+
+
 @pytest.mark.parametrize("stage", sorted(_declared()))
-def test_dvc_code_deps_equal_the_stage_import_closure(stage: str) -> None:
-    want, have = stage_closure(stage), _declared()[stage]
+def test_dvc_code_deps_are_the_package_and_the_modules_it_runs_elsewhere(stage: str) -> None:
+    want, have = stage_deps(stage), _declared()[stage]
     assert have == want, (f"dvc.yaml stage '{stage}': missing {sorted(want - have)}, "
-                          f"not run {sorted(have - want)}; the deps should be:\n"
+                          f"not run {sorted(have - want)}; the code deps should be:\n"
                           + "\n".join(f"      - {f}" for f in sorted(want)))
+
+
+@pytest.mark.parametrize("stage", sorted(_declared()))
+def test_editing_a_stage_s_own_code_reruns_it(stage: str) -> None:
+    declared = _declared()
+    own = [f for f in _repository_files() if f.startswith(f"src/simtune/{stage}/")]
+    assert f"src/simtune/{stage}/stage.py" in own
+    for path in [*own, f"stages/{stage}.py", *sorted(stage_closure(stage))]:
+        assert stage in rerun_by(path, declared), path
+
+
+def test_editing_the_search_command_docs_or_tests_reruns_nothing() -> None:
+    declared = _declared()
+    others = ["stages/search.py", "README.md", "mkdocs.yml", "Makefile"]
+    others += [f for f in _repository_files() if f.startswith(("docs/", "tests/", "bench/"))]
+    assert "docs/index.md" in others and "tests/test_dvc_deps.py" in others
+    assert {f: rerun_by(f, declared) for f in others if rerun_by(f, declared)} == {}
+
+
+def test_editing_a_module_reruns_exactly_the_stages_that_run_it() -> None:
+    # a shared module (the core, retrieval/, a module of one stage that later stages read, the
+    # command entry points) reruns every stage whose closure holds it; a stage package's other
+    # modules (e.g. train/sweep.py, which only `simtune sweep` runs) rerun that stage alone
+    declared, closures = _declared(), {s: stage_closure(s) for s in _declared()}
+    code = [f for f in _repository_files() if f.startswith(("src/", "stages/"))
+            and f.endswith(".py")]
+    assert len(code) > 60
+    for path in code:
+        want = {s for s, c in closures.items()
+                if path in c or path.startswith(f"src/simtune/{s}/")}
+        assert rerun_by(path, declared) == want, path
+    # e.g. the prepared-data format: every stage that reads it; BM25 (retrieval/lexical) and the
+    # servable model: what evaluates and exports
+    assert rerun_by("src/simtune/prepare/prepared.py", declared) == set(declared) - {"export"}
+    assert rerun_by("src/simtune/retrieval/lexical.py", declared) == {"evaluate"}
+    assert rerun_by("src/simtune/model.py", declared) == {"evaluate", "export"}
+    assert rerun_by("stages/_common.py", declared) == set(declared)
+
+
+def test_python_bytecode_is_no_part_of_a_package_dep(tmp_path: Path) -> None:
+    # running a stage writes __pycache__ into its package: were it hashed with the directory, a
+    # fresh clone (no bytecode) or another Python would rerun every stage
+    from dvc.repo import Repo
+
+    shutil.copy(ROOT / ".dvcignore", tmp_path / ".dvcignore")
+    package = tmp_path / "src" / "simtune" / "train"
+    (package / "__pycache__").mkdir(parents=True)
+    for name in ("stage.py", "__pycache__/stage.cpython-311.pyc", "stale.pyc"):
+        (package / name).write_text("")
+    with Repo.init(str(tmp_path), no_scm=True) as repo:
+        ignored = {str(f.relative_to(package)): repo.dvcignore.is_ignored(repo.fs, str(f))
+                   for f in (package / "stage.py", package / "__pycache__", package / "stale.pyc")}
+    assert ignored == {"stage.py": False, "__pycache__": True, "stale.pyc": True}
 
 
 def test_the_closure_sees_imports_inside_functions(tmp_path: Path) -> None:
@@ -116,10 +201,11 @@ def test_the_data_readers_are_prepare_s_alone() -> None:
     assert readers <= stage_closure("prepare")
     for stage in sorted(set(_declared()) - {"prepare"}):
         assert not readers & stage_closure(stage), stage
+    assert all(rerun_by(r, _declared()) == {"prepare"} for r in readers)
 
 
 def rewrite_dvc_yaml() -> None:
-    """Replace each stage's code deps in dvc.yaml by its closure, keeping everything else:
+    """Replace each stage's code deps in dvc.yaml by `stage_deps`, keeping everything else:
     `python -m tests.test_dvc_deps`."""
     import re
 
@@ -128,9 +214,9 @@ def rewrite_dvc_yaml() -> None:
         m = re.match(r"^  (\w+):$", line)
         if m:
             stage, done = m.group(1), False
-        if stage and re.match(r"^      - \S+\.py\s*$", line):
+        if stage and re.match(r"^      - (src|stages)/\S+\s*$", line):
             if not done:
-                out += [f"      - {f}" for f in sorted(stage_closure(stage))]
+                out += [f"      - {f}" for f in sorted(stage_deps(stage))]
                 done = True
             continue
         out.append(line)

@@ -151,6 +151,9 @@ def test_a_run_killed_in_epoch_3_resumes_and_ends_as_an_uninterrupted_one(
                                                                  abs=1e-5), name
     assert [s for s, _ in want_curves["plots/metrics/val/mrr@10.tsv"]] == [1, 2, 3, 4]
     assert [s for s, _ in want_curves["plots/metrics/val/map@r.tsv"]] == [2, 4]
+    kept = [json.loads((tmp_path / f"live{tag}" / "kept_epoch.json").read_text())
+            for tag in ("killed", "whole")]
+    assert kept[0] == kept[1] == [{"step": whole["best_epoch"], "kept_epoch": whole["best_epoch"]}]
     got_test = _test_metrics(tmp_path, params_file, "killed")
     want_test = _test_metrics(tmp_path, params_file, "whole")
     assert json.dumps(got_test, sort_keys=True) == json.dumps(want_test, sort_keys=True) or \

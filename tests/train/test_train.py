@@ -266,6 +266,9 @@ def test_training_curves_have_one_increasing_step_per_epoch(small: tuple[Path, P
     val = dict(rows("val/mrr@10"))
     assert val[report["best_epoch"]] == pytest.approx(report["best_val"]["val/mrr@10"])
     assert max(val.values()) == pytest.approx(report["best_val"]["val/mrr@10"])
+    # the kept epoch beside the curves: the plots draw it as a rule (dvc.yaml's `plots`)
+    kept = json.loads((root / "live" / "kept_epoch.json").read_text())
+    assert kept == [{"step": report["best_epoch"], "kept_epoch": report["best_epoch"]}]
 
     _edit(params_file, max_epochs=5, patience=10, val_every=2)  # map@r at 2, 4 and 5 only
     report = _train(root, params_file, "2")

@@ -18,7 +18,10 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
+from simtune.atomic import write_json
 from simtune.train.validation import Schedule, Validator
+
+KEPT = "kept_epoch.json"  # in the curves' directory: the kept epoch, for the plots
 
 
 class EpochLoop(pl.Callback):
@@ -26,7 +29,9 @@ class EpochLoop(pl.Callback):
     weights (head and representation state dicts, `state`), the per-epoch training seconds and
     the validation seconds, and (on rank 0, when `live_dir` is given) the curves with dvclive:
     one point per epoch at step = epoch number (1, 2, ...; the metrics other than the monitored
-    one at the epochs that compute them), so x only increases. `history`: epoch -> its
+    one at the epochs that compute them), so x only increases, and at the end the kept epoch,
+    `live_dir/kept_epoch.json` ([{"step": e, "kept_epoch": e}]: dvc.yaml's plots draw it as a
+    rule across each curve, `.dvc/plots/curves.json`). `history`: epoch -> its
     validation metrics ("val/<name>"; without MAP@R where only the top 10 was ranked); the
     kept epoch's has every metric."""
 
@@ -106,6 +111,8 @@ class EpochLoop(pl.Callback):
             self.full_validations += 1
             self.validation_seconds += time.perf_counter() - start
         if self.live is not None:
+            assert self.live_dir is not None
+            write_json(self.live_dir / KEPT, [{"step": best, "kept_epoch": best}])
             self.live.end()
 
     def state_dict(self) -> dict[str, Any]:
