@@ -153,15 +153,16 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
             assert (project.path / "data" / "raw" / "tickets.csv").is_file()
         elif command.startswith("cat reports/metrics.json"):
             assert set(json.loads(proc.stdout)) == {"trained", "lift"}  # the headline
-        elif command.startswith("dvc exp run -S train.mode=top_layers"):
+        elif command.startswith("dvc exp run --temp -S train.mode=top_layers"):
             assert "Running stage 'cache'" in proc.stdout  # the layer states are cached
             assert "Running stage 'train'" in proc.stdout
         elif command.startswith("dvc exp run"):
             assert "Running stage 'train'" in proc.stdout
             assert "Running stage 'cache'" not in proc.stdout
+            assert yaml.safe_load(params.read_text()) == raw  # --temp: the file stays as it is
         elif command.startswith("simtune search"):
             hits = proc.stdout.strip().splitlines()
             assert len(hits) == 5
             assert all(re.match(r"-?\d\.\d{4}  \S", hit) for hit in hits)
     assert set(outputs) == {"cp ~/tickets.csv", "dvc repro", "cat reports/metrics.json",
-                            "dvc exp", "simtune search"}
+                            "git add", "dvc exp", "simtune search"}
