@@ -30,20 +30,64 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    with _naming(dest, dest.parent / f".{dest.name}.tmp-"):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; outputs get the usual permissions
     try:
-        yield tmp
+        with _naming(dest, tmp):  # a file the block writes inside tmp is named inside dest
+            yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     old = None
-    if dest.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
-        os.replace(dest, old / dest.name)
-    os.replace(tmp, dest)
+    try:
+        with _naming(dest, tmp):
+            if dest.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+                os.replace(dest, old / dest.name)
+            os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not dest.exists():  # put the previous output back
+            os.replace(old / dest.name, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _naming(dest: Path, tmp: Path, unnamed: bool = False) -> Iterator[None]:
+    """An `OSError` naming the temp path `tmp` (or a path under it, or one starting with its
+    name: `mkstemp`'s random suffix) is re-raised naming `dest` instead: the user knows their
+    file, not `.params.yaml.tmp-kcyhpwby`, and the stage commands print `error: <filename>:
+    <reason>`. With `unnamed` (a block that only writes `dest`), an error naming no file (a
+    full disk while writing) names `dest` too."""
+    try:
+        yield
+    except OSError as e:
+        renamed = _renamed(e, dest, tmp, unnamed)
+        if renamed is e:
+            raise
+        raise renamed from None
+
+
+def _renamed(e: OSError, dest: Path, tmp: Path, unnamed: bool) -> OSError:
+    name = None if e.filename is None else Path(os.fsdecode(e.filename))
+    if name is None:
+        if not unnamed:
+            return e
+        where = dest
+    elif name.is_relative_to(tmp):
+        where = dest / name.relative_to(tmp)
+    elif str(name).startswith(str(tmp)):  # `tmp` is mkstemp's prefix, `name` the whole name
+        where = dest
+    else:
+        return e
+    reason = e.strerror or str(e).replace(str(tmp), str(dest))
+    out = OSError(e.errno, f"cannot write: {reason}", str(where))
+    out.__traceback__ = e.__traceback__
+    return out
 
 
 def lock_file(output: Path) -> Path:
@@ -107,12 +151,15 @@ def write_bytes(dest: Path, data: bytes) -> None:
     """Write `data` to `dest` through a temp file in the same directory, then rename."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.tmp-", dir=dest.parent)
+    prefix = dest.parent / f".{dest.name}.tmp-"
+    with _naming(dest, prefix):
+        fd, tmp = tempfile.mkstemp(prefix=prefix.name, dir=dest.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, dest)
+        with _naming(dest, Path(tmp), unnamed=True):
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, 0o666 & ~_umask())
+            os.replace(tmp, dest)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
