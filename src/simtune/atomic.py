@@ -102,28 +102,62 @@ def locked(path: Path, waiting: str | None = None, busy: str | None = None) -> I
     """Hold an exclusive `flock` on the file `path` (created, with its folder, if needed) for
     the block. If another process holds it: with `busy`, raise `UserError(busy)` at once;
     otherwise log `waiting` (if given) once and wait. The file is never removed (unlinking a
-    lock file races with a process about to take it); it holds nothing."""
+    lock file races with a process about to take it); it holds nothing. Whoever removes it
+    (the store's size policy drops a whole entry) holds it while doing so: a process that was
+    waiting then finds its lock file gone and takes the new one instead."""
+    said = False
+    while True:
+        fd = _lock_fd(path)
+        try:
+            said = _flock(fd, busy, None if said else waiting) or said
+        except BaseException:
+            os.close(fd)
+            raise
+        if _is_file_at(fd, path):
+            break
+        os.close(fd)  # locked a removed file: no one else would see this lock
+    try:
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _lock_fd(path: Path) -> int:
     from simtune.errors import UserError
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as e:
         raise UserError(f"{path}: cannot create the lock file: {e.strerror or e}") from None
+
+
+def _flock(fd: int, busy: str | None, waiting: str | None) -> bool:
+    """Take the exclusive flock of `fd`; True when it had to wait (and said `waiting`)."""
+    from simtune.errors import UserError
+
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            if busy is not None:
-                raise UserError(busy) from None
-            if waiting:
-                logging.getLogger("simtune").info("%s", waiting)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError as e:
+        if e.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+    if busy is not None:
+        raise UserError(busy) from None
+    if waiting:
+        logging.getLogger("simtune").info("%s", waiting)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return True
+
+
+def _is_file_at(fd: int, path: Path) -> bool:
+    """Whether the open file `fd` is still the file at `path` (not removed or replaced)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_ino, st.st_dev) == (mine.st_ino, mine.st_dev)
 
 
 def is_locked(path: Path) -> bool:
