@@ -9,7 +9,7 @@ Same run, same machine, same batch size and max_length:
 Plus: the largest difference between the two backends' vectors, a refill with nothing new (must
 load no model), and opening a synthetic 1M x 384 cache. Fills go to a throwaway store.
 
-    python bench/cache_fill.py [--repeats 2] [--rows 1000000] [--every 1]
+    python bench/cache_fill.py [--repeats 2] [--rows 1000000] [--every 1] [--model DIR]
 
 Prints a Markdown table and writes bench/cache_fill.json.
 """
@@ -152,7 +152,10 @@ def open_synthetic(rows: int, dim: int = 384) -> dict:
 
     with tempfile.TemporaryDirectory() as d:
         directory = Path(d)
-        manifest = vectors.Manifest("synthetic", "f" * 32, {}, "float32", dim)
+        # the manifest schema checks that the fingerprint is the hash of the description
+        description = {"synthetic": True, "dim": dim}
+        manifest = vectors.Manifest("synthetic", fingerprint(description), description,
+                                    "float32", dim)
         ids = [f"{i:032x}" for i in range(rows)]
         block = np.random.default_rng(0).standard_normal((rows, dim), dtype=np.float32)
         manifest.shards.append(vectors.write_shard(directory, 0, ids, ids, block, manifest))
@@ -171,11 +174,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--rows", type=int, default=1_000_000, help="rows of the synthetic cache")
     ap.add_argument("--every", type=int, default=1, help="take every k-th TREC text (quick runs)")
+    ap.add_argument("--model", default="", help="encoder model folder in place of MiniLM "
+                    "(the smoke test's tiny random BERT)")
+    ap.add_argument("--max-length", type=int, default=0, help="tokens per text (0: params.yaml's)")
     args = ap.parse_args()
     torch.manual_seed(0)
     os.environ[store.ENV] = tempfile.mkdtemp(prefix="simtune-bench-store-")  # never the user's
     p = P.load(ROOT / "params.yaml")
     spec = p.encoders.models["minilm"]
+    if args.model or args.max_length:
+        spec = spec.model_copy(update={"model": args.model or spec.model,
+                                       "max_length": args.max_length or spec.max_length})
     cp = p.cache.model_copy(update={"device": "cpu", "backend": "torch"})
     cp_onnx = cp.model_copy(update={"backend": "onnx"})
     texts = dict(list(trec_texts().items())[:: args.every])

@@ -83,7 +83,12 @@ class PeakAnon:
         return self.peak - self.base
 
 
+# a folder for the results files instead of bench/ (the smoke tests: never the measured ones)
+OUT_ENV = "SIMTUNE_BENCH_OUT"
+
+
 def write_results(name: str, payload: dict[str, Any]) -> Path:
-    path = HERE / f"{name}.json"
+    """Write `payload` to bench/<name>.json (or to `$SIMTUNE_BENCH_OUT`/<name>.json)."""
+    path = Path(os.environ.get(OUT_ENV) or HERE) / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path

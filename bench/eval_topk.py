@@ -51,12 +51,15 @@ def write_unit(path: Path, rows: int, dim: int, seed: int, chunk: int = 65_536) 
     del out
 
 
-def child(how: str, qfile: str, cfile: str, measured: str, k: str, out: str, mmap: str) -> None:
-    """Run one method on the first `measured` queries; print seconds and peak memory (MB)."""
+def child(how: str, qfile: str, cfile: str, measured: str, k: str, out: str, mmap: str,
+          faiss_too: str = "1") -> None:
+    """Run one method on the first `measured` queries; print seconds and peak memory (MB).
+    `faiss_too` "1": faiss is imported by every method (the same libraries loaded)."""
     mode = "c" if mmap == "1" else None  # copy-on-write map: pages stay file pages
     q, c = np.load(qfile, mmap_mode=mode)[: int(measured)], np.load(cfile, mmap_mode=mode)
     kk = int(k)
-    import faiss  # imported before the clock and the memory baseline, as is ours
+    if faiss_too == "1":
+        import faiss  # imported before the clock and the memory baseline, as is ours
 
     from simtune.retrieval.topk import topk
 
@@ -84,15 +87,18 @@ def child(how: str, qfile: str, cfile: str, measured: str, k: str, out: str, mma
 
 
 def run_shape(tmp: Path, tag: str, how: tuple[str, ...], nq: int, n: int, dim: int, k: int,
-              measured: int, mmap: bool) -> dict:
-    """Write the inputs, run each method in its own process, compare indices and scores."""
+              measured: int, mmap: bool, faiss: bool = True) -> dict:
+    """Write the inputs, run each method in its own process, compare indices and scores
+    (`faiss` False: the faiss methods of `how` are left out, and no method imports it)."""
+    how = how if faiss else tuple(h for h in how if not h.startswith("faiss"))
     qf, cf = tmp / f"{tag}-q.npy", tmp / f"{tag}-c.npy"
     write_unit(qf, nq, dim, seed=0)
     write_unit(cf, n, dim, seed=1)
     runs = {}
     for h in how:
         proc = subprocess.run([sys.executable, "-c", CHILD, h, str(qf), str(cf), str(measured),
-                               str(k), str(tmp / f"{tag}-{h}"), "1" if mmap else "0"], cwd=ROOT,
+                               str(k), str(tmp / f"{tag}-{h}"), "1" if mmap else "0",
+                               "1" if faiss else "0"], cwd=ROOT,
                               capture_output=True, text=True)
         if proc.returncode:
             sys.exit(f"{h} failed:\n{proc.stderr[-2000:]}")
@@ -128,6 +134,8 @@ def main() -> None:
     ap.add_argument("--large-measured", type=int, default=10_000)
     ap.add_argument("--dim", type=int, default=384)
     ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--no-faiss", action="store_true", help="leave the faiss peers out (where "
+                    "faiss-cpu, a `.[bench]` extra, is not installed: the smoke test)")
     a = ap.parse_args()
     result: dict = {"machine": machine(), **vars(a), "load_before": os.getloadavg()}
     targets = {"faiss-index": ("ours/peer <= 1.0", "ours/peer <= 2"), "naive": ("", "bounded"),
@@ -135,7 +143,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="simtune-topk-") as d:
         tmp = Path(d)
         runs = run_shape(tmp, "small", ("simtune", "faiss-index", "naive"), a.queries,
-                         a.corpus, a.dim, a.k, a.queries, mmap=False)
+                         a.corpus, a.dim, a.k, a.queries, mmap=False, faiss=not a.no_faiss)
         result["small"] = runs
         rows = rows_for(runs, f"exact top-{a.k}, {a.queries:,} x {a.corpus:,} x {a.dim} (s)",
                         f"peak memory of the top-{a.k} (MB)", 1.0, targets)
@@ -143,7 +151,8 @@ def main() -> None:
             measured = min(a.large_measured, a.large_queries)
             scale = a.large_queries / measured
             runs = run_shape(tmp, "large", ("simtune", "faiss-knn"), a.large_queries,
-                             a.large_corpus, a.dim, a.k, measured, mmap=True)
+                             a.large_corpus, a.dim, a.k, measured, mmap=True,
+                             faiss=not a.no_faiss)
             result["large"] = runs
             rows += rows_for(runs, f"exact top-{a.k}, {a.large_queries:,} x {a.large_corpus:,}"
                              f" x {a.dim}, memory-mapped (s; {measured:,} queries timed,"

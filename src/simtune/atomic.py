@@ -30,20 +30,64 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    with _naming(dest, dest.parent / f".{dest.name}.tmp-"):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; outputs get the usual permissions
     try:
-        yield tmp
+        with _naming(dest, tmp):  # a file the block writes inside tmp is named inside dest
+            yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     old = None
-    if dest.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
-        os.replace(dest, old / dest.name)
-    os.replace(tmp, dest)
+    try:
+        with _naming(dest, tmp):
+            if dest.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+                os.replace(dest, old / dest.name)
+            os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not dest.exists():  # put the previous output back
+            os.replace(old / dest.name, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _naming(dest: Path, tmp: Path, unnamed: bool = False) -> Iterator[None]:
+    """An `OSError` naming the temp path `tmp` (or a path under it, or one starting with its
+    name: `mkstemp`'s random suffix) is re-raised naming `dest` instead: the user knows their
+    file, not `.params.yaml.tmp-kcyhpwby`, and the stage commands print `error: <filename>:
+    <reason>`. With `unnamed` (a block that only writes `dest`), an error naming no file (a
+    full disk while writing) names `dest` too."""
+    try:
+        yield
+    except OSError as e:
+        renamed = _renamed(e, dest, tmp, unnamed)
+        if renamed is e:
+            raise
+        raise renamed from None
+
+
+def _renamed(e: OSError, dest: Path, tmp: Path, unnamed: bool) -> OSError:
+    name = None if e.filename is None else Path(os.fsdecode(e.filename))
+    if name is None:
+        if not unnamed:
+            return e
+        where = dest
+    elif name.is_relative_to(tmp):
+        where = dest / name.relative_to(tmp)
+    elif str(name).startswith(str(tmp)):  # `tmp` is mkstemp's prefix, `name` the whole name
+        where = dest
+    else:
+        return e
+    reason = e.strerror or str(e).replace(str(tmp), str(dest))
+    out = OSError(e.errno, f"cannot write: {reason}", str(where))
+    out.__traceback__ = e.__traceback__
+    return out
 
 
 def lock_file(output: Path) -> Path:
@@ -58,28 +102,62 @@ def locked(path: Path, waiting: str | None = None, busy: str | None = None) -> I
     """Hold an exclusive `flock` on the file `path` (created, with its folder, if needed) for
     the block. If another process holds it: with `busy`, raise `UserError(busy)` at once;
     otherwise log `waiting` (if given) once and wait. The file is never removed (unlinking a
-    lock file races with a process about to take it); it holds nothing."""
+    lock file races with a process about to take it); it holds nothing. Whoever removes it
+    (the store's size policy drops a whole entry) holds it while doing so: a process that was
+    waiting then finds its lock file gone and takes the new one instead."""
+    said = False
+    while True:
+        fd = _lock_fd(path)
+        try:
+            said = _flock(fd, busy, None if said else waiting) or said
+        except BaseException:
+            os.close(fd)
+            raise
+        if _is_file_at(fd, path):
+            break
+        os.close(fd)  # locked a removed file: no one else would see this lock
+    try:
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _lock_fd(path: Path) -> int:
     from simtune.errors import UserError
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as e:
         raise UserError(f"{path}: cannot create the lock file: {e.strerror or e}") from None
+
+
+def _flock(fd: int, busy: str | None, waiting: str | None) -> bool:
+    """Take the exclusive flock of `fd`; True when it had to wait (and said `waiting`)."""
+    from simtune.errors import UserError
+
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            if busy is not None:
-                raise UserError(busy) from None
-            if waiting:
-                logging.getLogger(__name__).info("%s", waiting)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError as e:
+        if e.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+    if busy is not None:
+        raise UserError(busy) from None
+    if waiting:
+        logging.getLogger(__name__).info("%s", waiting)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return True
+
+
+def _is_file_at(fd: int, path: Path) -> bool:
+    """Whether the open file `fd` is still the file at `path` (not removed or replaced)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_ino, st.st_dev) == (mine.st_ino, mine.st_dev)
 
 
 def is_locked(path: Path) -> bool:
@@ -107,12 +185,15 @@ def write_bytes(dest: Path, data: bytes) -> None:
     """Write `data` to `dest` through a temp file in the same directory, then rename."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.tmp-", dir=dest.parent)
+    prefix = dest.parent / f".{dest.name}.tmp-"
+    with _naming(dest, prefix):
+        fd, tmp = tempfile.mkstemp(prefix=prefix.name, dir=dest.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, dest)
+        with _naming(dest, Path(tmp), unnamed=True):
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, 0o666 & ~_umask())
+            os.replace(tmp, dest)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

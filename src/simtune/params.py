@@ -96,6 +96,11 @@ class FileSource(Section):
         description="`groups`: (text, label) rows; `pairs`: (query, positive[, score]) rows"
     )
     columns: FileColumns
+    missing_labels: list[str] = Field(
+        description="groups: label values that mean \"no label\" (`nan`, `null` from an "
+        "export): such rows are dropped and counted like an empty label; remove a value to "
+        "keep it as a real label (compared after whitespace normalisation, case-sensitive)"
+    )
 
 
 class PrepareParams(Section):

@@ -697,3 +697,58 @@ def test_item14_key_with_whitespace_refused(tmp_path: Path, params_raw: dict[str
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     ids = prepare.build(_params(raw)).texts.column("text_id").to_pylist()
     assert sorted(ids) == sorted(f"k{i}" for i in range(40))
+
+
+def _labels_of(prepared: Prepared) -> set[str]:
+    return set(prepared.examples.column("label").to_pylist())
+
+
+def test_item9_nan_label_dropped(tmp_path: Path, params_raw: dict[str, Any],
+                                 caplog: pytest.LogCaptureFixture) -> None:
+    """43 unrelated texts labelled `nan` (an export's empty cell) are no class: dropped,
+    counted in the report and logged with the count, like empty labels."""
+    rows = [*_groups_rows(), *((f"unrelated text {i}", "nan") for i in range(40)),
+            ("unrelated x", "NaN"), ("unrelated y", " null "), ("unrelated z", "None"),
+            ("empty label", "")]
+    raw = _file_params(params_raw, _write(tmp_path / "d.csv", rows))
+    with caplog.at_level("INFO", logger="simtune.prepare"):
+        prepared = prepare.run(_params(raw), tmp_path / "out", tmp_path / "r.json")
+    r = prepared.report
+    assert _labels_of(prepared) == {"L0", "L1", "L2", "L3"}
+    assert (r["texts"], r["dropped_empty"]) == (80, 44)
+    assert r["missing_labels"] == {"NaN": 1, "None": 1, "nan": 40, "null": 1}
+    assert "43 of the dropped rows have a label that reads as missing ('NaN' 1, 'None' 1, " \
+           "'nan' 40, 'null' 1; prepare.file.missing_labels)" in caplog.text
+    assert json.loads((tmp_path / "r.json").read_text())["missing_labels"]["nan"] == 40
+
+
+def test_item9_json_null_and_nan_labels_dropped(tmp_path: Path,
+                                                params_raw: dict[str, Any]) -> None:
+    """JSON's `null` and `NaN` (a pandas export's gap) are no label either, whatever the list
+    says: before, `NaN` stopped the stage with "expected text"."""
+    path = tmp_path / "d.jsonl"
+    lines = [json.dumps({"text": t, "label": lab}) for t, lab in _groups_rows()]
+    lines += ['{"text": "gap one", "label": NaN}', '{"text": "gap two", "label": null}']
+    path.write_text("\n".join(lines) + "\n")
+    raw = _file_params(params_raw, path)
+    raw["prepare"]["file"]["missing_labels"] = []
+    prepared = prepare.build(_params(raw))
+    assert (prepared.report["texts"], prepared.report["dropped_empty"]) == (80, 2)
+    assert prepared.report["missing_labels"] == {}
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl", ".parquet"])
+def test_item9_real_label_kept_when_told(tmp_path: Path, params_raw: dict[str, Any],
+                                         suffix: str) -> None:
+    """Told that `NA` and `null` are real labels (removed from the list), every reader keeps
+    them as written: no reader turns them into a gap on its own (as pandas' read_csv would)."""
+    rows = [*_groups_rows(n_labels=2), *((f"north america {i}", "NA") for i in range(20)),
+            *((f"nothing {i}", "null") for i in range(20)), ("a gap", "nan")]
+    raw = _file_params(params_raw, _write(tmp_path / f"d{suffix}", rows))
+    raw["prepare"]["file"]["missing_labels"] = ["nan"]
+    prepared = prepare.build(_params(raw))
+    assert _labels_of(prepared) == {"L0", "L1", "NA", "null"}
+    assert prepared.report["per_label"]["NA"] == {"train": 16, "val": 2, "test": 2}
+    assert prepared.report["missing_labels"] == {"nan": 1}
+    raw["prepare"]["file"]["missing_labels"] = ["nan", "NA", "null"]
+    assert _labels_of(prepare.build(_params(raw))) == {"L0", "L1"}

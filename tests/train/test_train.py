@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from itertools import chain, groupby
@@ -487,6 +488,53 @@ def test_an_update_beyond_float32_is_divergence_not_a_traceback(small: tuple[Pat
     line = _diverged(root, params_file)
     assert line == ("error: train.lr: training diverged at epoch 1, step 2: the loss is nan; "
                     "the learning rate 1e+40 is likely too high; nothing saved")
+
+
+def test_item11_diverged_run_prints_no_warning(small: tuple[Path, Path]) -> None:
+    """Vectors that turn non-finite are never scored: numpy printed two RuntimeWarnings
+    ("invalid value encountered in matmul") before the one line."""
+    import warnings
+
+    root, params_file = small
+    _edit(params_file, lr=1e36, max_epochs=1, batch_size=100000)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = _diverged(root, params_file)
+    assert "the validation vectors are no longer finite" in line
+    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
+
+
+def test_item11_diverged_run_leaves_no_checkpoint_or_curves(tmp_path: Path, tiny_bert: Path,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """lr 1e8 on 40 texts diverges in epoch 2, after epoch 1 wrote a checkpoint and curves:
+    "nothing saved" holds for them too (a resume of the same settings would diverge again).
+    Only dvclive's own files go: a file of the user's in the curves folder stays."""
+    from simtune.train import checkpoint
+
+    root = tmp_path
+    _, params_file = project(root, tiny_bert, n=40)
+    _edit(params_file, lr=1e8, max_epochs=3)
+    written: list[Path] = []
+    real_write = checkpoint.write_bytes
+
+    def spy(path: Path, data: bytes) -> None:
+        real_write(path, data)
+        written.append(path)
+        assert (root / "live" / "metrics.json").is_file()  # the curves of epoch 1
+
+    monkeypatch.setattr(checkpoint, "write_bytes", spy)
+    (root / "live").mkdir()
+    (root / "live" / "notes.txt").write_text("mine")
+    line = _diverged(root, params_file)
+    assert "training diverged at epoch 2" in line
+    assert written == [root / "checkpoints" / "last.pt"]
+    assert not (root / "checkpoints").exists()
+    assert sorted(p.name for p in (root / "live").iterdir()) == ["notes.txt"]
+    (root / "live" / "notes.txt").unlink()
+    shutil.rmtree(root / "head")
+    _diverged(root, params_file)
+    assert not (root / "live").exists() and not (root / "checkpoints").exists()
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])

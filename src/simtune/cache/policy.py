@@ -97,6 +97,21 @@ def _size(directory: Path) -> int:
     return total
 
 
+def _remove(entry: Path) -> bool:
+    """Remove the store entry `entry` holding its lock (a fill that took it since `evict`
+    looked is left alone; one waiting for it then takes a new lock file, `atomic.locked`, in
+    the folder it makes again). False when it is in use or could not all be removed."""
+    try:
+        with atomic.locked(entry / store.LOCK, busy="in use"):
+            shutil.rmtree(entry, ignore_errors=True)
+    except UserError:
+        return False
+    if entry.exists():
+        log.warning("store: could not remove all of %s", entry)
+        return False
+    return True
+
+
 def evict(store_root: Path, max_bytes: int, keep: set[str], dry_run: bool = False
           ) -> list[Entry]:
     """Drop least-recently-used store entries (never those in `keep`, never one being filled,
@@ -111,11 +126,8 @@ def evict(store_root: Path, max_bytes: int, keep: set[str], dry_run: bool = Fals
             break
         if e.fingerprint in keep or atomic.is_locked(e.path / store.LOCK):
             continue
-        if not dry_run:
-            shutil.rmtree(e.path, ignore_errors=True)
-            if e.path.exists():
-                log.warning("store: could not remove all of %s", e.path)
-                continue
+        if not dry_run and not _remove(e.path):
+            continue
         log.info("store: %s %s (%s, %d rows, %.1f MB, last used %s)",
                  "would drop" if dry_run else "dropped", e.fingerprint, e.encoder, e.rows,
                  e.bytes / 1e6, time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used)))

@@ -53,8 +53,19 @@ _VERIFIED, USED, LOCK = ".verified.json", ".used", ".lock"
 
 def root(configured: str) -> Path:
     """The store root: `$SIMTUNE_STORE` if set (per machine or per test run), else the
-    `cache.store` param, with `~` expanded."""
-    return Path(os.environ.get(ENV) or configured).expanduser()
+    `cache.store` param, with `~` expanded. `UserError` when it, or the first of its parents
+    that exists, is not a folder (a regular file there: every fill, verify and gc would
+    otherwise fail or find nothing deep inside it)."""
+    path = Path(os.environ.get(ENV) or configured).expanduser()
+    setting = f"${ENV}" if os.environ.get(ENV) else "cache.store"
+    for p in (path, *path.parents):
+        if p.exists():  # symlinks followed: a link to a folder is a folder
+            if not p.is_dir():
+                which = setting if p == path else f"{setting} is {path}"
+                raise UserError(f"{p}: not a folder, so it cannot hold the shared cache store "
+                                f"({which})")
+            break
+    return path
 
 
 def fingerprint_dir(store_root: Path, fp: str) -> Path:

@@ -125,7 +125,8 @@ def write_batch(directory: Path, name: str, batch: pa.RecordBatch) -> Shard:
     except OSError as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        raise UserError(f"{final}: cannot write cache shard: {e.strerror or e}") from None
+        reason = e.strerror or str(e).replace(str(tmp), str(final))  # Arrow's names the temp
+        raise UserError(f"{final}: cannot write cache shard: {reason}") from None
     return shard
 
 

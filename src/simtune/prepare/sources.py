@@ -249,8 +249,8 @@ def scalar(path: Path, where: str, col: str, value: Any, numeric: bool) -> Any:
             raise UserError(f"{path}: {where}: column '{col}': score must be finite, "
                             f"got {echo(value)}")
         return score
-    if value is None:
-        return ""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""  # JSON null, Parquet null, NaN (JSON's `NaN`, a float column's gap): no value
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise UserError(f"{path}: {where}: column '{col}': expected text, got {echo(value)}")
     return str(value)

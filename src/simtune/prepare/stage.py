@@ -42,13 +42,27 @@ def build(p: PrepareParams) -> Prepared:
     return _pairs(path, recs, p)
 
 
+def _missing_labels(p: PrepareParams) -> frozenset[str]:
+    """The label values that mean "no label" (`prepare.file.missing_labels`, normalised like a
+    label); a built-in data set has none."""
+    if p.source != "file":
+        return frozenset()
+    return frozenset(normalize(v) for v in p.file.missing_labels) - {""}
+
+
 def _groups(path: Path, recs: list[sources.Record], p: PrepareParams) -> Prepared:
     seen: dict[str, tuple[str, str]] = {}
     first_at: dict[str, str] = {}
     conflicted: set[str] = set()
+    missing_values = _missing_labels(p)
+    missing: Counter[str] = Counter()
     empty = duplicates = 0
     for r in recs:
         text, label = normalize(r.values["text"]), normalize(r.values["label"])
+        if label in missing_values:
+            # `nan` from an export is no class: kept, it would make one class of unrelated texts
+            missing[label] += 1
+            label = ""
         if not text or not label:
             empty += 1
             continue
@@ -79,6 +93,7 @@ def _groups(path: Path, recs: list[sources.Record], p: PrepareParams) -> Prepare
         per_label[seen[t][1]][split_of[t]] += 1
     report = {
         "rows": len(recs), "dropped_empty": empty, "duplicates": duplicates,
+        "missing_labels": dict(sorted(missing.items())),
         "conflicting_labels": len(conflicted), "texts": len(seen),
         "examples": dict(Counter(split_of.values())),
         "labels": {s: sum(1 for c in per_label.values() if c[s]) for s in SPLITS},
@@ -180,6 +195,10 @@ def run(p: PrepareParams, out: Path, report_path: Path) -> Prepared:
              r["rows"], r["dropped_empty"], r["duplicates"],
              f", {r['conflicting_labels']} texts dropped (one text, several labels)"
              if r.get("conflicting_labels") else "")
+    if r.get("missing_labels"):
+        counts = ", ".join(f"{echo(v)} {n}" for v, n in r["missing_labels"].items())
+        log.info("%d of the dropped rows have a label that reads as missing (%s; "
+                 "prepare.file.missing_labels)", sum(r["missing_labels"].values()), counts)
     log.info("%s: %d texts; examples %s", prepared.kind, r["texts"],
              ", ".join(f"{s} {r['examples'].get(s, 0)}" for s in SPLITS))
     write(prepared, out, report_path)

@@ -185,6 +185,14 @@ class Resume(pl.Callback):
                  "loop": self.loop.state_dict(), "rng": rng}
         write_bytes(self.path, _dumps(state))
 
+    def on_exception(self, trainer: pl.Trainer, module: Any, exception: BaseException) -> None:
+        """A diverged run keeps no checkpoint: resumed, the same settings diverge again. Any
+        other failure (a crash, Ctrl-C) keeps it to resume from."""
+        from simtune.train.module import is_divergence
+
+        if is_divergence(exception) and trainer.is_global_zero:
+            self.finish()
+
     def finish(self) -> None:
         """After the outputs are written: the checkpoint is no longer needed."""
         self.path.unlink(missing_ok=True)

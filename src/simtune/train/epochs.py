@@ -10,7 +10,9 @@ the kept epoch from its kept weights when that epoch computed only the monitored
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -114,6 +116,20 @@ class EpochLoop(pl.Callback):
             assert self.live_dir is not None
             write_json(self.live_dir / KEPT, [{"step": best, "kept_epoch": best}])
             self.live.end()
+
+    def on_exception(self, trainer: pl.Trainer, module: Any, exception: BaseException) -> None:
+        """A diverged run leaves no curves: only the files dvclive wrote are removed (and the
+        folders it made, when empty), never anything else in `live_dir`."""
+        from simtune.train.module import is_divergence
+
+        if self.live is None or not is_divergence(exception):
+            return
+        live, self.live = self.live, None
+        Path(live.metrics_file).unlink(missing_ok=True)
+        shutil.rmtree(Path(live.plots_dir) / "metrics", ignore_errors=True)  # `log_metric`'s
+        for folder in (Path(live.plots_dir), Path(live.dir)):
+            with contextlib.suppress(OSError):  # not empty (the user's own files), or gone
+                folder.rmdir()
 
     def state_dict(self) -> dict[str, Any]:
         """Everything the rest of the run reads (a resumable checkpoint, `checkpoint`):

@@ -133,7 +133,7 @@ class SimilarityModule(pl.LightningModule):
         """Stop the run with one line when any process saw a non-finite value (all processes
         decide together, so none waits forever in a collective)."""
         if self.trainer.strategy.reduce_boolean_decision(bad, all=False):
-            raise UserError(diverged(self.t, self.current_epoch + 1, self._step, what))
+            raise Diverged(diverged(self.t, self.current_epoch + 1, self._step, what))
 
     def on_train_start(self) -> None:
         if not self.automatic_optimization and self.trainer.world_size > 1:
@@ -199,6 +199,19 @@ class _Collate:
     def __call__(self, idx: list[int]) -> dict[str, Any]:
         return self.rep.collate(self.split, idx)
 
+
+
+class Diverged(UserError):
+    """A run whose loss, weights or vectors stopped being finite. Its checkpoint and curves are
+    discarded (`is_divergence`): resuming the same settings would diverge again, and a new lr
+    starts afresh anyway (the checkpoint's fingerprint covers it)."""
+
+
+def is_divergence(e: BaseException) -> bool:
+    """Whether `e` ends a run that diverged: `Diverged`, or torch refusing an optimizer
+    scalar beyond float32 (`lr: 1e40`: "value cannot be converted ... without overflow")."""
+    return isinstance(e, Diverged) or (isinstance(e, RuntimeError)
+                                       and "without overflow" in str(e))
 
 
 def diverged(t: TrainParams, epoch: int, step: int, what: str) -> str:

@@ -32,7 +32,7 @@ from simtune.train.checkpoint import Resume, fingerprint
 from simtune.train.data import check_trainable, load_data
 from simtune.train.epoch_log import progress_callbacks
 from simtune.train.epochs import EpochLoop
-from simtune.train.module import SimilarityModule, diverged
+from simtune.train.module import Diverged, SimilarityModule, diverged, is_divergence
 from simtune.train.validation import Schedule, Validator, frozen
 
 log = logging.getLogger(__name__)
@@ -151,11 +151,11 @@ def fit(p: Params, data: Data, task: RetrievalTask, accelerator: str, live_dir: 
     start = time.perf_counter()
     try:
         trainer.fit(module)
-    except RuntimeError as e:  # torch refuses an optimizer scalar beyond float32 (lr: 1e40)
-        if "without overflow" not in str(e):
+    except RuntimeError as e:
+        if not is_divergence(e):
             raise
-        raise UserError(diverged(t, trainer.current_epoch + 1, module._step,
-                                 "the update overflows float32")) from None
+        raise Diverged(diverged(t, trainer.current_epoch + 1, module._step,
+                                "the update overflows float32")) from None
     return module, loop, trainer, time.perf_counter() - start
 
 

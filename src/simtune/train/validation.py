@@ -86,13 +86,21 @@ class Validator:
     def __call__(self, full: bool = True) -> tuple[dict[str, float], bool]:
         """(metrics, whether every vector was finite); `full` False: ranked down to the top
         max(ks, 10) only, every metric but MAP@R. Call it in eval mode, without grad."""
-        finite: list[bool] = []
-
         def embed(sp: Split, role: str) -> torch.Tensor:
             vectors = self.embed(sp, role)
-            finite.append(bool(torch.isfinite(vectors).all()))
+            if not bool(torch.isfinite(vectors).all()):
+                raise _NotFinite
             return vectors
 
-        scored = self.task.score(by_split(self.data, embed), KS, upto_r=full)
-        return scored.metrics, all(finite)
+        try:
+            scored = self.task.score(by_split(self.data, embed), KS, upto_r=full)
+        except _NotFinite:
+            # nothing to score (numpy would only warn about NaN): the caller stops the run.
+            # Every process has the same weights, so all stop here together
+            return {}, False
+        return scored.metrics, True
+
+
+class _NotFinite(Exception):
+    """A vector that is not finite: scoring stops at the first."""
 

@@ -1,0 +1,73 @@
+"""`simtune.atomic`: an error while writing names the user's file, never the temp name it was
+being written under (issue 28 item 10), and a failed write leaves no temp file behind."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from simtune.atomic import atomic_dir, write_bytes
+from stages import app
+from tests.train_helpers import project, stage_args
+
+
+def _no_temps(folder: Path) -> None:
+    assert not [p.name for p in folder.iterdir() if ".tmp-" in p.name]
+
+
+def test_item10_rename_error_names_the_destination(tmp_path: Path) -> None:
+    """A folder where the file should go: `os.replace(temp, dest)` fails naming the temp."""
+    dest = tmp_path / "apply_ro.yaml"
+    (dest / "inside").mkdir(parents=True)
+    with pytest.raises(IsADirectoryError) as e:
+        write_bytes(dest, b"x: 1\n")
+    assert (e.value.filename, e.value.strerror) == (str(dest), "cannot write: Is a directory")
+    assert ".tmp-" not in str(e.value)
+    _no_temps(tmp_path)
+
+
+def test_item10_temp_creation_error_names_the_destination(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unwritable folder (an immutable one, as a tester saw: root passes a plain chmod):
+    `mkstemp` fails naming `.apply_ro.yaml.tmp-kcyhpwby`; the error names `apply_ro.yaml`."""
+    real_open = os.open
+
+    def refuse(path: str, *args: object, **kwargs: object) -> int:
+        if ".tmp-" in os.fspath(path):
+            raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), path)
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", refuse)
+    dest = tmp_path / "apply_ro.yaml"
+    with pytest.raises(PermissionError) as e:
+        write_bytes(dest, b"x: 1\n")
+    assert str(e.value) == f"[Errno 1] cannot write: Operation not permitted: '{dest}'"
+
+
+def test_item10_atomic_dir_names_paths_inside_the_destination(tmp_path: Path) -> None:
+    """A file the block fails to write inside the temp folder is named inside `dest`; the
+    previous output stays."""
+    dest = tmp_path / "prepared"
+    with atomic_dir(dest) as tmp:
+        (tmp / "old.txt").write_text("old")
+    with pytest.raises(FileNotFoundError) as e, atomic_dir(dest) as tmp:
+        (tmp / "no" / "such.txt").write_text("x")
+    assert e.value.filename == str(dest / "no" / "such.txt")
+    assert [p.name for p in dest.iterdir()] == ["old.txt"]
+    _no_temps(tmp_path)
+
+
+def test_item10_checkpoint_error_names_last_pt(tmp_path: Path, tiny_bert: Path) -> None:
+    """A checkpoint that cannot be written (a folder named `last.pt` in the way): one line
+    naming `last.pt`, not `.last.pt.tmp-…`, and no temp file left."""
+    _, params_file = project(tmp_path, tiny_bert, n=40)
+    last = tmp_path / "checkpoints" / "last.pt"
+    (last / "x").mkdir(parents=True)
+    result = CliRunner().invoke(app, stage_args(tmp_path, params_file))
+    assert result.exit_code == 1, result.output
+    assert result.output.splitlines() == [f"error: {last}: cannot write: Is a directory"]
+    _no_temps(last.parent)
