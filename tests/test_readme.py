@@ -87,9 +87,34 @@ def test_the_results_quote_the_figures_the_bench_wrote() -> None:
         trained, lift = rows[name][2], rows[name][3]
         assert trained == f"{default['default']['test'][key]:.3f}", name
         assert lift == f"{default['default']['lift'][key]:+.3f}", name
+    _layers_table_quotes_bench_layers(results)
     stage = json.loads((ROOT / "bench" / "train_speed.json").read_text())["stage_rows"][0]
     assert stage["measure"].startswith("train stage, TREC default head mode")
     assert f"The head's train stage takes {stage['ours']:.0f} s on a quiet" in results
+
+
+def _layers_table_quotes_bench_layers(results: str) -> None:
+    """The top-layers table's figures are bench/layers.json's rows (its chosen peer and top-K)."""
+    layers = json.loads((ROOT / "bench" / "layers.json").read_text())
+    rows = {r["measure"].split(",")[0]: r for r in layers["rows"]}
+    for encoder, name in (("MiniLM", "all-MiniLM-L6-v2"), ("MPNet", "all-mpnet-base-v2")):
+        p1, wall, cpu = (rows[f"{encoder} trec: {m}"] for m in ("test P@1", "train s",
+                                                                "train CPU s"))
+        frozen = re.search(r"frozen (0\.\d+)", p1["measure"]).group(1)
+        top = re.search(r"top-(\d+) layers", p1["measure"]).group(1)
+        line = next(ln for ln in results.splitlines() if ln.startswith(f"| {name} "))
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[1] == frozen, name
+        assert cells[2] == (f"{p1['peer']:.3f} ({_s(wall['peer'])}, {_s(cpu['peer'])})"), name
+        assert cells[3] == (f"top {top}: {p1['ours']:.3f} ({_s(wall['ours'])}, "
+                            f"{_s(cpu['ours'])})"), name
+        shares = (float(p1["ratio"].split()[0]), wall["ratio"], cpu["ratio"])
+        assert cells[4] == ", ".join(f"{round(x * 100)} %" for x in shares), name
+
+
+def _s(seconds: float) -> str:
+    """Seconds as the README writes them: tenths below 100 s."""
+    return f"{seconds:.1f}" if seconds < 100 else f"{seconds:.0f}"
 
 
 def _quickstart() -> list[str]:
