@@ -76,3 +76,15 @@ def save_tiny_bert(path: Path, seed: int = 0, hidden: int = 32) -> Path:
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The documentation site as `mkdocs build --strict` makes it, built once per session for
+    every test that reads its pages (a build takes ~30 s)."""
+    from tests.test_docs import build
+
+    out = tmp_path_factory.mktemp("site")
+    proc = build(ROOT / "mkdocs.yml", out)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out

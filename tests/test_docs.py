@@ -45,14 +45,6 @@ def build(config: Path, out: Path) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=600)
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("site")
-    proc = build(ROOT / "mkdocs.yml", out)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
-
-
 def _text(page: Path) -> str:
     """A built page's text: tags dropped, entities decoded, whitespace collapsed."""
     raw = page.read_text().replace("<wbr>", "")

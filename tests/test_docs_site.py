@@ -20,21 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.conftest import ROOT
 from tests.test_docs import CHROMIUM, build, needs_chromium, served  # noqa: F401 (a fixture)
 
 WIDTH = 1280
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("site")
-    proc = build(ROOT / "mkdocs.yml", out)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
 
 
 # --- the command reference --------------------------------------------------------------------
