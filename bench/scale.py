@@ -24,7 +24,7 @@ L - 2 words each, so every text is exactly L tokens (nothing downloaded). Per si
 Every figure is also projected linearly to 1M texts (RSS: streamed stays as measured, the
 loaded table grows with the bytes), said so in the table.
 
-    python -m bench.scale [--sizes 20000x128,5000x512] [--fill-texts 200] [--steps 10]
+    python -m bench.scale [--sizes 10000x128,30000x128,100000x128,10000x512] [--fill-texts 200] [--steps 10]
 
 Prints a Markdown table and writes bench/scale.json.
 """
@@ -357,7 +357,7 @@ def old_fits(n: int, length: int, max_gb: float | None) -> bool:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="20000x128,5000x512",
+    ap.add_argument("--sizes", default="10000x128,30000x128,100000x128,10000x512",
                     help="comma-separated NxL: N texts of L tokens")
     ap.add_argument("--fill-texts", type=int, default=200, help="texts each timed fill embeds")
     ap.add_argument("--steps", type=int, default=10, help="training steps timed")
