@@ -24,7 +24,8 @@ L - 2 words each, so every text is exactly L tokens (nothing downloaded). Per si
 Every figure is also projected linearly to 1M texts (RSS: streamed stays as measured, the
 loaded table grows with the bytes), said so in the table.
 
-    python -m bench.scale [--sizes 10000x128,30000x128,100000x128,10000x512] [--fill-texts 200] [--steps 10]
+    python -m bench.scale [--sizes 10000x128,30000x128,100000x128,10000x512]
+                          [--fill-texts 200] [--steps 10]
 
 Prints a Markdown table and writes bench/scale.json.
 """
