@@ -423,7 +423,7 @@ def test_item3_apply_refuses_when_the_params_changed_since_the_study(
     assert result.exit_code == 1
     assert result.output.splitlines()[-1] == (
         f"error: sweep.study: study 'test' in {tmp_path / 'reports' / 'sweep.db'} was made for "
-        "other params (train.loss.name supcon -> triplet, train.weight_decay 0.01 -> 0.02); set "
+        "other params (train.loss.name auto -> triplet, train.weight_decay 0.01 -> 0.02); set "
         "sweep.study (or --study) to a new name")
     assert params_file.read_text() == before
     assert "Traceback" not in result.output
@@ -596,8 +596,8 @@ def test_item8_a_choice_that_can_never_train_is_refused_when_the_sweep_starts(
         lib.run(p, tmp_path / "prepared", tmp_path / "cache")
     assert str(e.value) == (
         "sweep.space.train.loss.name: no trial can train with mnrl on this data "
-        "(train.loss.name: 'mnrl' needs pairs data, the prepared data is groups (use one of "
-        "arcface, contrastive, supcon, triplet)); remove it from the space")
+        "(train.loss.name: 'mnrl' needs pairs data, the prepared data is groups (use auto or "
+        "one of supcon, triplet, contrastive, arcface)); remove it from the space")
     # a choice that fails with some of the other keys' choices only is kept (identity is a
     # head arcface trains; the others need one in head mode)
     q = _with(params_file, sweep__space={"train.loss.name": {"choices": ["supcon", "arcface"]},
@@ -642,16 +642,17 @@ def test_item8_a_failing_trial_is_one_line_and_the_sweep_exits_non_zero(
 
 def test_item9_a_swept_key_the_loss_ignores_is_warned_or_refused(
         caplog: pytest.LogCaptureFixture) -> None:
-    raw = repo_params()  # supcon
+    raw = repo_params()  # auto: supcon on groups data, mnrl on pairs
     raw["sweep"]["space"] = {"train.loss.margin": {"low": 0.1, "high": 0.5}}
-    with pytest.raises(UserError) as e:
-        space.check_ignored(P.validate(raw))
-    assert str(e.value) == ("sweep.space: train.loss.name supcon reads none of the swept keys "
-                            "(train.loss.margin): every trial would train the same")
+    for kind, loss in (("groups", "supcon"), ("pairs", "mnrl")):
+        with pytest.raises(UserError) as e:
+            space.check_ignored(P.validate(raw), kind)
+        assert str(e.value) == (f"sweep.space: train.loss.name {loss} reads none of the swept "
+                                "keys (train.loss.margin): every trial would train the same")
     raw["sweep"]["space"]["train.lr"] = {"low": 0.001, "high": 0.01}
     raw["sweep"]["fixed"] = {"train.loss.scale": 30.0}
     with caplog.at_level("WARNING"):
-        space.check_ignored(P.validate(raw))
+        space.check_ignored(P.validate(raw), "groups")
     assert [r.getMessage() for r in caplog.records] == [
         "sweep.space.train.loss.margin: train.loss.name supcon does not read it (arcface, "
         "contrastive, triplet do): every value of it trains the same",
@@ -660,7 +661,7 @@ def test_item9_a_swept_key_the_loss_ignores_is_warned_or_refused(
     caplog.clear()
     raw["sweep"]["space"]["train.loss.name"] = {"choices": ["supcon", "triplet"]}
     raw["sweep"]["fixed"] = {}
-    space.check_ignored(P.validate(raw))  # margin matters in the triplet trials
+    space.check_ignored(P.validate(raw), "groups")  # margin matters in the triplet trials
     assert caplog.records == []
 
 

@@ -280,7 +280,8 @@ def test_training_curves_have_one_increasing_step_per_epoch(small: tuple[Path, P
     assert max(val.values()) == pytest.approx(report["best_val"]["val/mrr@10"])
 
 
-EPOCH_LINE = re.compile(r"INFO simtune\.train: epoch (\d+)/(\d+): train loss (\S+), val mrr@10 "
+EPOCH_LINE = re.compile(r"INFO simtune\.train\.epoch_log: epoch (\d+)/(\d+): train loss (\S+), "
+                        r"val mrr@10 "
                         r"(\d\.\d{4}) \(best (\d\.\d{4}) at epoch (\d+)\), (\d+\.\d\d) s "
                         r"training \+ (\d+\.\d\d) s validation")
 
@@ -288,7 +289,7 @@ EPOCH_LINE = re.compile(r"INFO simtune\.train: epoch (\d+)/(\d+): train loss (\S
 def epoch_lines(output: str) -> list[tuple[int, int, float, float, float, int, float, float]]:
     """The per-epoch log lines of a non-terminal run's output, parsed: (k, N, loss, val, best,
     best epoch, training s, validation s); a line that starts as one but does not parse fails."""
-    lines = [line for line in output.splitlines() if "simtune.train: epoch " in line]
+    lines = [line for line in output.splitlines() if "simtune.train.epoch_log: epoch " in line]
     assert all(EPOCH_LINE.fullmatch(line) for line in lines), lines
     return [(int(k), int(n), float(loss), float(val), float(best), int(j), float(tr), float(va))
             for k, n, loss, val, best, j, tr, va in (EPOCH_LINE.fullmatch(line).groups()

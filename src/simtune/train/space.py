@@ -32,14 +32,16 @@ def check_mode(p: P.Params) -> None:
                                 f"{p.train.mode} (see train.encoder)")
 
 
-def check_ignored(p: P.Params) -> None:
+def check_ignored(p: P.Params, kind: str) -> None:
     """A swept or fixed `train.loss.*` key that no loss of the sweep reads (`loss.margin` with
     supcon) is a warning line; when every swept key is such a key (every trial would train the
-    same), the sweep is refused."""
+    same), the sweep is refused. `kind`: the data's (groups | pairs), which `auto` resolves by."""
     sw = p.sweep
     name = sw.space.get("train.loss.name")
-    names = set(name.choices) if name is not None and name.choices else \
+    given = set(name.choices) if name is not None and name.choices else \
         {sw.fixed.get("train.loss.name", p.train.loss.name)}
+    auto = P.LOSSES[kind][0] if kind in P.LOSSES else "auto"
+    names = {auto if n == "auto" else n for n in given}
     losses = ", ".join(sorted(str(n) for n in names))
     ignored = [(what, key, users) for what, keys in (("space", sw.space), ("fixed", sw.fixed))
                for key in keys if key.startswith("train.loss.")

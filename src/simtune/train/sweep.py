@@ -215,7 +215,6 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, negatives_dir: Path | No
     study made for other data or params (`study`), a study another sweep is running."""
     sw = p.sweep
     space.check_mode(p)
-    space.check_ignored(p)
     size = space.combinations(sw.space)
     if size is not None and size < sw.trials:
         raise UserError(f"sweep.trials: {sw.trials} trials asked of a space that holds "
@@ -223,6 +222,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, negatives_dir: Path | No
     path = study_lib.storage_path(sw.storage)
     study_lib.check_storage(path)
     loaded = load(p, prepared_dir, cache_dir, negatives_dir)
+    space.check_ignored(p, loaded.data.kind)  # `auto` is the loss of the data's kind
     check_values(loaded)
     ident = study_lib.identity(loaded.params, prepared_dir, negatives_dir, loaded.data.tables)
     with study_lib.lock(path, sw.study):
