@@ -752,3 +752,35 @@ def test_item9_real_label_kept_when_told(tmp_path: Path, params_raw: dict[str, A
     assert prepared.report["missing_labels"] == {"nan": 1}
     raw["prepare"]["file"]["missing_labels"] = ["nan", "NA", "null"]
     assert _labels_of(prepare.build(_params(raw))) == {"L0", "L1"}
+
+
+def test_probe_every_label_missing_is_one_line(tmp_path: Path,
+                                               params_raw: dict[str, Any]) -> None:
+    """A file whose every label reads as missing stops the stage with one line that says so
+    (its fields are not empty: "10 with an empty field" alone sent the user looking for
+    blanks), exit 1, and nothing written."""
+    rows = [(f"text {i}", "nan" if i % 2 else " NA ") for i in range(10)]
+    raw = _file_params(params_raw, _write(tmp_path / "d.csv", rows))
+    code, output, out, report = _run_stage(tmp_path, raw)
+    assert code == 1
+    assert output.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'd.csv'}: no usable rows (10 read, 10 with an empty field, 10 of "
+        "them a label that reads as missing: prepare.file.missing_labels)")
+    assert not out.exists() and not report.exists()
+    # missing_labels emptied: the same 10 rows are usable (2 labels), only too few to split
+    raw["prepare"]["file"]["missing_labels"] = [" ", ""]
+    with pytest.raises(UserError, match=r"d\.csv: split 'test' would be empty \(fraction 0\.1 "
+                       r"of 10 items\)"):
+        prepare.build(_params(raw))
+
+
+def test_probe_missing_labels_entry_with_spaces(tmp_path: Path,
+                                                params_raw: dict[str, Any]) -> None:
+    """An entry written with spaces (`" nan "`) matches the label `nan` and `  nan` (both
+    normalised); an empty entry is no value (it does not make every row's label missing)."""
+    rows = [*_groups_rows(), ("gap a", "nan"), ("gap b", "  nan"), ("real", "NA")]
+    raw = _file_params(params_raw, _write(tmp_path / "d.csv", rows))
+    raw["prepare"]["file"]["missing_labels"] = [" nan ", ""]
+    prepared = prepare.build(_params(raw))
+    assert prepared.report["missing_labels"] == {"nan": 2}
+    assert _labels_of(prepared) == {"L0", "L1", "L2", "L3", "NA"}

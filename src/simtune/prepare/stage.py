@@ -80,7 +80,7 @@ def _groups(path: Path, recs: list[sources.Record], p: PrepareParams) -> Prepare
             conflicted.add(tid)
     for tid in conflicted:
         del seen[tid]
-    _require_rows(path, len(recs), empty, len(seen))
+    _require_rows(path, len(recs), empty, len(seen), sum(missing.values()))
     split_of = _split_groups(path, {tid: lab for tid, (_, lab) in seen.items()}, p)
     order = sorted(seen, key=lambda t: (SPLITS.index(split_of[t]), seen[t][1], t))
     examples = pa.table({
@@ -169,9 +169,12 @@ def _pairs(path: Path, recs: list[sources.Record], p: PrepareParams) -> Prepared
     return Prepared("pairs", _texts_table(texts), examples, report)
 
 
-def _require_rows(path: Path, rows: int, empty: int, usable: int) -> None:
+def _require_rows(path: Path, rows: int, empty: int, usable: int, missing: int = 0) -> None:
     if usable == 0:
-        raise UserError(f"{path}: no usable rows ({rows} read, {empty} with an empty field)")
+        # a file whose every label reads as missing (`nan`) says so: its fields are not empty
+        why = (f", {missing} of them a label that reads as missing: "
+               "prepare.file.missing_labels" if missing else "")
+        raise UserError(f"{path}: no usable rows ({rows} read, {empty} with an empty field{why})")
 
 
 def _require_splits(path: Path, assigned: Any, fractions: dict[str, float]) -> None:
