@@ -98,9 +98,12 @@ class Chunker:
             prompt) else 0
         self.body = spec.max_length - special - prompt_tokens  # text tokens one window holds
         key = key or f"encoders.models.{name}"
+        if spec.max_length <= special:  # every text would be its special tokens: one vector
+            raise UserError(f"{key}.max_length: {spec.max_length} leaves no token for the text "
+                            f"({special} special tokens): raise max_length")
         check_room(f"{key}.prompts.{role}", prompt_tokens, special, spec.max_length)
-        least = min(MIN_STEP, self.body // 2)
-        if self.max > 1 and self.body - self.overlap < max(least, 1):
+        least = max(1, min(MIN_STEP, self.body // 2))
+        if self.max > 1 and self.body - self.overlap < least:
             raise UserError(
                 f"{key}.chunks.overlap: {self.overlap} leaves "
                 f"{self.body - self.overlap} new tokens per window of {self.body} text tokens "
@@ -184,7 +187,7 @@ def check_room(key: str, prompt_tokens: int, special: int, max_length: int) -> N
     if not prompt_tokens:
         return
     room = max_length - special - prompt_tokens
-    least = min(MIN_TEXT_TOKENS, (max_length - special) // 2)
+    least = max(1, min(MIN_TEXT_TOKENS, (max_length - special) // 2))  # 1: a window of 3
     if room < least:
         half = " (half the window)" if least < MIN_TEXT_TOKENS else ""
         raise UserError(f"{key}: the prompt is {prompt_tokens} tokens, leaving {max(room, 0)} of "

@@ -166,3 +166,32 @@ def test_item2_a_prompt_may_leave_exactly_the_least(tiny_bert: Path) -> None:
     with pytest.raises(UserError, match=r"leaving 6 of max_length 16 .* at least 7 are "
                        r"needed \(half the window\)"):
         Chunker(tok, short, " ".join(words[:8]) + " ", "tiny")
+
+
+def test_probe_a_window_with_no_room_for_the_text_is_refused(tiny_bert: Path) -> None:
+    """A `max_length` at or under the special tokens left no text token, prompt or not: every
+    text became `[CLS] [SEP]`, one vector for all (exit 0). A 3-token window with a 1-token
+    prompt passed the room check (half of 1 is 0 tokens needed) with the same result. Both
+    refused; a tiny window with no prompt (8: 6 text tokens) still works."""
+    import transformers
+
+    from simtune.chunks import Chunker
+
+    tok = transformers.AutoTokenizer.from_pretrained(tiny_bert)
+    spec = P.EncoderParams(**encoder_params(tiny_bert, max_length=8)["models"]["tiny"])
+    assert Chunker(tok, spec, "", "tiny").body == 6
+    for n, prompt in [(2, ""), (1, ""), (2, "what ")]:
+        with pytest.raises(UserError) as e:
+            Chunker(tok, spec.model_copy(update={"max_length": n}), prompt, "tiny")
+        assert str(e.value) == (f"encoders.models.tiny.max_length: {n} leaves no token for the "
+                                "text (2 special tokens): raise max_length")
+    with pytest.raises(UserError) as e:
+        Chunker(tok, spec.model_copy(update={"max_length": 3}), "what ", "tiny")
+    assert str(e.value).startswith("encoders.models.tiny.prompts.query: the prompt is 1 tokens, "
+                                   "leaving 0 of max_length 3 for the text (2 special tokens); "
+                                   "at least 1 are needed")
+    chunked = spec.model_copy(update={"max_length": 3, "chunks": P.ChunkParams(
+        max=4, overlap=1, pool="mean")})
+    with pytest.raises(UserError, match=r"chunks.overlap: 1 leaves 0 new tokens per window of 1 "
+                       r"text tokens .* at least 1 are needed"):
+        Chunker(tok, chunked, "", "tiny")
