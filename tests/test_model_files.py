@@ -608,3 +608,25 @@ def test_a_max_length_past_the_models_positions_is_one_line_before_the_fill(
         "encoders.models.tiny.max_length: 1000 is more than the model's 128 positions "
         "(max_position_embeddings in its config.json); use at most that")
     assert not _own_store.exists() or not any(_own_store.rglob("*.arrow"))
+
+
+@pytest.mark.parametrize("name", ["config_sentence_transformers.json", "modules.json",
+                                  "1_Pooling/config.json"])
+def test_probe_a_dangling_link_for_a_sentence_transformers_file_is_refused(
+        exported: Path, tmp_path: Path, name: str) -> None:
+    """A sentence-transformers file replaced by a link to nothing was taken for absent and the
+    folder loaded, though `SentenceTransformer(dir)` then embeds without the prompts (it skips
+    a config it cannot open); it is refused, one line. A dangling link to no file simtune or
+    sentence-transformers reads, and links inside the folder, still load."""
+    def dangle(folder: Path) -> None:
+        (folder / name).unlink()
+        (folder / name).symlink_to(folder / "gone.json")
+
+    folder = _damaged(exported, tmp_path / "export", dangle)
+    assert _error(lambda: load_model(folder, "cpu")) == f"{folder / name}: a link to nothing"
+    junk = _damaged(exported, tmp_path / "junk", lambda f: (
+        (f / "junk").symlink_to(f / "gone"),
+        shutil.move(f / "config_sentence_transformers.json", f / "st.json"),
+        (f / "config_sentence_transformers.json").symlink_to("st.json")))
+    assert torch.equal(load_model(junk, "cpu").encode(TEXTS),
+                       load_model(exported, "cpu").encode(TEXTS))

@@ -137,7 +137,7 @@ def read(path: Path, schema: type[Schema]) -> Schema:
     schema says."""
     path = Path(path)
     if not path.exists():
-        raise UserError(f"{path}: not found")
+        raise UserError(f"{path}: {'a link to nothing' if path.is_symlink() else 'not found'}")
     if not path.is_file():
         raise UserError(f"{path}: not a regular file")
     if path.stat().st_size > MAX_BYTES:
@@ -207,7 +207,7 @@ def check_st_files(folder: Path, config: ExportConfig) -> None:
     simtune.json says. `UserError` naming the file otherwise."""
     folder, spec = Path(folder), config.encoder
     modules_path = folder / "modules.json"
-    modules = read(modules_path, STModules).root if modules_path.exists() else []
+    modules = read(modules_path, STModules).root if _present(modules_path) else []
     for i, module in enumerate(modules):
         if module.path:
             inside(folder, module.path, f"{modules_path}: {i}.path")
@@ -227,10 +227,17 @@ def check_st_files(folder: Path, config: ExportConfig) -> None:
                                 f"not simtune.json's max_length {spec.max_length}")
 
 
+def _present(path: Path) -> bool:
+    """`path` exists, or is a link to nothing (`read` refuses it): sentence-transformers
+    skips a file it cannot open, so a dangling `config_sentence_transformers.json` would
+    embed without simtune.json's prompts."""
+    return path.exists() or path.is_symlink()
+
+
 def _check_st_prompts(path: Path, want: dict[str, str]) -> None:
     """`config_sentence_transformers.json` at `path` (when present) holds `want` as its
     prompts, `query` the default when there are any."""
-    if not path.exists():
+    if not _present(path):
         return
     st = read(path, STConfig)
     if st.prompts != want:
