@@ -399,6 +399,25 @@ def test_a_bench_placeholder_becomes_the_figure_of_the_json() -> None:
         hook.bench_figures("{{ bench.sweep.nothing }}", "page.md")
 
 
+
+@pytest.mark.parametrize(("text", "end"), [
+    ("{{ bench.layers.results.0.layer }}", "names no figure in bench/: "
+     "TypeError('layers.results.0.layer is null, not a figure')"),
+    ("{{ bench.train_speed|.2f }}", "names no figure in bench/: "
+     "TypeError('train_speed is dict, not a figure')"),
+    ("{{ bench.scale.rows[0] }}", "is not a figure placeholder: write "
+     "{{ bench.<name>.<key>...|<format> }} (list items by index: .0.)"),
+    ("{{ bench.scale.rows.0 .ours }}", "is not a figure placeholder"),
+])
+def test_probe_a_bench_placeholder_that_is_no_figure_fails(text: str, end: str) -> None:
+    """A null value rendered `None`, a dict or list its Python repr, and a placeholder the
+    pattern does not match (`rows[0]`, a space in the path) stayed in the page as written: all
+    built without a word. Each now fails the build naming the page and the placeholder."""
+    assert json.loads((ROOT / "bench" / "layers.json").read_text())["results"][0]["layer"] is None
+    with pytest.raises(ValueError) as e:
+        _hook().bench_figures(f"x {text} y", "page.md")
+    assert str(e.value).startswith("page.md: {{ bench.") and end in str(e.value)
+
 def test_the_pages_quote_the_bench_figures_not_placeholders(site: Path) -> None:
     sources = [p for p in DOCS.rglob("*.md") if "{{ bench." in p.read_text()]
     assert {p.name for p in sources} >= {"benchmarks.md", "modes.md", "experiments.md"}

@@ -229,6 +229,9 @@ def bench_figure(path: str, spec: str = "") -> str:
     node: Any = results if name == "results" else results[name]
     for key in keys:
         node = node[int(key)] if isinstance(node, list) else node[key]
+    if node is None or isinstance(node, dict | list):  # would print `None` or a repr
+        raise TypeError(f"{path} is {'null' if node is None else type(node).__name__}, "
+                        "not a figure")
     return format(node, spec) if spec else str(node)
 
 
@@ -241,7 +244,12 @@ def bench_figures(markdown: str, where: str) -> str:
         except (KeyError, IndexError, ValueError, TypeError) as err:
             raise ValueError(f"{where}: {match.group(0)} names no figure in bench/: "
                              f"{err!r}") from err
-    return FIGURE.sub(figure, markdown)
+    out = FIGURE.sub(figure, markdown)
+    left = re.search(r"\{\{\s*bench\.[^\n]*?\}\}|\{\{\s*bench\.\S*", out)
+    if left:  # `rows[0]`, a space in the path, an unclosed brace: it would print as written
+        raise ValueError(f"{where}: {left.group(0)} is not a figure placeholder: write "
+                         "{{ bench.<name>.<key>...|<format> }} (list items by index: .0.)")
+    return out
 
 
 def bench_page(markdown: str) -> str:
