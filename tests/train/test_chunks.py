@@ -135,3 +135,23 @@ def test_ddp_two_processes_over_windows_equal_one(tmp_path: Path, tiny_bert: Pat
     moved = sum(not torch.equal(enc_one[k], base[k]) for k in base if k in enc_one)
     assert moved > 10  # the encoder trained
     assert json.loads((tmp_path / "trainone.json").read_text())["epochs"] == 1
+
+
+def test_probe_full_modes_prompt_refusal_names_the_encoder(tiny_bert: Path) -> None:
+    """Full mode's live encoder refused a prompt that leaves too little room under the key
+    `encoders.models.<name>.prompts.document`: a placeholder, not the encoder's name."""
+    from tests.cache_helpers import encoder_params
+    from tests.conftest import repo_params
+
+    prompts = {"query": "", "document": " ".join(["the"] * 25) + " ", "include_prompt": True}
+    spec = P.EncoderParams(**encoder_params(tiny_bert, max_length=32, prompts=prompts)[
+        "models"]["tiny"])
+    p = P.validate({**repo_params(), "encoders": encoder_params(tiny_bert, max_length=32,
+                                                                prompts=prompts)})
+    assert p.encoders.models["tiny"] == spec
+    with pytest.raises(UserError) as e:
+        represent.build("full", p, {})
+    assert str(e.value) == (
+        "encoders.models.tiny.prompts.document: the prompt is 25 tokens, leaving 5 of "
+        "max_length 32 for the text (2 special tokens); at least 15 are needed (half the "
+        "window): shorten the prompt or raise max_length")

@@ -236,8 +236,9 @@ class LiveEncoder(Representation):
 
     tokenizes = True
 
-    def __init__(self, path: Path, spec: EncoderParams, adapters: LoraParams | None = None
-                 ) -> None:
+    def __init__(self, path: Path, spec: EncoderParams, adapters: LoraParams | None = None,
+                 name: str = "<name>") -> None:
+        """`name`: the encoder's in `encoders.models`, for messages."""
         super().__init__()
         self.spec = spec
         encoder, self.tokenizer = load_pretrained(path, "train.mode full")
@@ -250,7 +251,7 @@ class LiveEncoder(Representation):
         self.dim = int(self.encoder.config.hidden_size)
         self.prompts = {r: prompt_of(spec, r) for r in ("query", "document")}
         self.skips = {r: prompt_skip(self.tokenizer, spec, r) for r in ("query", "document")}
-        self.chunkers = {r: Chunker(self.tokenizer, spec, self.prompts[r], role=r)
+        self.chunkers = {r: Chunker(self.tokenizer, spec, self.prompts[r], name, role=r)
                          for r in ("query", "document")}
 
     def collate(self, split: Any, idx: list[int]) -> dict[str, Any]:
@@ -300,4 +301,4 @@ def build(mode: str, p: Params, tables: dict[str, Any]) -> Representation:
     if mode == "top_layers":
         return CachedStates(tables["states"], path, tables["layer"], spec,
                             tables.get("doc_states"), adapters)
-    return LiveEncoder(path, spec, adapters)
+    return LiveEncoder(path, spec, adapters, name)
