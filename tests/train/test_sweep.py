@@ -665,6 +665,21 @@ def test_item9_a_swept_key_the_loss_ignores_is_warned_or_refused(
     assert caplog.records == []
 
 
+def test_probe_auto_beside_the_loss_it_resolves_to_is_refused() -> None:
+    """`choices: [auto, supcon]` on groups data ran two identical trials (and reported the
+    loss name as the only important param); now one line, before any trial. `auto` beside
+    a loss it does not resolve to (triplet on groups, supcon on pairs) still sweeps."""
+    raw = repo_params()
+    for kind, loss, other in (("groups", "supcon", "triplet"), ("pairs", "mnrl", "contrastive")):
+        raw["sweep"]["space"] = {"train.loss.name": {"choices": ["auto", other, loss]}}
+        with pytest.raises(UserError) as e:
+            space.check_ignored(P.validate(raw), kind)
+        assert str(e.value) == (f"sweep.space.train.loss.name: auto is {loss} on {kind} data, "
+                                "also a choice: their trials would train the same; remove one")
+        raw["sweep"]["space"] = {"train.loss.name": {"choices": ["auto", other]}}
+        space.check_ignored(P.validate(raw), kind)
+
+
 @pytest.mark.parametrize(("kind", "name"), [("groups", "supcon"), ("groups", "triplet"),
                                             ("groups", "contrastive"), ("groups", "arcface"),
                                             ("pairs", "mnrl"), ("pairs", "contrastive")])
