@@ -755,3 +755,28 @@ def test_issue29_item3_trials_and_study_options_override_the_params_for_one_run(
     assert P.load(params_file).sweep.trials == 5 and P.load(params_file).sweep.study == "test"
     empty = CliRunner().invoke(app, _args(tmp_path, params_file, "--study", " "))
     assert empty.exit_code == 1 and empty.output == "error: --study: give the study a name\n"
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    (" ", "give the study a name"),
+    ("a\nb", "'a\\nb': no control characters (newlines, tabs) in a study name"),
+    ("x\u200by", "'x\\u200by': no control characters (newlines, tabs) in a study name"),
+])
+def test_probe_blank_or_control_character_study_names_are_refused(
+        tmp_path: Path, name: str, message: str) -> None:
+    """`sweep.study: " "` was accepted (only `--study " "` was refused) and a name with a
+    newline split every line naming the study; both the key and the option are one line now,
+    before the data is read or the storage is touched. Other unicode names still do."""
+    raw = repo_params()
+    raw["sweep"].update(study=name, storage=str(tmp_path / "s.db"))
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    keyed = CliRunner().invoke(app, _args(tmp_path, params_file))
+    assert (keyed.exit_code, keyed.output) == (
+        1, f"error: {params_file}: sweep: study: {message}\n")
+    raw["sweep"]["study"] = "études/été"
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert P.load(params_file).sweep.study == "études/été"
+    option = CliRunner().invoke(app, _args(tmp_path, params_file, "--study", name))
+    assert (option.exit_code, option.output) == (1, f"error: --study: {message}\n")
+    assert list(tmp_path.iterdir()) == [params_file]
