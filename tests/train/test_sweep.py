@@ -780,3 +780,25 @@ def test_probe_blank_or_control_character_study_names_are_refused(
     option = CliRunner().invoke(app, _args(tmp_path, params_file, "--study", name))
     assert (option.exit_code, option.output) == (1, f"error: --study: {message}\n")
     assert list(tmp_path.iterdir()) == [params_file]
+
+
+def test_probe_importances_of_trials_that_cannot_be_told_apart_are_not_shown(
+        recwarn: pytest.WarningsRecorder) -> None:
+    """Two trials with one value (auto and supcon on groups data train the same) printed
+    Optuna's UserWarning and "importance: train.loss.name 1.00"; now no importance line."""
+    def study(values: list[float]) -> optuna.Study:
+        s = optuna.create_study(direction="maximize")
+        for i, v in enumerate(values):
+            s.add_trial(optuna.trial.create_trial(
+                params={"train.lr": 0.01 * (i + 1), "train.head.type": ["linear", "mlp"][i % 2]},
+                distributions={"train.lr": optuna.distributions.FloatDistribution(0.001, 1.0),
+                               "train.head.type": optuna.distributions.CategoricalDistribution(
+                                   ["linear", "mlp"])}, value=v))
+        return s
+    same = study([0.5, 0.5, 0.5])
+    assert report.importances(same) == {}
+    assert "importance:" not in report.summary(same, 5, 3)
+    told = report.importances(study([0.1, 0.9, 0.2, 0.8, 0.15, 0.85]))
+    assert set(told) == {"train.lr", "train.head.type"}
+    assert sum(told.values()) == pytest.approx(1)
+    assert [str(w.message) for w in recwarn if issubclass(w.category, UserWarning)] == []
