@@ -802,3 +802,16 @@ def test_probe_importances_of_trials_that_cannot_be_told_apart_are_not_shown(
     assert set(told) == {"train.lr", "train.head.type"}
     assert sum(told.values()) == pytest.approx(1)
     assert [str(w.message) for w in recwarn if issubclass(w.category, UserWarning)] == []
+
+
+def test_probe_an_in_memory_sqlite_url_is_refused(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sqlite:///:memory:` (SQLAlchemy: a database in memory) made a file named `:memory:` in
+    the working folder; now one line. The literal name stays a file name, as documented."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as e:
+        study_lib.storage_path("sqlite:///:memory:")
+    assert str(e.value) == ("sweep.storage: 'sqlite:///:memory:': a study lives in a file (it "
+                            "resumes and is applied from it); give its path (reports/sweep.db)")
+    assert study_lib.storage_path("sqlite:///reports/:memory:.db") == Path("reports/:memory:.db")
+    assert list(tmp_path.iterdir()) == []
