@@ -42,8 +42,8 @@ def sweep(
     from simtune.train import sweep_report as report
 
     p = P.load(params)
-    if study_name is not None and not study_name.strip():
-        raise UserError("--study: give the study a name")
+    if study_name is not None and (problem := P.study_problem(study_name)):
+        raise UserError(f"--study: {problem}")
     update = {k: v for k, v in (("trials", trials), ("study", study_name)) if v is not None}
     p = p.model_copy(update={"sweep": p.sweep.model_copy(update=update)})
     failures = report.Failures()

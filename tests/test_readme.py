@@ -188,6 +188,6 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
         elif command.startswith("simtune search"):
             hits = proc.stdout.strip().splitlines()
             assert len(hits) == 5
-            assert all(re.match(r"-?\d\.\d{4}  \S", hit) for hit in hits)
+            assert all(re.match(r" ?-?\d\.\d{4}  \S", hit) for hit in hits)  # right-aligned
     assert set(outputs) == {"cp ~/tickets.csv", "dvc repro", "cat reports/metrics.json",
                             "git add", "dvc exp", "simtune search"}

@@ -213,7 +213,12 @@ def read_meta(directory: Path, version: int, stage: str, what: str) -> dict[str,
     meta_path = Path(directory) / "meta.json"
     if not meta_path.is_file():
         raise UserError(f"{directory}: no {what} here (run the {stage} stage first)")
-    meta = json.loads(meta_path.read_text())
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as e:  # bad JSON, not UTF-8, unreadable
+        raise UserError(f"{meta_path}: unreadable ({e}); run the {stage} stage again") from None
+    if not isinstance(meta, dict):
+        raise UserError(f"{meta_path}: not a JSON object; run the {stage} stage again")
     if meta.get("format_version") != version:
         raise UserError(f"{meta_path}: format version {meta.get('format_version')}, expected "
                         f"{version}; run the {stage} stage again")

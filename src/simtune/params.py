@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import types
 import typing
+import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -583,6 +584,8 @@ class SweepParams(Section):
 
     @model_validator(mode="after")
     def _known_keys(self) -> SweepParams:
+        if problem := study_problem(self.study):
+            raise ValueError(f"study: {problem}")
         for what, keys in (("space", self.space), ("fixed", self.fixed)):
             for key in keys:
                 _check_sweep_key(what, key)
@@ -591,6 +594,16 @@ class SweepParams(Section):
                 raise ValueError(f"fixed.{key}: also in sweep.space (a key is either searched "
                                  "or fixed)")
         return self
+
+
+def study_problem(name: str) -> str | None:
+    """What is wrong with a study name (`sweep.study`, `--study`), None when nothing: blank,
+    or holding a control character (a newline would split the sweep's one-line messages)."""
+    if not name.strip():
+        return "give the study a name"
+    if any(unicodedata.category(c)[0] == "C" for c in name):
+        return f"{name!r}: no control characters (newlines, tabs) in a study name"
+    return None
 
 
 def _check_sweep_key(what: str, key: str) -> None:

@@ -291,10 +291,22 @@ def test_search_on_pairs_prints_no_label(beir_trained: tuple[Path, Path, Any]) -
 def test_search_lines_pad_labels_so_the_texts_line_up() -> None:
     assert show([Hit(0.91234, "how far is the moon ?", "NUM:dist"),
                  Hit(0.5, "who wrote hamlet ?", "HUM:ind"), Hit(-0.25, "a b", "LOC")]) == [
-        "0.9123  [NUM:dist]  how far is the moon ?",
-        "0.5000  [HUM:ind]   who wrote hamlet ?",
+        " 0.9123  [NUM:dist]  how far is the moon ?",
+        " 0.5000  [HUM:ind]   who wrote hamlet ?",
         "-0.2500  [LOC]       a b"]
     assert show([Hit(0.5, "a text", None)]) == ["0.5000  a text"]
+
+
+def test_probe_search_lines_align_negative_scores_and_long_labels() -> None:
+    """A negative score is right-aligned (its line's text used to start one column later); a
+    label over MAX_LABEL_PAD characters no longer pads every other line to its length."""
+    long = "x" * 200
+    assert show([Hit(0.91234, "how far", "NUM"), Hit(-0.25, "a b", "LOC"),
+                 Hit(0.1, "c", long)]) == [
+        " 0.9123  [NUM]" + " " * 29 + "how far",
+        "-0.2500  [LOC]" + " " * 29 + "a b",
+        f" 0.1000  [{long}]  c"]
+    assert show([Hit(-0.5, "t", None), Hit(0.25, "u", None)]) == ["-0.5000  t", " 0.2500  u"]
 
 
 def test_no_trained_head_and_dimension_mismatch(trained: tuple[Path, Path],

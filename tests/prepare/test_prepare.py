@@ -337,6 +337,41 @@ def test_load_rejects_a_directory_without_prepared_data(tmp_path: Path) -> None:
         load_prepared(tmp_path)
 
 
+@pytest.mark.parametrize(("meta", "message"), [
+    ('{"format_version": 1}', '{meta}: kind null, expected "groups" or "pairs"; run the '
+     "prepare stage again"),
+    ('{"kind": "Groups", "format_version": 1}', '{meta}: kind "Groups", expected "groups" '
+     'or "pairs"; run the prepare stage again'),
+    ('{"kind": ["groups"], "format_version": 1}', '{meta}: kind ["groups"], expected '
+     '"groups" or "pairs"; run the prepare stage again'),
+    ('{"kind": "groups", ', "{meta}: unreadable (Expecting property name enclosed in double "
+     "quotes: line 1 column 20 (char 19)); run the prepare stage again"),
+    ("[1]", "{meta}: not a JSON object; run the prepare stage again"),
+    ('{"kind": "pairs", "format_version": 1}', "{out}: meta.json says pairs data but "
+     "examples.parquet lacks query_id, doc_id; run the prepare stage again"),
+])
+def test_probe_edited_meta_kind_is_one_line(tmp_path: Path, params_raw: dict[str, Any],
+                                            meta: str, message: str) -> None:
+    """A meta.json without a usable `kind` (or one the tables do not fit) is one line naming
+    the file, from `load` and from the cache stage before it fills anything; it used to be a
+    KeyError traceback, or (`null`, `Groups`) groups data searched as if it had no labels."""
+    path = _write(tmp_path / "a.csv", _groups_rows())
+    code, output, out, _ = _run_stage(tmp_path, _file_params(params_raw, path))
+    assert code == 0, output
+    (out / "meta.json").write_text(meta)
+    expected = message.format(meta=out / "meta.json", out=out)
+    with pytest.raises(UserError) as e:
+        load_prepared(out)
+    assert str(e.value) == expected
+    if message.startswith("{out}"):  # meta.json alone is sound: the cache stage reads on
+        return
+    params_file = write_params(tmp_path / "params.yaml", params_raw)
+    result = CliRunner().invoke(app, ["cache", "--params", str(params_file), "--prepared",
+                                      str(out), "--out", str(tmp_path / "cache")])
+    assert (result.exit_code, result.output.strip()) == (1, f"error: {expected}")
+    assert not (tmp_path / "cache").exists()
+
+
 def test_custom_key_column_becomes_the_text_id(tmp_path: Path, params_raw: dict[str, Any]) -> None:
     path = tmp_path / "k.jsonl"
     rows = [{"id": f"doc-{i}", "text": t, "label": lab} for i, (t, lab) in

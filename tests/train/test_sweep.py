@@ -665,6 +665,21 @@ def test_item9_a_swept_key_the_loss_ignores_is_warned_or_refused(
     assert caplog.records == []
 
 
+def test_probe_auto_beside_the_loss_it_resolves_to_is_refused() -> None:
+    """`choices: [auto, supcon]` on groups data ran two identical trials (and reported the
+    loss name as the only important param); now one line, before any trial. `auto` beside
+    a loss it does not resolve to (triplet on groups, supcon on pairs) still sweeps."""
+    raw = repo_params()
+    for kind, loss, other in (("groups", "supcon", "triplet"), ("pairs", "mnrl", "contrastive")):
+        raw["sweep"]["space"] = {"train.loss.name": {"choices": ["auto", other, loss]}}
+        with pytest.raises(UserError) as e:
+            space.check_ignored(P.validate(raw), kind)
+        assert str(e.value) == (f"sweep.space.train.loss.name: auto is {loss} on {kind} data, "
+                                "also a choice: their trials would train the same; remove one")
+        raw["sweep"]["space"] = {"train.loss.name": {"choices": ["auto", other]}}
+        space.check_ignored(P.validate(raw), kind)
+
+
 @pytest.mark.parametrize(("kind", "name"), [("groups", "supcon"), ("groups", "triplet"),
                                             ("groups", "contrastive"), ("groups", "arcface"),
                                             ("pairs", "mnrl"), ("pairs", "contrastive")])
@@ -740,3 +755,63 @@ def test_issue29_item3_trials_and_study_options_override_the_params_for_one_run(
     assert P.load(params_file).sweep.trials == 5 and P.load(params_file).sweep.study == "test"
     empty = CliRunner().invoke(app, _args(tmp_path, params_file, "--study", " "))
     assert empty.exit_code == 1 and empty.output == "error: --study: give the study a name\n"
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    (" ", "give the study a name"),
+    ("a\nb", "'a\\nb': no control characters (newlines, tabs) in a study name"),
+    ("x\u200by", "'x\\u200by': no control characters (newlines, tabs) in a study name"),
+])
+def test_probe_blank_or_control_character_study_names_are_refused(
+        tmp_path: Path, name: str, message: str) -> None:
+    """`sweep.study: " "` was accepted (only `--study " "` was refused) and a name with a
+    newline split every line naming the study; both the key and the option are one line now,
+    before the data is read or the storage is touched. Other unicode names still do."""
+    raw = repo_params()
+    raw["sweep"].update(study=name, storage=str(tmp_path / "s.db"))
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    keyed = CliRunner().invoke(app, _args(tmp_path, params_file))
+    assert (keyed.exit_code, keyed.output) == (
+        1, f"error: {params_file}: sweep: study: {message}\n")
+    raw["sweep"]["study"] = "études/été"
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert P.load(params_file).sweep.study == "études/été"
+    option = CliRunner().invoke(app, _args(tmp_path, params_file, "--study", name))
+    assert (option.exit_code, option.output) == (1, f"error: --study: {message}\n")
+    assert list(tmp_path.iterdir()) == [params_file]
+
+
+def test_probe_importances_of_trials_that_cannot_be_told_apart_are_not_shown(
+        recwarn: pytest.WarningsRecorder) -> None:
+    """Two trials with one value (auto and supcon on groups data train the same) printed
+    Optuna's UserWarning and "importance: train.loss.name 1.00"; now no importance line."""
+    def study(values: list[float]) -> optuna.Study:
+        s = optuna.create_study(direction="maximize")
+        for i, v in enumerate(values):
+            s.add_trial(optuna.trial.create_trial(
+                params={"train.lr": 0.01 * (i + 1), "train.head.type": ["linear", "mlp"][i % 2]},
+                distributions={"train.lr": optuna.distributions.FloatDistribution(0.001, 1.0),
+                               "train.head.type": optuna.distributions.CategoricalDistribution(
+                                   ["linear", "mlp"])}, value=v))
+        return s
+    same = study([0.5, 0.5, 0.5])
+    assert report.importances(same) == {}
+    assert "importance:" not in report.summary(same, 5, 3)
+    told = report.importances(study([0.1, 0.9, 0.2, 0.8, 0.15, 0.85]))
+    assert set(told) == {"train.lr", "train.head.type"}
+    assert sum(told.values()) == pytest.approx(1)
+    assert [str(w.message) for w in recwarn if issubclass(w.category, UserWarning)] == []
+
+
+def test_probe_an_in_memory_sqlite_url_is_refused(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sqlite:///:memory:` (SQLAlchemy: a database in memory) made a file named `:memory:` in
+    the working folder; now one line. The literal name stays a file name, as documented."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as e:
+        study_lib.storage_path("sqlite:///:memory:")
+    assert str(e.value) == ("sweep.storage: 'sqlite:///:memory:': a study lives in a file (it "
+                            "resumes and is applied from it); give its path (reports/sweep.db)")
+    assert study_lib.storage_path("sqlite:///reports/:memory:.db") == Path("reports/:memory:.db")
+    assert list(tmp_path.iterdir()) == []

@@ -36,11 +36,19 @@ class Hit(NamedTuple):
     label: str | None
 
 
+MAX_LABEL_PAD = 30  # labels up to this long are padded to line the texts up; longer ones not
+
+
 def show(hits: list[Hit]) -> list[str]:
-    """The lines `simtune search` prints: the score (4 decimals), then for groups data the
-    label in brackets, padded so that the texts line up, then the text."""
-    width = max((len(h.label) for h in hits if h.label is not None), default=0) + 2
-    return [f"{h.score:.4f}  " + (f"{f'[{h.label}]':<{width}}  " if h.label is not None else "")
+    """The lines `simtune search` prints: the score (4 decimals, right-aligned: a negative
+    cosine does not shift its line), then for groups data the label in brackets, padded so
+    that the texts line up (a label over `MAX_LABEL_PAD` characters is not padded to and
+    pushes only its own text), then the text."""
+    lengths = [len(h.label) for h in hits if h.label is not None]
+    width = min(max(lengths, default=0), MAX_LABEL_PAD) + 2
+    score = max((len(f"{h.score:.4f}") for h in hits), default=0)
+    return [f"{h.score:>{score}.4f}  "
+            + (f"{f'[{h.label}]':<{width}}  " if h.label is not None else "")
             + h.text for h in hits]
 
 

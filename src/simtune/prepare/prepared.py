@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from simtune.atomic import atomic_dir, read_meta, write_json
+from simtune.errors import UserError
 
 FORMAT_VERSION = 1
 
@@ -79,16 +80,30 @@ def write(prepared: Prepared, out: Path, report_path: Path) -> None:
 
 
 
-def kind(out: Path) -> str:
-    """The data kind of a prepared directory (groups | pairs), from its `meta.json` alone."""
-    return str(read_meta(Path(out), FORMAT_VERSION, "prepare", "prepared data")["kind"])
+# the columns of examples.parquet each kind needs
+_COLUMNS = {"groups": ("split", "text_id", "label"), "pairs": ("split", "query_id", "doc_id")}
 
+
+def kind(out: Path) -> str:
+    """The data kind of a prepared directory (groups | pairs), from its `meta.json` alone; a
+    missing or other `kind` is one line naming the file."""
+    meta = read_meta(Path(out), FORMAT_VERSION, "prepare", "prepared data")
+    value = meta.get("kind")
+    if not isinstance(value, str) or value not in _COLUMNS:
+        raise UserError(f"{Path(out) / 'meta.json'}: kind {json.dumps(value)}, expected "
+                        "\"groups\" or \"pairs\"; run the prepare stage again")
+    return str(value)
 
 
 def load(out: Path) -> Prepared:
-    """Read a prepared directory back (for the later stages); the report is not re-read."""
+    """Read a prepared directory back (for the later stages); the report is not re-read. A
+    `kind` that the examples' columns do not fit is one line naming the directory."""
     out = Path(out)
-    meta = read_meta(out, FORMAT_VERSION, "prepare", "prepared data")
+    data_kind = kind(out)
     texts = pq.read_table(out / "texts.parquet")
     examples = pq.read_table(out / "examples.parquet")
-    return Prepared(meta["kind"], texts, examples, {})
+    missing = [c for c in _COLUMNS[data_kind] if c not in examples.column_names]
+    if missing:
+        raise UserError(f"{out}: meta.json says {data_kind} data but examples.parquet lacks "
+                        f"{', '.join(missing)}; run the prepare stage again")
+    return Prepared(data_kind, texts, examples, {})

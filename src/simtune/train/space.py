@@ -35,12 +35,16 @@ def check_mode(p: P.Params) -> None:
 def check_ignored(p: P.Params, kind: str) -> None:
     """A swept or fixed `train.loss.*` key that no loss of the sweep reads (`loss.margin` with
     supcon) is a warning line; when every swept key is such a key (every trial would train the
-    same), the sweep is refused. `kind`: the data's (groups | pairs), which `auto` resolves by."""
+    same), the sweep is refused; so is a loss choice that `auto` repeats (`auto` and `supcon`
+    on groups data). `kind`: the data's (groups | pairs), which `auto` resolves by."""
     sw = p.sweep
     name = sw.space.get("train.loss.name")
     given = set(name.choices) if name is not None and name.choices else \
         {sw.fixed.get("train.loss.name", p.train.loss.name)}
     auto = P.LOSSES[kind][0] if kind in P.LOSSES else "auto"
+    if name is not None and name.choices and {"auto", auto} <= set(name.choices):
+        raise UserError(f"sweep.space.train.loss.name: auto is {auto} on {kind} data, also a "
+                        "choice: their trials would train the same; remove one")
     names = {auto if n == "auto" else n for n in given}
     losses = ", ".join(sorted(str(n) for n in names))
     ignored = [(what, key, users) for what, keys in (("space", sw.space), ("fixed", sw.fixed))

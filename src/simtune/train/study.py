@@ -54,6 +54,9 @@ def storage_path(value: str) -> Path:
         if not rest or "?" in rest:
             raise UserError(f"sweep.storage: '{value}': give a sqlite:/// URL a file path and no "
                             "query (or give the file's path itself)")
+        if rest == ":memory:":  # SQLAlchemy's in-memory database: the study would be lost
+            raise UserError(f"sweep.storage: '{value}': a study lives in a file (it resumes "
+                            "and is applied from it); give its path (reports/sweep.db)")
         return Path(unquote(rest))
     if _URL.match(value):
         raise UserError(f"sweep.storage: '{value}': a study is stored in a SQLite file; give "

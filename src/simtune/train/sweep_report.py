@@ -7,6 +7,7 @@ trials, the importances and the `dvc exp run -S` line that reproduces the best o
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,14 +64,18 @@ def best_values(study: optuna.Study) -> dict[str, Any]:
 
 def importances(study: optuna.Study) -> dict[str, float]:
     """Each param's importance to the value over the complete trials (Optuna's default
-    evaluator, PED-ANOVA); {} while there are too few trials to tell."""
+    evaluator, PED-ANOVA); {} while there are too few trials to tell, or when the evaluator
+    cannot tell them apart (every value the same: it warned and called one param 1.00)."""
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    if len(complete) < 2:
+    if len(complete) < 2 or len({t.value for t in complete}) < 2:
         return {}
-    try:
-        return dict(optuna.importance.get_param_importances(study))
-    except (RuntimeError, ValueError):  # e.g. every complete trial has the same params
-        return {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            found = dict(optuna.importance.get_param_importances(study))
+        except (RuntimeError, ValueError):  # e.g. every complete trial has the same params
+            return {}
+    return {} if any(issubclass(w.category, UserWarning) for w in caught) else found
 
 
 def summary(study: optuna.Study, top: int, trials: int) -> str:
