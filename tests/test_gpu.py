@@ -132,7 +132,7 @@ def test_train_stage_gradcache_gradient_equals_plain_under_fp16(
     with GradCache (chunks of 3) as with the plain step, and the scaler skips the same steps.
     (Weights after several AdamW steps are no test under fp16: AdamW turns rounding noise in
     near-zero gradients into +-lr steps.)"""
-    from tests.test_train import _edit
+    from tests.train.test_train import _edit
     from tests.train_helpers import dropout_free, project, relative_errors, step_gradients
 
     _, params_file = project(tmp_path, dropout_free(tiny_bert, tmp_path / "bert"))
@@ -164,7 +164,7 @@ def test_top_layers_mode_trains_and_evaluates_on_the_gpu(
     import yaml
 
     from simtune.evaluate import stage as evaluate
-    from tests.test_top_layers import _top_project
+    from tests.train.test_top_layers import _top_project
     from tests.train_helpers import dropout_free, relative_errors, step_gradients
 
     params_file, _ = _top_project(tmp_path, dropout_free(tiny_bert, tmp_path / "bert"),
