@@ -295,6 +295,14 @@ def page(results: dict[str, Any]) -> str:
                                                  first=_QUALITY)), ""]
         if bench.get("note"):
             out += [bench["note"], ""]
+        if bench.get("gpu"):
+            gpu = bench["gpu"]
+            out += [f"On {gpu['machine']}: `{gpu['command']}` (the figures that depend on "
+                    "the device; bytes and DVC's bookkeeping are the rows above):", "",
+                    collapsible("The GPU rows", narrow(gpu["table"], keys=2,
+                                                       first=_QUALITY)), ""]
+            if gpu.get("note"):
+                out += [gpu["note"], ""]
     if "long_docs" in results:
         long = results["long_docs"]
         out += ["### Long documents", "",

@@ -62,11 +62,11 @@ def spec_for(length: int, states_dtype: str = "float16") -> Any:
     return P.EncoderParams(**spec)
 
 
-def cache_params(store_root: Path) -> Any:
+def cache_params(store_root: Path, device: str = "cpu") -> Any:
     from simtune import params as P
 
     raw = P.load(ROOT / "params.yaml").cache.model_dump()
-    return P.CacheParams(**{**raw, "store": str(store_root), "device": "cpu",
+    return P.CacheParams(**{**raw, "store": str(store_root), "device": device,
                             "store_max_gb": 1e6, "max_layer_gb": None})
 
 
@@ -95,17 +95,17 @@ def du(*paths: Path) -> int:
     return total
 
 
-def fill_speed(n_texts: dict[str, str], length: int, work: Path, old_fill: bool
-               ) -> dict[str, float]:
+def fill_speed(n_texts: dict[str, str], length: int, work: Path, old_fill: bool,
+               device: str = "cpu") -> dict[str, float]:
     """Seconds of a head fill, a one-pass top_layers fill (and the states-only second pass of
-    before) of `n_texts`, each into an empty store."""
+    before) of `n_texts`, each into an empty store, the encoder on `device`."""
     from simtune.cache import stage as cache
     from simtune.cache.formats import Format
     from simtune.encoders import FrozenEncoder
 
     spec = spec_for(length)
     layer = 6 - TOP
-    encoder = FrozenEncoder("minilm", spec, torch.device("cpu"))
+    encoder = FrozenEncoder("minilm", spec, torch.device(device))
     factory = lambda *a: encoder  # noqa: E731  (loaded once, outside the timings)
     out: dict[str, float] = {}
     runs = {"head": lambda cp, w: cache.fill_encoder("minilm", spec, n_texts, w / "v", cp,
@@ -120,8 +120,10 @@ def fill_speed(n_texts: dict[str, str], length: int, work: Path, old_fill: bool
     for name, run in runs.items():
         d = Path(tempfile.mkdtemp(dir=work))
         os.environ["SIMTUNE_STORE"] = str(d / "store")
+        _sync(device)
         t0 = time.perf_counter()
-        run(cache_params(d / "store"), d)
+        run(cache_params(d / "store", device), d)
+        _sync(device)
         out[name] = time.perf_counter() - t0
         shutil.rmtree(d)
     return out
@@ -206,10 +208,16 @@ def dvc_bookkeeping(ws: Path) -> dict[str, float]:
     return out
 
 
-def train_child(ws: Path, length: int, steps: int, mode: str) -> dict[str, float]:
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def train_child(ws: Path, length: int, steps: int, mode: str, device: str = "cpu"
+                ) -> dict[str, float]:
     """Run `train_main` in a fresh process (its own peak RSS)."""
     proc = subprocess.run([sys.executable, "-m", "bench.scale", "--child", str(ws),
-                           str(length), str(steps), mode], cwd=ROOT, check=True,
+                           str(length), str(steps), mode, device], cwd=ROOT, check=True,
                           capture_output=True, text=True, env=os.environ)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -221,10 +229,11 @@ def _status(key: str) -> float:
     return float("nan")
 
 
-def train_main(ws: Path, length: int, steps: int, mode: str) -> None:
-    """`steps` top-2 training steps over the workspace's layer view, then a read of every row
-    in shuffled batches; `mode` streamed (this layout) or loaded (the table in memory, as
-    before). Prints a JSON line."""
+def train_main(ws: Path, length: int, steps: int, mode: str, device: str = "cpu") -> None:
+    """A read of every row in shuffled batches, then `steps` top-2 training steps over the
+    workspace's layer view on `device`; `mode` streamed (this layout: each batch read from the
+    store's shards, then copied to `device`), loaded (the table in memory, as before) or
+    resident (the table on the GPU: `cache_type: gpu`). Prints a JSON line."""
     from simtune.cache import views
     from simtune.encoders import model_dir
     from simtune.train.losses import GroupLoss
@@ -236,29 +245,42 @@ def train_main(ws: Path, length: int, steps: int, mode: str) -> None:
     t0 = time.perf_counter()
     if mode == "loaded":
         table = table.resident("cpu")
+    elif mode == "resident":
+        table = table.to(device)
     load_s = time.perf_counter() - t0
     gen = torch.Generator().manual_seed(0)
     t0 = time.perf_counter()  # an epoch's reads first, alone: what the table costs in memory
     for rows in torch.randperm(len(table), generator=gen).split(BATCH):
-        table.batch(rows)
+        table.batch(rows, device)
+    _sync(device)
     read_s = time.perf_counter() - t0
     read = {"read_peak_rss_gb": _status("VmHWM") / 1024, "rss_anon_gb": _status("RssAnon") / 1024,
             "rss_file_gb": _status("RssFile") / 1024}
-    rep = CachedStates(table, model_dir("minilm", spec), layer, spec).train()
+    rep = CachedStates(table, model_dir("minilm", spec), layer, spec).to(device).train()
     opt = torch.optim.AdamW(rep.parameters(), lr=1e-4)
     loss_fn = GroupLoss("supcon", "cosine", 0.05, 0.2, "batch_hard", 20.0)
     split = type("Split", (), {"tensors": {"rows": torch.arange(len(table))}})()
-    t0 = time.perf_counter()
-    for _ in range(steps):
+
+    def step() -> None:
         idx = torch.randint(len(table), (BATCH,), generator=gen)
-        loss = loss_fn(rep(split, {"idx": idx}, "text"), torch.randint(8, (BATCH,),
-                                                                       generator=gen))
+        labels = torch.randint(8, (BATCH,), generator=gen).to(device)
+        loss = loss_fn(rep(split, {"idx": idx}, "text"), labels)
         opt.zero_grad()
         loss.backward()
         opt.step()
+
+    if device != "cpu":
+        step()  # kernels and the allocator warm up outside the timing
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _sync(device)
     step_s = (time.perf_counter() - t0) / max(steps, 1)
+    gpu = ({"gpu_peak_gb": torch.cuda.max_memory_allocated() / 2**30}
+           if device.startswith("cuda") else {})
     print(json.dumps({"steps_per_s": 1 / step_s, "load_s": load_s, "read_epoch_s": read_s,
-                      **read, "peak_rss_gb": _status("VmHWM") / 1024}))
+                      **read, **gpu, "peak_rss_gb": _status("VmHWM") / 1024}))
 
 
 def measure(n: int, length: int, fill_texts: int, steps: int, old: bool, old_fill: bool
@@ -337,6 +359,36 @@ def _projected(r: dict[str, Any], n: int, startup: float, streamed_rss: float
             "1M: read peak RSS GB": rss}
 
 
+def measure_gpu(n: int, length: int, fill_texts: int, steps: int, device: str
+                ) -> list[dict[str, Any]]:
+    """The figures that depend on the device, on `device`: the fills of the first `fill_texts`
+    texts, a read epoch and `steps` top-2 training steps with the states streamed from the
+    store (read on the CPU, copied per batch) and resident on the GPU. Bytes and DVC's
+    bookkeeping are the CPU rows' (they do not depend on the device)."""
+    work = Path(tempfile.mkdtemp(prefix="simtune-scale-gpu-"))
+    try:
+        corpus = texts(n, length)
+        fill = fill_speed(dict(list(corpus.items())[:fill_texts]), length, work, False, device)
+        ws = synthetic_cache(list(corpus), length, work / "new")
+        rows = []
+        for mode, where in (("streamed", "streamed from the store"),
+                            ("resident", "resident on the GPU")):
+            t = train_child(ws, length, steps, mode, device)
+            rows.append({"size": f"{n} x {length}", "states": where,
+                         "fill texts/s": fill_texts / fill["top_layers"],
+                         "head fill texts/s": fill_texts / fill["head"],
+                         "fill vs head": fill["top_layers"] / fill["head"],
+                         "read epoch s": t["read_epoch_s"], "steps/s": t["steps_per_s"],
+                         "GPU peak GB": t.get("gpu_peak_gb", ""), "peak RSS GB": t["peak_rss_gb"]})
+        return rows
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+GPU_COLUMNS = ["size", "states", "fill texts/s", "head fill texts/s", "fill vs head",
+               "read epoch s", "steps/s", "GPU peak GB", "peak RSS GB"]
+
+
 COLUMNS = ["size", "layout", "fill texts/s", "fill vs head", "store GB", "workspace GB",
            "DVC cache GB", "on disk GB", "layer cache x one 16-bit copy", "dvc add s",
            "dvc status s", "read epoch s", "read peak RSS GB", "RssAnon GB", "RssFile GB",
@@ -369,13 +421,19 @@ def main() -> None:
     ap.add_argument("--old-fill", action="store_true",
                     help="also time the states-only second pass of the pre-change fill")
     ap.add_argument("--out", type=Path, default=HERE / "scale.json", help="the results file")
-    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--device", default="cpu",
+                    help="cuda: the device-dependent figures on the GPU (fill, reads, training "
+                         "steps), kept in the results file beside the CPU rows")
+    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        ws, length, steps, mode = args.child
-        train_main(Path(ws), int(length), int(steps), mode)
+        ws, length, steps, mode, device = args.child
+        train_main(Path(ws), int(length), int(steps), mode, device)
         return
     torch.set_num_threads(os.cpu_count() or 1)
+    if args.device != "cpu":
+        gpu_main(args)
+        return
     rows = []
     for size in args.sizes.split(","):
         n, length = (int(x) for x in size.lower().split("x"))
@@ -391,9 +449,32 @@ def main() -> None:
             f"the first {args.fill_texts} texts of each size; the layer cache itself holds "
             "random states (bytes, bookkeeping and reads do not depend on the values).")
     print(f"\n{rendered}\n\n{note}")
-    args.out.write_text(json.dumps({"machine": machine(), "command": command, "rows": [],
-                                    "scale_rows": rows, "table": rendered, "note": note},
-                                   indent=2) + "\n")
+    write(args.out, {"machine": machine(), "command": command, "rows": [], "scale_rows": rows,
+                     "table": rendered, "note": note})
+
+
+def gpu_main(args: argparse.Namespace) -> None:
+    rows = []
+    for size in args.sizes.split(","):
+        n, length = (int(x) for x in size.lower().split("x"))
+        rows += measure_gpu(n, length, min(args.fill_texts, n), args.steps, args.device)
+        print(table(rows[-2:], GPU_COLUMNS), flush=True)
+        # after each size: a run cut off keeps what it measured
+        write(args.out, {"gpu": {"machine": machine(), "rows": rows,
+                                 "table": table(rows, GPU_COLUMNS),
+                                 "command": "python -m bench.scale " + " ".join(sys.argv[1:])}})
+    print(f"\n{table(rows, GPU_COLUMNS)}")
+
+
+def write(out: Path, results: dict[str, Any]) -> None:
+    """Write `results` into `out`, keeping the other device's figures already there (a CPU run
+    keeps the kept GPU rows and the other way round)."""
+    old = json.loads(out.read_text()) if out.is_file() else {}
+    if "gpu" in results:
+        results = {**old, **results}
+    elif "gpu" in old:
+        results = {**results, "gpu": old["gpu"]}
+    out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":
