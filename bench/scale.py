@@ -441,7 +441,7 @@ def main() -> None:
         rows += measure(n, length, min(args.fill_texts, n), args.steps, old, args.old_fill)
         print(table(rows[-2:] if old else rows[-1:], COLUMNS), flush=True)
     rendered = table(rows, COLUMNS)
-    command = "python -m bench.scale " + " ".join(sys.argv[1:])
+    command = _command()
     note = ("The pre-change layout is measured only where its float32 copies fit on the disk. "
             "1M columns: the measured figures projected linearly to 1,000,000 texts (the "
             "streamed read's peak RSS does not grow with the corpus; the loaded table's does; "
@@ -462,8 +462,21 @@ def gpu_main(args: argparse.Namespace) -> None:
         # after each size: a run cut off keeps what it measured
         write(args.out, {"gpu": {"machine": machine(), "rows": rows,
                                  "table": table(rows, GPU_COLUMNS),
-                                 "command": "python -m bench.scale " + " ".join(sys.argv[1:])}})
+                                 "command": _command()}})
     print(f"\n{table(rows, GPU_COLUMNS)}")
+
+
+def _command() -> str:
+    """This run's command line as a reader reruns it: without `--out` (a path of the machine
+    that ran it)."""
+    argv, kept = sys.argv[1:], []
+    while argv:
+        arg = argv.pop(0)
+        if arg == "--out":
+            argv = argv[1:]
+        elif not arg.startswith("--out="):
+            kept.append(arg)
+    return " ".join(["python -m bench.scale", *kept])
 
 
 def write(out: Path, results: dict[str, Any]) -> None:
