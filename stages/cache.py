@@ -35,7 +35,9 @@ def cache(ctx: typer.Context, params: Path = PARAMS, prepared: Path = PREPARED,
     p = P.load(params)
     # a loss the data cannot take is refused now, not at the train stage after the fill
     P.resolve_loss(p.train, kind(prepared), f"the prepared data ({prepared})")
-    results = lib.fill(prepared, out, p.encoders, p.cache, layer=layer_for(p.encoders, p.train))
+    teacher = p.train.distill.teacher if p.train.objective == "distill" else None
+    results = lib.fill(prepared, out, p.encoders, p.cache, layer=layer_for(p.encoders, p.train),
+                       teacher=teacher)
     if report is not None and lib.dist_from_env().rank == 0:
         lib.write_report(report, results)
 

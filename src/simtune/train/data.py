@@ -66,6 +66,8 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool =
     data = examples.load(prepared.kind, prepared.examples, q_table, d_table, texts, hook,
                          dim=None if q_table is not None else _query_dim(p))
     data.tables = tables
+    if p.train.objective == "distill":
+        _attach_teacher(p, cache_dir, prepared.examples, data)
     for name in ("train", "val"):
         if len(data.splits[name]) == 0:
             raise UserError(f"{prepared_dir}: the {name} split is empty")
@@ -95,6 +97,20 @@ def _states_tables(p: Params, cache_dir: Path, q_table: Any, d_table: Any) -> di
     return out
 
 
+def _attach_teacher(p: Params, cache_dir: Path, examples_table: Any, data: Data) -> None:
+    """Distillation: the teacher's cache table (`tables["teacher"]`) and each split's rows in
+    it (`t_rows`), per `simtune.train.distill.teacher_rows`."""
+    from simtune.cache.views import open_cache
+    from simtune.train.distill import teacher_rows
+
+    name = p.train.distill.teacher
+    assert name is not None
+    table = open_cache(cache_dir, name, p.encoders.models[name], p.cache, placed=False)
+    for split, rows in teacher_rows(examples_table, table).items():
+        data.splits[split].tensors["t_rows"] = rows
+    data.tables["teacher"] = table
+
+
 def _query_dim(p: Params) -> int:
     """Full mode (no cache to read it from): the query encoder's hidden size."""
     name = p.encoders.query
@@ -116,7 +132,8 @@ def check_trainable(data: Data, t: TrainParams, world: int) -> None:
         raise UserError("train.head.type: 'identity' has nothing to train in head mode (it is "
                         "the frozen baseline that evaluate compares against); use it with "
                         "train.mode top_layers or full")
-    if data.kind == "groups" and t.loss.name != "arcface":
+    labelled = t.objective != "distill" or t.distill.label_weight > 0
+    if data.kind == "groups" and t.loss.name != "arcface" and labelled:
         counts = torch.bincount(data.splits["train"].tensors["labels"])
         if int(counts.max()) < 2:
             raise UserError("train: every label has a single training example, so a batch can "
