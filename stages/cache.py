@@ -30,11 +30,12 @@ def cache(ctx: typer.Context, params: Path = PARAMS, prepared: Path = PREPARED,
     from simtune import params as P
     from simtune.cache import stage as lib
     from simtune.cache.views import layer_for
-    from simtune.prepare.prepared import kind
+    from simtune.prepare.prepared import kind, unlabelled
 
     p = P.load(params)
     # a loss the data cannot take is refused now, not at the train stage after the fill
     P.resolve_loss(p.train, kind(prepared), f"the prepared data ({prepared})")
+    P.check_unlabelled(p.train, unlabelled(prepared), f"the prepared data ({prepared})")
     teacher = p.train.distill.teacher if p.train.objective == "distill" else None
     results = lib.fill(prepared, out, p.encoders, p.cache, layer=layer_for(p.encoders, p.train),
                        teacher=teacher)

@@ -93,8 +93,16 @@ class FileSource(Section):
         description="file format; `auto` picks it from the extension; `beir`: a folder of "
         "corpus.jsonl, queries.jsonl and qrels/<split>.tsv (pairs)"
     )
-    kind: Literal["groups", "pairs"] = Field(
-        description="`groups`: (text, label) rows; `pairs`: (query, positive[, score]) rows"
+    kind: Literal["groups", "pairs", "texts"] = Field(
+        description="`groups`: (text, label) rows; `pairs`: (query, positive[, score]) rows; "
+        "`texts`: one text column, no labels (distillation), joined to the prepared data set "
+        "`labelled` (see docs/distillation.md)"
+    )
+    labelled: str | None = Field(
+        description="texts: the folder of a prepared groups data set (e.g. written by "
+        "`simtune prepare --out data/prepared-trec`): its splits and labels are kept (train, "
+        "validation, the test evaluation and its corpus), the file's texts join as unlabelled "
+        "training texts for `train.objective: distill`; null for the other kinds"
     )
     columns: FileColumns
     missing_labels: list[str] = Field(
@@ -126,9 +134,14 @@ class PrepareParams(Section):
             if self.file.kind != "pairs":
                 raise ValueError("file.format beir is pairs data: set file.kind: pairs")
             return self
-        needed = ("text", "label") if self.file.kind == "groups" else ("query", "positive")
-        if self.file.kind == "pairs" and self.file.columns.key is not None:
+        needed = {"groups": ("text", "label"), "pairs": ("query", "positive"),
+                  "texts": ("text",)}[self.file.kind]
+        if self.file.kind != "groups" and self.file.columns.key is not None:
             raise ValueError("file.columns.key is supported for kind 'groups' only")
+        if (self.file.kind == "texts") != (self.file.labelled is not None):
+            raise ValueError("file.labelled: the folder of a prepared groups data set is "
+                             "needed for kind 'texts' (to validate and evaluate on), and "
+                             "only there")
         for col in needed:
             if getattr(self.file.columns, col) is None:
                 raise ValueError(f"file.columns.{col} is required for kind '{self.file.kind}'")
@@ -416,6 +429,21 @@ def resolve_loss(t: TrainParams, kind: str, data: str = "the prepared data") -> 
         raise UserError(f"train.loss.name: '{name}' needs {other} data, {data} is {kind} "
                         f"(use auto or one of {', '.join(allowed)})")
     return t.model_copy(update={"loss": t.loss.model_copy(update={"name": name})})
+
+
+def check_unlabelled(t: TrainParams, unlabelled: int, data: str = "the prepared data") -> None:
+    """Data with `unlabelled` texts (`prepare.file.kind: texts`) trains them by distillation
+    alone: labels in the loss or label-balanced batches cannot take them (one line naming
+    the key, raised before the cache stage fills anything)."""
+    if not unlabelled or t.objective != "distill":
+        return
+    if t.distill.label_weight > 0:
+        raise UserError(f"train.distill.label_weight: {t.distill.label_weight:g}, but {data} "
+                        f"holds {unlabelled} unlabelled texts (they have no label to add); "
+                        "set it to 0")
+    if t.m_per_label:
+        raise UserError(f"train.m_per_label: {t.m_per_label}, but {data} holds {unlabelled} "
+                        "unlabelled texts (no label to balance batches by); set it to 0")
 
 
 class TrainParams(Section):

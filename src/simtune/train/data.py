@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from simtune import examples
+from simtune import params as P
 from simtune.cache.views import open_pair
 from simtune.encoders import model_config
 from simtune.errors import UserError
@@ -41,6 +42,7 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool =
     prepared = load_prepared(prepared_dir)
     if check_loss:
         check_compatible(prepared.kind, p.train, f"the prepared data ({prepared_dir})")
+        P.check_unlabelled(p.train, prepared.unlabelled, f"the prepared data ({prepared_dir})")
         if p.train.hard_negatives:
             mined.check(prepared.kind, p.train)
             if negatives_dir is None:
@@ -67,7 +69,10 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool =
                          dim=None if q_table is not None else _query_dim(p))
     data.tables = tables
     if p.train.objective == "distill":
-        _attach_teacher(p, cache_dir, prepared.examples, data)
+        _attach_teacher(p, cache_dir, prepared.examples, data, texts)
+    elif prepared.unlabelled:
+        log.info("%d unlabelled texts of %s unused: train.objective similarity trains on "
+                 "labels (distill would use them)", prepared.unlabelled, prepared_dir)
     for name in ("train", "val"):
         if len(data.splits[name]) == 0:
             raise UserError(f"{prepared_dir}: the {name} split is empty")
@@ -97,11 +102,13 @@ def _states_tables(p: Params, cache_dir: Path, q_table: Any, d_table: Any) -> di
     return out
 
 
-def _attach_teacher(p: Params, cache_dir: Path, examples_table: Any, data: Data) -> None:
-    """Distillation: the teacher's cache table (`tables["teacher"]`) and each split's rows in
-    it (`t_rows`), per `simtune.train.distill.teacher_rows`."""
+def _attach_teacher(p: Params, cache_dir: Path, examples_table: Any, data: Data,
+                    texts: dict[str, str]) -> None:
+    """Distillation: the teacher's cache table (`tables["teacher"]`), each split's rows in it
+    (`t_rows`, `simtune.train.distill.teacher_rows`), and the unlabelled texts as more
+    training rows (`simtune.train.distill.add_unlabelled`; `texts`: full mode's text map)."""
     from simtune.cache.views import open_cache
-    from simtune.train.distill import teacher_rows
+    from simtune.train.distill import add_unlabelled, teacher_rows
 
     name = p.train.distill.teacher
     assert name is not None
@@ -109,6 +116,8 @@ def _attach_teacher(p: Params, cache_dir: Path, examples_table: Any, data: Data)
     for split, rows in teacher_rows(examples_table, table).items():
         data.splits[split].tensors["t_rows"] = rows
     data.tables["teacher"] = table
+    data.fit = add_unlabelled(examples_table, data.splits["train"], data.tables.get("query"),
+                              table, texts)
 
 
 def _query_dim(p: Params) -> int:
@@ -123,7 +132,7 @@ def check_trainable(data: Data, t: TrainParams, world: int) -> None:
     if t.mode == "head" and t.encoder.lora.r:  # a warning: `-S train.mode=head` stays one edit
         log.warning("train.encoder.lora.r: %d is ignored in head mode (no encoder layer "
                     "trains); LoRA applies in train.mode top_layers or full", t.encoder.lora.r)
-    n = len(data.splits["train"])
+    n = len(data.training)
     if n < world:  # a larger batch_size is reduced to the training set (sampling)
         raise UserError(f"train: {n} training examples for {world} processes (each process "
                         "needs at least one)")

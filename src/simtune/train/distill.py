@@ -33,6 +33,7 @@ from torch import nn
 
 from simtune.examples import SPLIT_NAMES, Split
 from simtune.params import DistillParams
+from simtune.prepare.prepared import UNLABELLED
 from simtune.train.losses import Gather
 
 MASKED = -1e9  # a row's own column in `kl`: exp() is exactly 0, and no inf meets a 0
@@ -106,6 +107,27 @@ def teacher_rows(examples: pa.Table, table: Any) -> dict[str, torch.Tensor]:
     ids = examples.column("text_id").to_pylist()
     return {split: table.index([t for t, s in zip(ids, split_of, strict=True) if s == split])
             for split in SPLIT_NAMES}
+
+
+def add_unlabelled(examples: pa.Table, train: Split, q_table: Any, teacher: Any,
+                   texts: dict[str, str]) -> Split | None:
+    """The training split plus the examples of split `unlabelled` (a texts file's,
+    `prepare.file.kind: texts`): their cache rows (`q_table`; None in full mode), label -1 (no
+    loss reads it: `params.check_unlabelled`), teacher rows and, in full mode, texts. None
+    when there are none (training fits on the train split)."""
+    split_of = examples.column("split").to_pylist()
+    ids = [t for t, s in zip(examples.column("text_id").to_pylist(), split_of, strict=True)
+           if s == UNLABELLED]
+    if not ids:
+        return None
+    more = {"labels": torch.full((len(ids),), -1, dtype=torch.long), "t_rows": teacher.index(ids)}
+    if "rows" in train.tensors:
+        more["rows"] = q_table.index(ids)
+    tensors = {k: torch.cat([v, more[k]]) if k in more else v for k, v in train.tensors.items()}
+    out = Split(tensors, dict(train.texts))
+    if "texts" in train.texts:
+        out.texts["texts"] = [*train.texts["texts"], *(texts[t] for t in ids)]
+    return out
 
 
 def build(d: DistillParams, teacher: torch.Tensor, train: Split, dim: int,

@@ -94,7 +94,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
                                          live_dir, extra=resume)
     if trainer.global_rank != 0:
         return {}
-    result = report_of(loop, seconds, len(data.splits["train"]))
+    result = report_of(loop, seconds, len(data.training))
     save(module, loop, p, out)
     write_json(report, result)
     for done in resumes:
