@@ -546,6 +546,10 @@ class EvaluateParams(Section):
     run_depth: int = Field(gt=0, description="results per query in the TREC run files")
     significance: SignificanceParams
     hybrid: HybridParams
+    speed_texts: int = Field(ge=0, description="train.objective distill: test texts the frozen "
+                             "student, the distilled student and the teacher each encode from "
+                             "raw text to report their speed (texts/s, `distill.speed`); 0: "
+                             "not measured")
 
 
 # --- sweep: `simtune sweep`, an Optuna search over `train.*` (a command, not a DVC stage) -----
