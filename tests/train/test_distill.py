@@ -277,3 +277,19 @@ def test_the_default_pipeline_is_untouched() -> None:
     p = P.validate(repo_params())
     assert p.train.objective == "similarity" and p.train.distill.teacher is None
     assert sentences(1)  # the helpers import; the default trains `train.loss` as before
+
+
+def test_the_model_card_names_the_distillation_not_an_unused_loss() -> None:
+    from simtune.export.model_card import key_params
+
+    raw = repo_params()
+    raw["train"].update(objective="distill")
+    raw["train"]["distill"].update(teacher="minilm", loss="kl")
+    keys = dict(key_params(P.validate(raw), "groups"))
+    assert (keys["train.objective"], keys["train.distill.loss"]) == ("distill", "kl")
+    assert keys["train.distill.temperature"] == 0.05
+    assert "train.loss.name" not in keys  # label_weight 0: no similarity loss ran
+    raw["train"]["distill"].update(loss="mse", label_weight=0.5)
+    keys = dict(key_params(P.validate(raw), "groups"))
+    assert "train.distill.temperature" not in keys and keys["train.loss.name"] == "auto"
+    assert "train.objective" not in dict(key_params(P.validate(repo_params()), "groups"))
