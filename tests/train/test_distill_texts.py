@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from simtune import params as P
 from simtune.cache.views import open_cache
+from simtune.errors import UserError
 from simtune.prepare import stage as prepare
 from simtune.prepare.prepared import load as load_prepared
 from simtune.prepare.prepared import write
@@ -88,3 +89,19 @@ def test_labels_in_the_loss_are_refused_before_the_cache_fills(tmp_path: Path,
         f"({tmp_path / 'prepared'}) holds {NEW} unlabelled texts (they have no label to add); "
         "set it to 0"]
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_sweep_trial_with_labels_in_the_loss_is_refused_on_unlabelled_texts(
+        tmp_path: Path, tiny_bert: Path) -> None:
+    """The sweep loads the data once (label_weight 0 passes); a trial that puts the labels
+    in the loss would read the texts' -1 labels as one class: refused like the train stage."""
+    from simtune.train import sweep
+
+    raw = texts_project(tmp_path, tiny_bert)
+    fill(tmp_path, raw)
+    p = P.load(tmp_path / "params.yaml")
+    loaded = sweep.load(p, tmp_path / "prepared", tmp_path / "cache")
+    assert sweep._checked(loaded, {"train.distill.loss": "kl"}).train.distill.loss == "kl"
+    with pytest.raises(UserError, match=r"^train.distill.label_weight: 0.5, but the prepared "
+                       rf"data holds {NEW} unlabelled texts"):
+        sweep._checked(loaded, {"train.distill.label_weight": 0.5})
