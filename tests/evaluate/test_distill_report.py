@@ -88,3 +88,62 @@ def test_no_speed_when_off_and_no_distill_part_without_distillation(tmp_path: Pa
     similarity = p.model_copy(update={"train": p.train.model_copy(
         update={"objective": "similarity"})})
     assert "distill" not in _run(similarity, tmp_path)
+
+
+def test_the_stages_end_to_end_with_an_export_teacher_and_unlabelled_texts(
+        tmp_path: Path, tiny_bert: Path) -> None:
+    """prepare (texts joined to a labelled set) -> cache (student and the export teacher) ->
+    train (top_layers) -> evaluate (the teacher beside the student) -> export, as DVC runs
+    them; the exported student gives the vectors evaluate scored."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from stages import app
+    from tests.conftest import write_params
+    from tests.train.test_distill import _export_teacher
+    from tests.train.test_distill_texts import texts_project
+
+    teacher = _export_teacher(tmp_path, tiny_bert)
+    raw = texts_project(tmp_path, tiny_bert)
+    raw["encoders"]["models"]["teacher"]["model"] = str(teacher)
+    raw["train"].update(mode="top_layers")
+    raw["train"]["encoder"].update(max_epochs=1, top_layers=1, batch_size=8)
+    raw["evaluate"]["speed_texts"] = 4
+    params = str(write_params(tmp_path / "params.yaml", raw))
+    r = {k: str(tmp_path / k) for k in ("prepared", "cache", "head", "export", "reports")}
+    runner = CliRunner()
+    for args in (
+            ["prepare", "--params", params, "--out", r["prepared"], "--report",
+             f"{r['reports']}/prepare.json"],
+            ["cache", "--params", params, "--prepared", r["prepared"], "--out", r["cache"],
+             "--report", f"{r['reports']}/cache.json"],
+            ["train", "--params", params, "--prepared", r["prepared"], "--cache", r["cache"],
+             "--out", r["head"], "--report", f"{r['reports']}/train.json", "--metrics",
+             f"{r['reports']}/tm.json", "--live", f"{r['reports']}/live", "--checkpoint",
+             str(tmp_path / "ck")],
+            ["evaluate", "--params", params, "--prepared", r["prepared"], "--cache", r["cache"],
+             "--head", r["head"], "--out", f"{r['reports']}/evaluate.json", "--metrics",
+             f"{r['reports']}/metrics.json", "--plot", f"{r['reports']}/plot.json", "--detail",
+             f"{r['reports']}/detail.json", "--run-trained", f"{r['reports']}/t.trec",
+             "--run-baseline", f"{r['reports']}/b.trec"],
+            ["export", "--head", r["head"], "--out", r["export"], "--params", params,
+             "--metrics", f"{r['reports']}/evaluate.json", "--data-report",
+             f"{r['reports']}/prepare.json"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, (args[0], result.output)
+    cache_report = json.loads((tmp_path / "reports" / "cache.json").read_text())
+    assert cache_report["teacher"]["texts"] == 40 + 12  # the labelled texts and the new ones
+    report = json.loads((tmp_path / "reports" / "evaluate.json").read_text())
+    assert set(report["distill"]) >= {"teacher", "recovered", "speed"}
+    assert report["distill"]["speed"]["texts"] == 4
+    card = (tmp_path / "export" / "README.md").read_text()
+    assert "| `train.objective` | distill |" in card
+    texts = sentences_of(tmp_path / "prepared")
+    exported = load_model(tmp_path / "export", "cpu").encode(texts)
+    head = load_model(tmp_path / "head", "cpu").encode(texts)
+    torch.testing.assert_close(exported, head, atol=1e-5, rtol=0)
+
+
+def sentences_of(prepared: Path) -> list[str]:
+    return list(load_prepared(prepared).text_map().values())[:6]
