@@ -204,6 +204,7 @@ def load_encoder(name: str, spec: EncoderParams, device: torch.device, role: str
         if getattr(spec, field) != getattr(saved, field):
             raise UserError(f"{key}.{field}: {getattr(spec, field)!r}, but the export {path} "
                             f"embeds with {getattr(saved, field)!r}; set it so")
-    model.encoder = FrozenEncoder(name, saved.model_copy(update={
-        "max_length": spec.max_length, "chunks": spec.chunks}), device, role, key=key)
-    return ExportEncoder(model, name)
+    if (saved.max_length, saved.chunks) != (spec.max_length, spec.chunks):  # the window: yours
+        model.encoder = FrozenEncoder(name, saved.model_copy(update={
+            "max_length": spec.max_length, "chunks": spec.chunks}), device, role, key=key)
+    return ExportEncoder(model, name).as_role(role)

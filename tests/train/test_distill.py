@@ -293,3 +293,22 @@ def test_the_model_card_names_the_distillation_not_an_unused_loss() -> None:
     keys = dict(key_params(P.validate(raw), "groups"))
     assert "train.distill.temperature" not in keys and keys["train.loss.name"] == "auto"
     assert "train.objective" not in dict(key_params(P.validate(repo_params()), "groups"))
+
+
+def test_an_export_teacher_embeds_with_the_params_window(tmp_path: Path, tiny_bert: Path
+                                                         ) -> None:
+    """max_length is the params' (the export was written with 32): texts cut at 6 tokens."""
+    from simtune.encoders import FrozenEncoder
+    from simtune.model import load_encoder
+
+    teacher = _export_teacher(tmp_path, tiny_bert)
+    spec = P.EncoderParams(**{**encoder_params(teacher)["models"]["tiny"], "max_length": 6})
+    texts = sentences(6)
+    got = load_encoder("teacher", spec, torch.device("cpu"), "document").encode(texts, 4)
+    model = load_model(teacher, "cpu")
+    cut = FrozenEncoder("t", model.encoder.spec.model_copy(update={"max_length": 6}),
+                        torch.device("cpu")).encode(texts, 4)
+    with torch.inference_mode():
+        want = torch.nn.functional.normalize(model.head(cut), dim=-1)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert not torch.allclose(got, model.encode(texts), atol=1e-3)  # the export's own window
