@@ -147,3 +147,33 @@ def test_the_stages_end_to_end_with_an_export_teacher_and_unlabelled_texts(
 
 def sentences_of(prepared: Path) -> list[str]:
     return list(load_prepared(prepared).text_map().values())[:6]
+
+
+def test_speed_takes_turns_and_keeps_each_models_fastest_pass(monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """A fake clock: each pass of 100 texts takes 100 / rate seconds; the teacher's first
+    timed pass is slowed 4x (other work on the machine): its fastest pass counts."""
+    from simtune.evaluate import distill
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(distill.time, "perf_counter", lambda: clock["now"])
+    calls: list[tuple[str, int]] = []
+
+    def model(name: str, rate: float):
+        def encode(texts: list[str]) -> torch.Tensor:
+            calls.append((name, len(texts)))
+            slowed = 4 if (name, len(texts)) == ("teacher", 100) and calls.count(
+                ("teacher", 100)) == 1 else 1
+            clock["now"] += slowed * len(texts) / rate
+            return torch.zeros(len(texts), 2)
+        return encode
+
+    out = distill.speed({"baseline": model("baseline", 400.0),
+                         "trained": model("trained", 500.0),
+                         "teacher": model("teacher", 125.0)}, ["x"] * 100, 8, "cpu")
+    assert out["texts_per_s"] == pytest.approx({"baseline": 400, "trained": 500,
+                                                "teacher": 125})
+    assert out["trained_over_teacher"] == pytest.approx(4.0)
+    # warm-up batches first, then the models in turn, 3 rounds
+    assert calls[:3] == [("baseline", 8), ("trained", 8), ("teacher", 8)]
+    assert [n for n, _ in calls[3:]] == ["baseline", "trained", "teacher"] * 3
