@@ -312,3 +312,19 @@ def test_an_export_teacher_embeds_with_the_params_window(tmp_path: Path, tiny_be
         want = torch.nn.functional.normalize(model.head(cut), dim=-1)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     assert not torch.allclose(got, model.encode(texts), atol=1e-3)  # the export's own window
+
+
+@pytest.mark.parametrize("loss", ["mse", "kl"])
+def test_the_loss_runs_in_float32_under_half_precision_autocast(loss: str) -> None:
+    """Under 16-mixed a matmul would run in float16 (and kl's masked logits -1e9 overflow
+    it to -inf): the loss is computed in float32, equal to the plain one."""
+    torch.manual_seed(0)
+    s, t = torch.randn(16, 8, requires_grad=True), torch.randn(16, 12)
+    fn = DistillLoss(loss, 0.05, projection(t, 8) if loss == "mse" else None)
+    want = fn(s, t)
+    with torch.autocast("cpu", dtype=torch.float16):
+        got = fn(s, t)
+    assert got.dtype == torch.float32 and torch.isfinite(got)
+    assert got.item() == pytest.approx(want.item(), rel=1e-6)
+    got.backward()
+    assert s.grad is not None and bool(torch.isfinite(s.grad).all())

@@ -69,21 +69,25 @@ class DistillLoss(nn.Module):
 
     def forward(self, student: torch.Tensor, teacher: torch.Tensor,
                 labels: torch.Tensor | None = None) -> torch.Tensor:
-        """student (B, D_s), teacher (B, D_t) float, labels (B,) -> the scalar loss."""
-        teacher = teacher.to(student.dtype)
-        if self.loss == "kl":
-            total, count = self._kl(student, teacher)
-        else:
-            if self.proj is not None:
-                teacher = teacher @ self.proj.to(teacher.dtype)
-            s, t = F.normalize(student, dim=-1), F.normalize(teacher, dim=-1)
-            per_row = ((s - t).pow(2).mean(1) if self.loss == "mse"
-                       else 1 - (s * t).sum(1))
-            total, count = per_row.sum(), torch.tensor(len(s), device=s.device)
+        """student (B, D_s), teacher (B, D_t) float, labels (B,) -> the scalar loss, computed
+        in float32 whatever the training precision (the masked logits of `kl` stay finite)."""
+        with torch.autocast(student.device.type, enabled=False):
+            total, count = self._rows(student.float(), teacher.float())
         out = self.gather.mean(total, count)
         if self.label_loss is not None and self.label_weight > 0:
             out = out + self.label_weight * self.label_loss(student, labels)
         return out
+
+    def _rows(self, student: torch.Tensor, teacher: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum over this process's rows of the distillation loss, rows counted)."""
+        if self.loss == "kl":
+            return self._kl(student, teacher)
+        if self.proj is not None:
+            teacher = teacher @ self.proj.float()
+        s, t = F.normalize(student, dim=-1), F.normalize(teacher, dim=-1)
+        per_row = (s - t).pow(2).mean(1) if self.loss == "mse" else 1 - (s * t).sum(1)
+        return per_row.sum(), torch.tensor(len(s), device=s.device)
 
     def _kl(self, student: torch.Tensor, teacher: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor]:
