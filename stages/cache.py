@@ -36,9 +36,8 @@ def cache(ctx: typer.Context, params: Path = PARAMS, prepared: Path = PREPARED,
     # a loss the data cannot take is refused now, not at the train stage after the fill
     P.resolve_loss(p.train, kind(prepared), f"the prepared data ({prepared})")
     P.check_unlabelled(p.train, unlabelled(prepared), f"the prepared data ({prepared})")
-    teacher = p.train.distill.teacher if p.train.objective == "distill" else None
     results = lib.fill(prepared, out, p.encoders, p.cache, layer=layer_for(p.encoders, p.train),
-                       teacher=teacher)
+                       teacher=P.teacher_of(p.train))
     if report is not None and lib.dist_from_env().rank == 0:
         lib.write_report(report, results)
 

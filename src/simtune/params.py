@@ -431,6 +431,12 @@ def resolve_loss(t: TrainParams, kind: str, data: str = "the prepared data") -> 
     return t.model_copy(update={"loss": t.loss.model_copy(update={"name": name})})
 
 
+def teacher_of(t: TrainParams) -> str | None:
+    """The teacher encoder a run needs (its vectors filled, read and scored): the
+    `train.distill.teacher` of a distillation, None for `objective: similarity`."""
+    return t.distill.teacher if t.objective == "distill" else None
+
+
 def check_unlabelled(t: TrainParams, unlabelled: int, data: str = "the prepared data") -> None:
     """Data with `unlabelled` texts (`prepare.file.kind: texts`) trains them by distillation
     alone: labels in the loss or label-balanced batches cannot take them (one line naming

@@ -42,4 +42,4 @@ def fill(root: Path, raw: dict[str, Any], cache_dir: str = "cache") -> list[cach
     (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     return cache.fill(root / "prepared", root / cache_dir, p.encoders, p.cache,
                       layer=cache.views.layer_for(p.encoders, p.train),
-                      teacher=p.train.distill.teacher)
+                      teacher=P.teacher_of(p.train))

@@ -273,10 +273,25 @@ def test_distillation_on_pairs_is_refused_before_the_cache_fills(tmp_path: Path,
     assert not (tmp_path / "cache").exists()
 
 
-def test_the_default_pipeline_is_untouched() -> None:
+def test_the_default_pipeline_is_untouched(tmp_path: Path, tiny_bert: Path) -> None:
+    """params.yaml's default objective trains `train.loss` (no teacher is filled or read),
+    and a distill set-up left with a teacher but objective similarity fills no teacher."""
+    from simtune.cache.stage import texts_per_encoder
+    from simtune.train.module import SimilarityModule
+
     p = P.validate(repo_params())
     assert p.train.objective == "similarity" and p.train.distill.teacher is None
-    assert sentences(1)  # the helpers import; the default trains `train.loss` as before
+    raw = distill_raw(tmp_path, tiny_bert)
+    raw["train"]["objective"] = "similarity"
+    assert {r.view for r in fill(tmp_path, raw)} == {"tiny"}
+    q = P.validate(raw)
+    needs = texts_per_encoder(load_prepared(tmp_path / "prepared"), q.encoders)
+    assert [t.name for t in needs] == ["tiny"]
+    from simtune.train.data import load_data
+
+    data = load_data(q, tmp_path / "prepared", tmp_path / "cache")
+    assert "teacher" not in data.tables and data.fit is None
+    assert isinstance(SimilarityModule(data, q).loss_fn, GroupLoss)
 
 
 def test_the_model_card_names_the_distillation_not_an_unused_loss() -> None:

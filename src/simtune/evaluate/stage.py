@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 import torch
 
 from simtune import examples, heads
+from simtune import params as P
 from simtune.atomic import write_json
 from simtune.cache.views import open_pair
 from simtune.errors import UserError
@@ -118,7 +119,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
     lex, systems = lexical.scored(data, task, prepared.text_map(), t, by_rows(trained_vectors),
                                   p.evaluate, ks)
     result.update(lex)
-    if p.train.objective == "distill" and p.train.distill.teacher is not None:
+    if P.teacher_of(p.train) is not None:
         result["distill"] = _distill(p, prepared, prepared_dir, cache_dir, head_dir, data,
                                      (t, b, t_q), ks)
     if dims:
