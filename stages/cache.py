@@ -30,12 +30,14 @@ def cache(ctx: typer.Context, params: Path = PARAMS, prepared: Path = PREPARED,
     from simtune import params as P
     from simtune.cache import stage as lib
     from simtune.cache.views import layer_for
-    from simtune.prepare.prepared import kind
+    from simtune.prepare.prepared import kind, unlabelled
 
     p = P.load(params)
     # a loss the data cannot take is refused now, not at the train stage after the fill
     P.resolve_loss(p.train, kind(prepared), f"the prepared data ({prepared})")
-    results = lib.fill(prepared, out, p.encoders, p.cache, layer=layer_for(p.encoders, p.train))
+    P.check_unlabelled(p.train, unlabelled(prepared), f"the prepared data ({prepared})")
+    results = lib.fill(prepared, out, p.encoders, p.cache, layer=layer_for(p.encoders, p.train),
+                       teacher=P.teacher_of(p.train))
     if report is not None and lib.dist_from_env().rank == 0:
         lib.write_report(report, results)
 

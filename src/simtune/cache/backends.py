@@ -43,7 +43,7 @@ def select(encoder: FrozenEncoder, backend: str, entry: Path, layer: int | None
     else an `OnnxEncoder` over the export kept in store entry `entry` (made if missing).
     `UserError` when onnxruntime is not installed; torch (with a warning) when the export
     fails or its check batch disagrees with torch."""
-    if backend == "torch":
+    if backend == "torch" or not isinstance(encoder, FrozenEncoder):  # an export: its head
         return encoder
     if layer is not None or encoder.device.type != "cpu":
         log.info("cache.backend onnx: %s run on torch", "layer states" if layer is not None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from simtune.chunks import Chunker, Cut, chunked
-from simtune.encoders import model_dir, prompt_of
+from simtune.encoders import encoder_dir, prompt_of
 from simtune.params import EncoderParams
 from simtune.pretrained import load_tokenizer
 
@@ -20,7 +20,7 @@ def split(name: str, spec: EncoderParams, role: str, texts: dict[str, str], labe
     """(workspace id -> the windows of its text, one when it fits or chunking is off; what is
     cut), logged as one line, and a warning naming the key to change when more than
     `WARN_SHARE` of the texts still lose tokens."""
-    tokenizer = load_tokenizer(model_dir(name, spec), f"encoders.models.{name}.model")
+    tokenizer = load_tokenizer(encoder_dir(name, spec), f"encoders.models.{name}.model")
     chunker = Chunker(tokenizer, spec, prompt_of(spec, role), name, role)
     cut = Cut()
     ids = list(texts)
@@ -34,7 +34,7 @@ def check_prompts(targets: list[tuple[str, EncoderParams, str]]) -> None:
     little of the window for the text (`simtune.chunks.check_room`, through the `Chunker`)."""
     for name, spec, role in targets:
         if prompt_of(spec, role):
-            tokenizer = load_tokenizer(model_dir(name, spec), f"encoders.models.{name}.model")
+            tokenizer = load_tokenizer(encoder_dir(name, spec), f"encoders.models.{name}.model")
             Chunker(tokenizer, spec, prompt_of(spec, role), name, role)
 
 

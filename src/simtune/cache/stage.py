@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,6 +39,7 @@ from simtune.cache import (
 from simtune.cache.formats import Format
 from simtune.encoders import FrozenEncoder, describe, fingerprint, prompt_of, resolve_device
 from simtune.errors import UserError
+from simtune.model import load_encoder
 from simtune.params import CacheParams, EncoderParams, EncodersParams
 from simtune.prepare.prepared import Prepared, text_id
 from simtune.prepare.prepared import load as load_prepared
@@ -98,18 +100,22 @@ class Target:
     view: str
 
 
-def texts_per_encoder(prepared: Prepared, encoders: EncodersParams) -> dict[Target, pa.Array]:
+def texts_per_encoder(prepared: Prepared, encoders: EncodersParams,
+                      teacher: str | None = None) -> dict[Target, pa.Array]:
     """Distinct text ids each view must hold: groups' texts and pairs' queries are `query` texts
     of `encoders.query`, pairs' documents `document` texts of `encoders.document`; one view (one
-    set of ids) when both roles read the same one (one encoder, one prompt)."""
+    set of ids) when both roles read the same one (one encoder, one prompt). `teacher`
+    (`train.distill.teacher`): that encoder's view of the groups' texts too."""
     ex = prepared.examples
     if prepared.kind == "groups":
-        columns = [("query", ex.column("text_id"))]
+        columns = [("query", encoders.query, ex.column("text_id"))]
+        if teacher is not None:
+            columns.append(("query", teacher, ex.column("text_id")))
     else:
-        columns = [("query", ex.column("query_id")), ("document", ex.column("doc_id"))]
+        columns = [("query", encoders.query, ex.column("query_id")),
+                   ("document", encoders.document, ex.column("doc_id"))]
     found: dict[str, tuple[Target, list[pa.ChunkedArray]]] = {}
-    for role, column in columns:
-        name = encoders.query if role == "query" else encoders.document
+    for role, name, column in columns:
         view = views.view_name(name, encoders.models[name], role)
         found.setdefault(view, (Target(name, role, view), []))[1].append(column)
     return {target: pc.unique(pa.chunked_array([c for col in cols for c in col.chunks],
@@ -127,16 +133,18 @@ def _unused_document_prompt(encoders: EncodersParams) -> None:
 
 
 def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParams,
-         dist: Dist | None = None, layer: int | None = None) -> list[FillResult]:
+         dist: Dist | None = None, layer: int | None = None, teacher: str | None = None
+         ) -> list[FillResult]:
     """Fill the view of every (encoder, role) the prepared data needs (`texts_per_encoder`),
     embedding only what the shared store (`cache.store`) lacks; with `layer` k, also the token
     states after layer k (`<view>@layer<k>/`) of the query encoder's views (top-layers
-    training)."""
+    training); with `teacher` (`train.distill.teacher`), that encoder's vectors of the texts
+    (a simtune export folder runs with its head: `simtune.model.load_encoder`)."""
     prepared = load_prepared(prepared_dir)
     if prepared.texts.num_rows == 0:
         raise UserError(f"{prepared_dir}: prepared data has no texts")
     dist = dist or dist_from_env()
-    needs = texts_per_encoder(prepared, encoders)
+    needs = texts_per_encoder(prepared, encoders, teacher)
     if prepared.kind == "groups":
         _unused_document_prompt(encoders)
     cutting.check_prompts([(t.name, encoders.models[t.name], t.role) for t in needs])
@@ -159,7 +167,7 @@ def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParam
             results[-2].cut = cut.report()
             continue
         results.append(fill_encoder(name, spec, texts, Path(out) / target.view, cp, dist,
-                                    role=role, keep=keep,
+                                    encoder_factory=load_encoder, role=role, keep=keep,
                                     description=described[target.view, None],
                                     windows=windows))
         results[-1].cut = cut.report()
@@ -191,7 +199,7 @@ def described_in_use(encoders: EncodersParams, targets: Iterable[Target], layer:
 
 def fill_encoder(name: str, spec: EncoderParams, texts: dict[str, str], view: Path,
                  cp: CacheParams, dist: Dist,
-                 encoder_factory: Callable[..., FrozenEncoder] = FrozenEncoder,
+                 encoder_factory: Callable[..., Any] = FrozenEncoder,
                  fmt: Format = VECTORS, role: str = "query", keep: set[str] | None = None,
                  description: dict | None = None, windows: dict[str, list[str]] | None = None
                  ) -> FillResult:

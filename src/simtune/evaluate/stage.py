@@ -5,6 +5,9 @@ Everything runs under `torch.inference_mode()`. Test vectors come from the cache
 trained head; the baseline is the same computation through the identity head (the frozen
 encoder). In full mode the trained vectors come from the fine-tuned encoder saved with the head.
 
+A distillation (`train.objective: distill`) adds the teacher on the same test task, with the
+same significance test, and each model's encode speed (`evaluate.distill`).
+
 Two reports: the headline (`trained`, `baseline`, `lift`, the lift's paired `significance`,
 counts; for a head trained with `matryoshka_dims`, `matryoshka`: P@1, MRR@10, nDCG@10 and MAP@R
 of both models with their vectors cut to each dim and re-normalised; a DVC metrics file, one
@@ -25,10 +28,11 @@ import pyarrow.parquet as pq
 import torch
 
 from simtune import examples, heads
+from simtune import params as P
 from simtune.atomic import write_json
 from simtune.cache.views import open_pair
 from simtune.errors import UserError
-from simtune.evaluate import lexical, report, runs
+from simtune.evaluate import distill, lexical, report, runs
 from simtune.examples import Data
 from simtune.params import Params
 from simtune.prepare.prepared import load as load_prepared
@@ -115,6 +119,9 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
     lex, systems = lexical.scored(data, task, prepared.text_map(), t, by_rows(trained_vectors),
                                   p.evaluate, ks)
     result.update(lex)
+    if P.teacher_of(p.train) is not None:
+        result["distill"] = _distill(p, prepared, prepared_dir, cache_dir, head_dir, data,
+                                     (t, b, t_q), ks)
     if dims:
         result["matryoshka"] = report.matryoshka(
             dims, lambda v: task.score(by_rows(v), ks).metrics, trained_vectors,
@@ -140,6 +147,57 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
              result["lift"]["mrr@10"], result["significance"]["mrr@10"]["p_value"])
     _log_lexical(result)
     return result
+
+
+def _distill(p: Params, prepared: Any, prepared_dir: Path, cache_dir: Path, head_dir: Path,
+             data: Data, scored: tuple[Any, Any, dict[str, torch.Tensor]], ks: tuple[int, ...]
+             ) -> dict[str, Any]:
+    """`distill` of the report (`evaluate.distill`): the teacher scored from its cache view on
+    the same test task (same queries, same order) as the trained and baseline `scored`, then
+    the speed of the three models on the first `evaluate.speed_texts` test texts."""
+    from simtune.cache.views import open_cache
+
+    name = str(p.train.distill.teacher)
+    table = open_cache(cache_dir, name, p.encoders.models[name], p.cache, placed=False)
+    t_data = examples.load(prepared.kind, prepared.examples, table, table)
+    t_task = evaluation_task(t_data, p.evaluate.corpus, prepared_dir)
+    te = t_task.score(by_rows(cached(t_data, heads.build("identity", t_data.dim, 1, 0.0))), ks)
+    t, b, t_q = scored
+    sig = p.evaluate.significance
+    out = distill.report(te.metrics, t.metrics, b.metrics, distill.per_query(te, ks), t_q,
+                         sig.resamples, sig.seed)
+    log.info("test: teacher p@1 %.4f mrr@10 %.4f; the distilled student recovers %s of its "
+             "mrr@10 lift", te.metrics["p@1"], te.metrics["mrr@10"],
+             "n/a" if out["recovered"]["mrr@10"] is None
+             else f"{out['recovered']['mrr@10']:.1%}")
+    if p.evaluate.speed_texts:
+        out["speed"] = _speed(p, prepared, head_dir, data)
+    return out
+
+
+def _speed(p: Params, prepared: Any, head_dir: Path, data: Data) -> dict[str, Any]:
+    """Texts/s of the frozen student, the distilled student and the teacher, each from raw
+    text, on the first `evaluate.speed_texts` test texts (`evaluate.distill.speed`)."""
+    from simtune.encoders import FrozenEncoder, resolve_device
+    from simtune.model import load_encoder, load_model
+
+    rows = data.splits["test"].tensors["rows"][: p.evaluate.speed_texts].tolist()
+    texts = prepared.text_map()
+    sample = [texts[data.row_ids["query"][r]] for r in rows]
+    device, bs = resolve_device(p.cache.device), p.cache.batch_size
+    enc = p.encoders
+    student = FrozenEncoder(enc.query, enc.models[enc.query], device)
+    trained = load_model(head_dir, str(device), encoder=enc.models[enc.query].model)
+    name = str(p.train.distill.teacher)
+    teacher = load_encoder(name, enc.models[name], device)
+    out = distill.speed({"baseline": lambda x: student.encode(x, bs),
+                         "trained": lambda x: trained.encode(x, bs),
+                         "teacher": lambda x: teacher.encode(x, bs)}, sample, bs, str(device))
+    rate = out["texts_per_s"]
+    log.info("speed (%d test texts): frozen student %.0f, distilled %.0f, teacher %.0f texts/s "
+             "(%.1fx the teacher)", len(sample), rate["baseline"], rate["trained"],
+             rate["teacher"], out["trained_over_teacher"])
+    return out
 
 
 def _log_lexical(result: dict[str, Any]) -> None:

@@ -86,11 +86,25 @@ def key_params(p: Params, kind: str) -> list[tuple[str, Any]]:
     keys += ["train.mode", "train.head.type"]
     if p.train.head.type == "mlp":
         keys += ["train.head.expansion", "train.head.dropout"]
-    keys += ["train.loss.name", "train.loss.distance"]
-    # `auto` stays as it is only where the head does not record its data kind (older heads)
-    keys += [f"train.loss.{k}" for k in LOSS_KEYS.get(p.train.loss.name, ())]
+    keys += _loss_keys(p)
     keys += [f"train.{k}" for k in MODE_KEYS[p.train.mode]] + ["train.seed"]
     return [(k, _value(p, k)) for k in keys]
+
+
+def _loss_keys(p: Params) -> list[str]:
+    """The loss's keys: `train.loss` (with its own keys), or a distillation's (and `train.loss`
+    only when the labels are in its loss)."""
+    keys = []
+    d = p.train.distill
+    if p.train.objective == "distill":
+        keys += ["train.objective", "train.distill.teacher", "train.distill.loss"]
+        keys += ["train.distill.temperature"] * (d.loss == "kl")
+        keys += ["train.distill.label_weight"]
+        if d.label_weight == 0:
+            return keys
+    keys += ["train.loss.name", "train.loss.distance"]
+    # `auto` stays as it is only where the head does not record its data kind (older heads)
+    return keys + [f"train.loss.{k}" for k in LOSS_KEYS.get(p.train.loss.name, ())]
 
 
 def _dataset(p: Params | None, kind: str) -> str:

@@ -3,10 +3,11 @@
 Outputs (a directory, written atomically):
 
 - `texts.parquet`    — `text_id` (string), `text` (string): every distinct text once.
-- `examples.parquet` — groups: `split`, `text_id`, `label`;
+- `examples.parquet` — groups: `split`, `text_id`, `label` (split `unlabelled`: a texts file's
+                       rows, label null, `prepare.file.kind: texts`);
                        pairs:  `split`, `query_id`, `doc_id`, `score` (float32). A BEIR folder
                        adds one `corpus` row (null query and score) per unjudged document.
-- `meta.json`        — `{"kind": "groups" | "pairs", "format_version": 1}`.
+- `meta.json`        — `{"kind": "groups" | "pairs", "format_version": 1}` (+ `"unlabelled": n`).
 - `labels.json`      — groups: examples of each label in each split (pairs: `{}`).
 
 `text_id` is the blake2b-128 hash of the normalised text, so equal texts share one id across splits
@@ -31,6 +32,7 @@ from simtune.atomic import atomic_dir, read_meta, write_json
 from simtune.errors import UserError
 
 FORMAT_VERSION = 1
+UNLABELLED = "unlabelled"  # the split of a texts file's rows (groups data, no label)
 
 
 
@@ -54,6 +56,7 @@ class Prepared:
     texts: pa.Table
     examples: pa.Table
     report: dict[str, Any]
+    unlabelled: int = 0  # groups: examples of split `unlabelled` (a texts file's, no label)
 
     def text_map(self, ids: pa.Array | None = None) -> dict[str, str]:
         """text_id -> text of every text (or only of `ids`), in the texts table's order."""
@@ -70,7 +73,9 @@ def write(prepared: Prepared, out: Path, report_path: Path) -> None:
     with atomic_dir(Path(out)) as tmp:
         pq.write_table(prepared.texts, tmp / "texts.parquet")
         pq.write_table(prepared.examples, tmp / "examples.parquet")
-        meta = {"kind": prepared.kind, "format_version": FORMAT_VERSION}
+        meta: dict[str, Any] = {"kind": prepared.kind, "format_version": FORMAT_VERSION}
+        if prepared.unlabelled:
+            meta["unlabelled"] = prepared.unlabelled
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         # per-label counts are data, not metrics: in the report they would make `dvc exp show`
         # one column per label and split
@@ -95,6 +100,13 @@ def kind(out: Path) -> str:
     return str(value)
 
 
+def unlabelled(out: Path) -> int:
+    """How many examples of a prepared directory are unlabelled texts (split `unlabelled`: a
+    `prepare.file.kind: texts` file joined to a labelled data set), from its `meta.json`."""
+    value = read_meta(Path(out), FORMAT_VERSION, "prepare", "prepared data").get("unlabelled", 0)
+    return int(value) if isinstance(value, int) else 0
+
+
 def load(out: Path) -> Prepared:
     """Read a prepared directory back (for the later stages); the report is not re-read. A
     `kind` that the examples' columns do not fit is one line naming the directory."""
@@ -106,4 +118,4 @@ def load(out: Path) -> Prepared:
     if missing:
         raise UserError(f"{out}: meta.json says {data_kind} data but examples.parquet lacks "
                         f"{', '.join(missing)}; run the prepare stage again")
-    return Prepared(data_kind, texts, examples, {})
+    return Prepared(data_kind, texts, examples, {}, unlabelled(out))

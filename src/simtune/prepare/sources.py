@@ -107,7 +107,8 @@ def file_records(source: FileSource) -> tuple[Path, list[Record]]:
     path = Path(str(source.path))
     fmt = file_format(source)
     regular_file(path, "data file not found")  # before Parquet's reader opens a FIFO
-    wanted = ("text", "label", "key") if source.kind == "groups" else ("query", "positive", "score")
+    wanted = {"groups": ("text", "label", "key"), "pairs": ("query", "positive", "score"),
+              "texts": ("text",)}[source.kind]
     cols = {k: c for k in wanted if (c := getattr(source.columns, k)) is not None}
     if fmt == "parquet":
         header, rows = _parquet_rows(path, list(cols.values()))

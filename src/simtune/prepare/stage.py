@@ -12,7 +12,7 @@ import pyarrow as pa
 from simtune.errors import UserError, echo
 from simtune.params import SPLITS, PrepareParams
 from simtune.prepare import sources
-from simtune.prepare.prepared import Prepared, normalize, text_id, write
+from simtune.prepare.prepared import UNLABELLED, Prepared, normalize, text_id, write
 from simtune.prepare.split import assign
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,10 @@ def build(p: PrepareParams) -> Prepared:
 
         return prepare_beir(Path(str(p.file.path)), p)
     path, kind, recs = records(p)
+    if kind == "texts":
+        from simtune.prepare.texts import join_texts
+
+        return join_texts(path, recs, p)
     if kind == "groups":
         return _groups(path, recs, p)
     return _pairs(path, recs, p)
@@ -203,7 +207,8 @@ def run(p: PrepareParams, out: Path, report_path: Path) -> Prepared:
         log.info("%d of the dropped rows have a label that reads as missing (%s; "
                  "prepare.file.missing_labels)", sum(r["missing_labels"].values()), counts)
     log.info("%s: %d texts; examples %s", prepared.kind, r["texts"],
-             ", ".join(f"{s} {r['examples'].get(s, 0)}" for s in SPLITS))
+             ", ".join(f"{s} {r['examples'].get(s, 0)}" for s in (*SPLITS, UNLABELLED)
+                       if s in SPLITS or s in r["examples"]))
     write(prepared, out, report_path)
     log.info("wrote %s and %s", out, report_path)
     return prepared

@@ -79,9 +79,9 @@ def cache_fingerprints(p: Params, tables: dict[str, Any]) -> dict[str, str]:
     mode reads none: {"encoder": the live encoder's fingerprint, from its files}."""
     cached = {k: t.manifest.fingerprint for k, t in sorted(tables.items())
               if hasattr(t, "manifest")}
-    if not cached:
+    if "query" not in cached:  # full mode (a distillation teacher's table aside)
         name = p.encoders.query
-        cached = {"encoder": encoder_fingerprint(describe(name, p.encoders.models[name]))}
+        cached["encoder"] = encoder_fingerprint(describe(name, p.encoders.models[name]))
     return cached
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from simtune import examples
+from simtune import params as P
 from simtune.cache.views import open_pair
 from simtune.encoders import model_config
 from simtune.errors import UserError
@@ -41,6 +42,7 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool =
     prepared = load_prepared(prepared_dir)
     if check_loss:
         check_compatible(prepared.kind, p.train, f"the prepared data ({prepared_dir})")
+        P.check_unlabelled(p.train, prepared.unlabelled, f"the prepared data ({prepared_dir})")
         if p.train.hard_negatives:
             mined.check(prepared.kind, p.train)
             if negatives_dir is None:
@@ -66,6 +68,11 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool =
     data = examples.load(prepared.kind, prepared.examples, q_table, d_table, texts, hook,
                          dim=None if q_table is not None else _query_dim(p))
     data.tables = tables
+    if p.train.objective == "distill":
+        _attach_teacher(p, cache_dir, prepared.examples, data, texts)
+    elif prepared.unlabelled:
+        log.info("%d unlabelled texts of %s unused: train.objective similarity trains on "
+                 "labels (distill would use them)", prepared.unlabelled, prepared_dir)
     for name in ("train", "val"):
         if len(data.splits[name]) == 0:
             raise UserError(f"{prepared_dir}: the {name} split is empty")
@@ -95,6 +102,24 @@ def _states_tables(p: Params, cache_dir: Path, q_table: Any, d_table: Any) -> di
     return out
 
 
+def _attach_teacher(p: Params, cache_dir: Path, examples_table: Any, data: Data,
+                    texts: dict[str, str]) -> None:
+    """Distillation: the teacher's cache table (`tables["teacher"]`), each split's rows in it
+    (`t_rows`, `simtune.train.distill.teacher_rows`), and the unlabelled texts as more
+    training rows (`simtune.train.distill.add_unlabelled`; `texts`: full mode's text map)."""
+    from simtune.cache.views import open_cache
+    from simtune.train.distill import add_unlabelled, teacher_rows
+
+    name = p.train.distill.teacher
+    assert name is not None
+    table = open_cache(cache_dir, name, p.encoders.models[name], p.cache, placed=False)
+    for split, rows in teacher_rows(examples_table, table).items():
+        data.splits[split].tensors["t_rows"] = rows
+    data.tables["teacher"] = table
+    data.fit = add_unlabelled(examples_table, data.splits["train"], data.tables.get("query"),
+                              table, texts)
+
+
 def _query_dim(p: Params) -> int:
     """Full mode (no cache to read it from): the query encoder's hidden size."""
     name = p.encoders.query
@@ -107,7 +132,7 @@ def check_trainable(data: Data, t: TrainParams, world: int) -> None:
     if t.mode == "head" and t.encoder.lora.r:  # a warning: `-S train.mode=head` stays one edit
         log.warning("train.encoder.lora.r: %d is ignored in head mode (no encoder layer "
                     "trains); LoRA applies in train.mode top_layers or full", t.encoder.lora.r)
-    n = len(data.splits["train"])
+    n = len(data.training)
     if n < world:  # a larger batch_size is reduced to the training set (sampling)
         raise UserError(f"train: {n} training examples for {world} processes (each process "
                         "needs at least one)")
@@ -116,7 +141,8 @@ def check_trainable(data: Data, t: TrainParams, world: int) -> None:
         raise UserError("train.head.type: 'identity' has nothing to train in head mode (it is "
                         "the frozen baseline that evaluate compares against); use it with "
                         "train.mode top_layers or full")
-    if data.kind == "groups" and t.loss.name != "arcface":
+    labelled = t.objective != "distill" or t.distill.label_weight > 0
+    if data.kind == "groups" and t.loss.name != "arcface" and labelled:
         counts = torch.bincount(data.splits["train"].tensors["labels"])
         if int(counts.max()) < 2:
             raise UserError("train: every label has a single training example, so a batch can "

@@ -13,7 +13,7 @@ from simtune.encoders import trim_padding
 from simtune.errors import UserError
 from simtune.examples import Data, Split
 from simtune.params import Params, TrainParams
-from simtune.train import represent
+from simtune.train import distill, represent
 from simtune.train.gradcache import cuda_devices
 from simtune.train.gradcache import step as gradcache_step
 from simtune.train.losses import build_loss
@@ -46,9 +46,20 @@ class SimilarityModule(pl.LightningModule):
         t = self.t
         self.rep = represent.build(t.mode, p, data.tables)
         self.head = heads.build(t.head.type, data.dim, t.head.expansion, t.head.dropout)
-        self.loss_fn = build_loss(data.kind, t, data.num_classes, data.dim)
+        self.loss_fn = self._loss(data, t)
         self.automatic_optimization = t.gradcache.chunk_size == 0
         self._step = 0  # 1-based step within the current epoch, for the divergence message
+
+    @staticmethod
+    def _loss(data: Data, t: TrainParams) -> torch.nn.Module:
+        """The similarity loss (`train.loss`), or the distillation loss (`simtune.train.distill`)
+        with the similarity loss inside when `distill.label_weight` > 0."""
+        if t.objective != "distill":
+            return build_loss(data.kind, t, data.num_classes, data.dim)
+        labels = (build_loss(data.kind, t, data.num_classes, data.dim)
+                  if t.distill.label_weight > 0 else None)
+        return distill.build(t.distill, data.tables["teacher"].vectors, data.training,
+                             data.dim, labels)
 
     def setup(self, stage: str) -> None:
         # each process (DDP rank) puts the cached tables on its own device, once
@@ -60,13 +71,13 @@ class SimilarityModule(pl.LightningModule):
     def encode_role(self, part: dict[str, Any], role: str) -> torch.Tensor:
         """Training batch part -> (c, D) head outputs for `role`: text | query | doc | neg
         (neg: (c * n, D), each row's n mined negatives)."""
-        return self.head(self.rep(self.data.splits["train"], part, role))
+        return self.head(self.rep(self.data.training, part, role))
 
     def roles(self) -> list[str]:
         """What a training row is made of: text; or query, doc (and its mined negatives)."""
         if self.data.kind == "groups":
             return ["text"]
-        return ["query", "doc"] + (["neg"] if "neg_ids" in self.data.splits["train"].tensors
+        return ["query", "doc"] + (["neg"] if "neg_ids" in self.data.training.tensors
                                    else [])
 
     def encode(self, part: dict[str, Any]) -> torch.Tensor:
@@ -82,7 +93,10 @@ class SimilarityModule(pl.LightningModule):
         return torch.cat([x.reshape(c, -1, x.shape[-1]) for x in parts], 1)
 
     def loss_of(self, reps: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        tr, dev = self.data.splits["train"].tensors, self.device
+        tr, dev = self.data.training.tensors, self.device
+        if self.t.objective == "distill":  # the teacher's cached vectors of the rows
+            teacher = self.data.tables["teacher"].vectors[tr["t_rows"][idx]]
+            return self.loss_fn(reps, teacher.to(dev).float(), tr["labels"][idx].to(dev))
         if self.data.kind == "groups":
             return self.loss_fn(reps, tr["labels"][idx].to(dev))
         negs = (reps[:, 2:], tr["neg_ids"][idx].to(dev)) if "neg_ids" in tr else ()
@@ -169,7 +183,7 @@ class SimilarityModule(pl.LightningModule):
     # --- data ----------------------------------------------------------------------------------
 
     def train_dataloader(self) -> torch.utils.data.DataLoader:
-        tr = self.data.splits["train"]
+        tr = self.data.training
         key = "train.batch_size" if self.t.mode == "head" else "train.encoder.batch_size"
         sampler = EpochBatches(len(tr), self.t.batch_size, self.t.seed,
                                self.trainer.world_size, self.global_rank,

@@ -94,7 +94,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
                                          live_dir, extra=resume)
     if trainer.global_rank != 0:
         return {}
-    result = report_of(loop, seconds, len(data.splits["train"]))
+    result = report_of(loop, seconds, len(data.training))
     save(module, loop, p, out)
     write_json(report, result)
     for done in resumes:
@@ -198,7 +198,9 @@ def save(module: SimilarityModule, loop: EpochLoop, p: Params, out: Path) -> Non
         enc, loss = p.encoders, p.train.loss
         # trained on angles (cosine, or arcface, which is cosine whatever the distance): the
         # servable model normalises its output (unit vectors, the same cosine ranking)
-        angular = loss.distance == "cosine" or loss.name == "arcface"
+        # (distillation compares normalised vectors or their cosines: angles too)
+        angular = (loss.distance == "cosine" or loss.name == "arcface"
+                   or p.train.objective == "distill")
         meta = {"mode": p.train.mode, "kind": module.data.kind, "query_encoder": enc.query,
                 "document_encoder": enc.document,
                 "encoder": enc.models[enc.query].model_dump(), "normalize_output": angular,

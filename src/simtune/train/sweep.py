@@ -101,6 +101,8 @@ def _checked(loaded: Loaded, values: dict[str, Any]) -> Params:
     p = space.apply(loaded.params, values)
     t = P.resolve_loss(P.effective(p.train), loaded.data.kind)  # as the train stage does
     check_compatible(loaded.data.kind, t)
+    data = loaded.data  # a texts file's unlabelled rows: distillation alone takes them
+    P.check_unlabelled(t, len(data.training) - len(data.splits["train"]))
     if t.hard_negatives:
         mined.check(loaded.data.kind, t)
     check_trainable(loaded.data, t, 1)
