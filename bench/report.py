@@ -21,10 +21,11 @@ AREAS = {"cache_fill": "Cache fill", "train_speed": "Training speed",
          "eval_topk": "Exact top-k", "negatives": "Hard negatives and Matryoshka",
          "layers": "Top layers against the peer", "layers_full": "Full fine-tuning per epoch",
          "scale": "The top_layers cache at scale", "sweep": "Sweeps",
-         "long_docs": "Long documents against the baselines", "noop": "Reruns",
+         "long_docs": "Long documents against the baselines",
+         "distill": "Distillation against the peer", "noop": "Reruns",
          "gpu": "GPU"}
 BENCHES = ("cache_fill", "train_speed", "eval_topk", "negatives", "layers", "layers_full",
-           "sweep", "scale", "long_docs")
+           "sweep", "scale", "long_docs", "distill")
 # the page's columns: the peer's name and figure share one ("against"), so that the verdict fits
 COLUMNS = ["measure", "ours", "against", "ratio", "target", "met"]
 
@@ -285,7 +286,8 @@ def page(results: dict[str, Any]) -> str:
                 collapsible("Every encoder, data set and mode",
                             narrow(layers["table"], first=_QUALITY)), ""]
     for name, heading in (("layers_full", "Full fine-tuning against the peer"),
-                          ("sweep", "Sweeps"), ("scale", "The top_layers cache at scale")):
+                          ("sweep", "Sweeps"), ("scale", "The top_layers cache at scale"),
+                          ("distill", "Distillation")):
         if name not in results:
             continue
         bench = results[name]

@@ -29,6 +29,7 @@ COVERAGE = {
     "mpnet": "run",
     "gpu": "parser only: needs a CUDA GPU (tests/test_gpu.py runs its paths on one)",
     "layers": "own test",
+    "distill": "own test",  # tiny, without its peer (`datasets` is .[bench]'s)
     "layer_rows": "own test",  # bench.layers' child process: runs in test_bench_layers
     "long_docs": "own test",
     "scale": "own test",
