@@ -40,9 +40,8 @@ def child_fill(job: dict) -> dict:
     p = P.load(job["params"])
     t0 = time.perf_counter()
     layer = layer_for(p.encoders, p.train)
-    teacher = p.train.distill.teacher if p.train.objective == "distill" else None
     cache.fill(Path(job["prepared"]), Path(job["cache"]), p.encoders, p.cache, layer=layer,
-               teacher=teacher)
+               teacher=P.teacher_of(p.train))
     seconds = time.perf_counter() - t0
     view = Path(job["cache"]) / (p.encoders.query + (f"@layer{layer}" if layer else ""))
     ref = reference.read(view)  # a layer view holds no states: they are the store's, once
