@@ -10,7 +10,7 @@ test queries), every row scored by the evaluate stage's own task and metric code
             MiniLM distilled (`train.objective: distill`, the teacher above as
             `encoders.models.teacher`) on the train split's texts with their labels withheld
             (`label_weight: 0`), in each training mode; the head row once per `--losses`
-            (mse, cosine, kl: the loss chosen by measurement), the other modes with the first
+            (mse, cosine, kl), the other modes with the one of best validation P@1 there
   extra     the best mode again with `--news` news article titles added as unlabelled texts
             (`prepare.file.kind: texts`, joined to the TREC set)
   st        the peer: sentence-transformers' distillation recipe (its `MSELoss` against the
@@ -369,12 +369,16 @@ def main(argv: list[str] | None = None) -> int:
         b = Bench(args, Path(d))
         teacher = b.teacher()
         results.append(teacher)
+        chosen = losses[0]
         for row in (r for r in rows if r in MODES):
-            for loss in losses if row == "head" else losses[:1]:
+            for loss in losses if row == "head" else [chosen]:
                 results.append(b.student(row, loss, teacher))
                 print(f"{results[-1]['row']}: test p@1 {results[-1]['test']['p@1']:.3f}",
                       flush=True)
                 save(complete=False)
+            if row == "head":  # the other modes take the head rows' best loss, by val P@1
+                heads = [r for r in results if r.get("mode") == "head"]
+                chosen = max(heads, key=lambda r: (r["val"]["p@1"], r["val"]["mrr@10"]))["loss"]
         ours = [r for r in results if r["row"] != "teacher"]
         best = max(ours, key=lambda r: r["test"]["p@1"]) if ours else None
         if "extra" in rows and best is not None:
