@@ -665,6 +665,47 @@ def test_item9_a_swept_key_the_loss_ignores_is_warned_or_refused(
     assert caplog.records == []
 
 
+def test_probe_a_key_the_distillation_ignores_is_warned_or_refused(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """With `train.objective: distill` and the labels out of the loss (`label_weight` 0), the
+    default space's `train.loss.temperature` changed nothing: every trial trained the same in
+    it; so does `train.distill.temperature` unless the loss is kl, and `train.distill.*` under
+    `similarity`. Warned, or refused when every swept key is such a key."""
+    raw = repo_params()
+    raw["encoders"]["models"]["teacher"] = dict(raw["encoders"]["models"]["minilm"])
+    raw["train"]["objective"] = "distill"
+    raw["train"]["distill"].update(teacher="teacher", loss="mse", label_weight=0.0)
+    raw["sweep"]["space"] = {"train.loss.temperature": {"low": 0.02, "high": 0.2}}
+    raw["sweep"]["fixed"] = {}
+    with pytest.raises(UserError) as e:
+        space.check_ignored(P.validate(raw), "groups")
+    assert str(e.value) == (
+        "sweep.space: train.objective distill with train.distill.label_weight 0 reads none of "
+        "the swept keys (train.loss.temperature): every trial would train the same")
+    raw["sweep"]["space"]["train.lr"] = {"low": 0.001, "high": 0.01}
+    raw["sweep"]["fixed"] = {"train.distill.temperature": 0.1}
+    with caplog.at_level("WARNING"):
+        space.check_ignored(P.validate(raw), "groups")
+    assert [r.getMessage() for r in caplog.records] == [
+        "sweep.space.train.loss.temperature: train.objective distill with "
+        "train.distill.label_weight 0 does not read train.loss (the labels stay out of the "
+        "loss): every value of it trains the same",
+        "sweep.fixed.train.distill.temperature: train.distill.loss mse does not read it (kl "
+        "does): every value of it trains the same"]
+    caplog.clear()  # labels in the loss (supcon reads the temperature) and kl among the losses
+    raw["sweep"]["fixed"]["train.distill.label_weight"] = 0.5
+    raw["sweep"]["space"]["train.distill.loss"] = {"choices": ["mse", "kl"]}
+    space.check_ignored(P.validate(raw), "groups")
+    assert caplog.records == []
+    raw["train"]["objective"] = "similarity"
+    raw["sweep"]["fixed"] = {}
+    with caplog.at_level("WARNING"):
+        space.check_ignored(P.validate(raw), "groups")
+    assert [r.getMessage() for r in caplog.records] == [
+        "sweep.space.train.distill.loss: train.objective similarity does not read "
+        "train.distill: every value of it trains the same"]
+
+
 def test_probe_auto_beside_the_loss_it_resolves_to_is_refused() -> None:
     """`choices: [auto, supcon]` on groups data ran two identical trials (and reported the
     loss name as the only important param); now one line, before any trial. `auto` beside

@@ -47,15 +47,64 @@ def check_ignored(p: P.Params, kind: str) -> None:
                         "choice: their trials would train the same; remove one")
     names = {auto if n == "auto" else n for n in given}
     losses = ", ".join(sorted(str(n) for n in names))
-    ignored = [(what, key, users) for what, keys in (("space", sw.space), ("fixed", sw.fixed))
+    reader = f"train.loss.name {losses}"
+    ignored = [(what, key, f"{reader} does not read it ({', '.join(sorted(users))} do)")
+               for what, keys in (("space", sw.space), ("fixed", sw.fixed))
                for key in keys if key.startswith("train.loss.")
                and not (users := USED_BY.get(key.removeprefix("train.loss."), names)) & names]
+    objective = _objective_ignored(p)
+    if objective:  # the objective's reason first: it holds whatever the loss would read
+        keys = {key for _, key, _ in objective}
+        ignored = objective + [i for i in ignored if i[1] not in keys]
+        reader = "the objective"
     if set(sw.space) <= {key for _, key, _ in ignored}:
-        raise UserError(f"sweep.space: train.loss.name {losses} reads none of the swept keys "
-                        f"({', '.join(sw.space)}): every trial would train the same")
-    for what, key, users in ignored:
-        log.warning("sweep.%s.%s: train.loss.name %s does not read it (%s do): every value of "
-                    "it trains the same", what, key, losses, ", ".join(sorted(users)))
+        raise UserError(f"sweep.space: {reader if not objective else _reason(objective)} "
+                        f"reads none of the swept keys ({', '.join(sw.space)}): every trial "
+                        "would train the same")
+    for what, key, why in ignored:
+        log.warning("sweep.%s.%s: %s: every value of it trains the same", what, key, why)
+
+
+def _values(p: P.Params, key: str) -> set[Any] | None:
+    """The values `key` (`train.<path>`) takes in the sweep's trials: its choices, its fixed
+    value or params.yaml's; None for a swept range (any value)."""
+    sw = p.sweep
+    if key in sw.space:
+        return set(sw.space[key].choices) if sw.space[key].choices is not None else None
+    if key in sw.fixed:
+        return {sw.fixed[key]}
+    node: Any = p.train
+    for part in key.removeprefix("train.").split("."):
+        node = getattr(node, part)
+    return {node}
+
+
+def _objective_ignored(p: P.Params) -> list[tuple[str, str, str]]:
+    """(where, key, why) of each swept or fixed key the objective leaves unread: `train.distill.*`
+    under `similarity`; under `distill`, `train.loss.*` while the labels stay out of the loss
+    (`label_weight` 0) and the distillation `temperature` unless the loss is kl."""
+    objective, sw = _values(p, "train.objective"), p.sweep
+    keys = [(what, key) for what, keys in (("space", sw.space), ("fixed", sw.fixed))
+            for key in keys]
+    out = []
+    for what, key in keys:
+        if key.startswith("train.distill.") and objective == {"similarity"}:
+            out.append((what, key, "train.objective similarity does not read train.distill"))
+        elif objective != {"distill"}:
+            continue
+        elif key.startswith("train.loss.") and _values(p, "train.distill.label_weight") == {0}:
+            out.append((what, key, "train.objective distill with train.distill.label_weight 0 "
+                                   "does not read train.loss (the labels stay out of the loss)"))
+        elif key == "train.distill.temperature" and "kl" not in (
+                _values(p, "train.distill.loss") or {"kl"}):
+            loss = ", ".join(sorted(_values(p, "train.distill.loss") or ()))
+            out.append((what, key, f"train.distill.loss {loss} does not read it (kl does)"))
+    return out
+
+
+def _reason(ignored: list[tuple[str, str, str]]) -> str:
+    """The objective's reason of a refusal: what reads none of the keys."""
+    return ignored[0][2].split(" does not read")[0]
 
 
 def combinations(space: dict[str, P.SpaceEntry]) -> int | None:
