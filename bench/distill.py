@@ -334,6 +334,38 @@ def summary_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def headline(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures the Distillation page quotes (`{{ bench.distill.headline.<key> }}`)."""
+    by = {r["row"]: r for r in results}
+    ours = [r for r in results if r.get("mode") in MODES.values() and r["row"] != "teacher"]
+    if "teacher" not in by or not ours:
+        return {}
+    teacher, frozen = by["teacher"], ours[0]["baseline"]
+    best = max((r for r in ours if not r.get("extra")), key=lambda r: r["test"]["p@1"])
+    out = {"frozen_p1": frozen["p@1"], "frozen_mrr": frozen["mrr@10"],
+           "teacher": f"{teacher['base']}, {teacher['mode']}", "teacher_p1": teacher["test"][
+               "p@1"], "teacher_mrr": teacher["test"]["mrr@10"],
+           "teacher_train_s": teacher["train_s"], "teacher_fill_s": teacher["fill_s"],
+           "best": best["row"], "best_p1": best["test"]["p@1"],
+           "best_mrr": best["test"]["mrr@10"], "best_train_s": best["train_s"],
+           "best_share": _share(best, frozen["p@1"], teacher["test"]["p@1"])}
+    if "encode_per_s" in best and "encode_per_s" in teacher:
+        out.update(student_per_s=best["encode_per_s"], teacher_per_s=teacher["encode_per_s"],
+                   speed_ratio=best["encode_per_s"] / teacher["encode_per_s"])
+    extra = [r for r in ours if r.get("extra")]
+    if extra:
+        out.update(extra=extra[0]["row"], extra_p1=extra[0]["test"]["p@1"])
+    if "st" in by:
+        peer = by["st"]
+        good = [r for r in ours if r["test"]["p@1"] >= peer["test"]["p@1"]]
+        fast = min(good, key=lambda r: r["train_s"]) if good else None
+        out.update(peer_p1=peer["test"]["p@1"], peer_mrr=peer["test"]["mrr@10"],
+                   peer_lr=lr_text(peer["lr"]), peer_train_s=peer["train_s"],
+                   fastest=fast["row"] if fast else "none",
+                   time_ratio=fast["train_s"] / peer["train_s"] if fast else float("nan"))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--epochs", type=int, default=4, help="epochs of every encoder row and peer")
@@ -358,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def save(complete: bool) -> None:
         payload = {"machine": machine(), "command": command, "epochs": args.epochs,
-                   "complete": complete, "rows": summary_rows(results), "results": results,
+                   "complete": complete, "rows": summary_rows(results),
+                   "headline": headline(results), "results": results,
                    "table": table(table_rows(results), COLUMNS)}
         if args.out is None:
             write_results("distill", payload)
