@@ -88,6 +88,7 @@ def test_the_results_quote_the_figures_the_bench_wrote() -> None:
         assert trained == f"{default['default']['test'][key]:.3f}", name
         assert lift == f"{default['default']['lift'][key]:+.3f}", name
     _layers_table_quotes_bench_layers(results)
+    assert distill_sentence() in " ".join(results.split())
     stage = json.loads((ROOT / "bench" / "train_speed.json").read_text())["stage_rows"][0]
     assert stage["measure"].startswith("train stage, TREC default head mode")
     assert f"The head's train stage takes {stage['ours']:.0f} s on a quiet" in results
@@ -110,6 +111,19 @@ def _layers_table_quotes_bench_layers(results: str) -> None:
                             f"{_s(cpu['ours'])})"), name
         shares = (float(p1["ratio"].split()[0]), wall["ratio"], cpu["ratio"])
         assert cells[4] == ", ".join(f"{round(x * 100)} %" for x in shares), name
+
+
+def distill_sentence() -> str:
+    """The results' distillation sentence, from bench/distill.json's headline."""
+    bench = json.loads((ROOT / "bench" / "distill.json").read_text())
+    h = bench["headline"]
+    top2 = next(r for r in bench["results"] if r["row"].startswith("top2-") and not r["extra"])
+    return (f"reaches P@1 {h['best_p1']:.3f}, {h['best_share'] * 100:.0f} % of the teacher's "
+            f"lift over frozen MiniLM ({h['frozen_p1']:.3f}; the teacher {h['teacher_p1']:.3f}), "
+            f"and encodes {h['speed_ratio']:.1f}x as fast; sentence-transformers' MSE recipe at "
+            f"its best learning rate reached {h['peer_p1']:.3f} in {h['peer_train_s']:.0f} s of "
+            f"training, which simtune's top-2 student beats ({top2['test']['p@1']:.3f}) in "
+            f"{top2['train_s']:.0f} s")
 
 
 def _s(seconds: float) -> str:
