@@ -219,7 +219,7 @@ def child_peer(job_path: str) -> None:
     from sentence_transformers.losses import MSELoss
     from sklearn.decomposition import PCA
 
-    from bench.layer_rows import _score, _texts
+    from bench.layer_rows import _score, _texts, st_vectors
     from simtune import params as P
     from simtune.encoders import model_dir
     from simtune.prepare.prepared import load
@@ -252,15 +252,7 @@ def child_peer(job_path: str) -> None:
     trainer.train()
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     student.eval()
-
-    def vectors_of(data: Any) -> Any:
-        def vectors(rows: torch.Tensor, role: str) -> torch.Tensor:
-            ids = data.row_ids["doc" if role == "doc" else "query"]
-            return student.encode([texts[ids[r]] for r in rows.tolist()], batch_size=64,
-                                  convert_to_tensor=True, normalize_embeddings=True).cpu()
-        return vectors
-
-    scores = _score(p, prepared, Path(job["cache"]), vectors_of)
+    scores = _score(p, prepared, Path(job["cache"]), st_vectors(student, texts))
     print("BENCH-RESULT " + json.dumps({
         "train_s": seconds, "train_cpu_s": cpu, "val_s": 0.0, "fill_s": 0.0,
         "teacher_encode_s": teacher_s, "lr": job["lr"], "epochs": t.encoder.max_epochs,
@@ -428,8 +420,9 @@ def main(argv: list[str] | None = None) -> int:
             best["encode_per_s"] = encode_speed(export, texts)
         save(complete=True)
     print(table(table_rows(results), COLUMNS))
-    print(table(summary_rows(results), ["measure", "ours", "peer name", "peer", "ratio",
-                                        "target"]))
+    verdicts = summary_rows(results)  # none without a distilled row
+    if verdicts:
+        print(table(verdicts, ["measure", "ours", "peer name", "peer", "ratio", "target"]))
     return 0
 
 

@@ -187,18 +187,23 @@ def child_st(job: dict) -> dict:
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = _maxrss_mb() - (0 if torch.cuda.is_available() else base)
     model.eval()
+    vectors_of = st_vectors(model, texts)
+    return {"train_s": seconds, "val_s": 0.0, "total_s": seconds, "train_cpu_s": cpu,
+            "lr": job["lr"],
+            "warmup": job["warmup"], "epochs": t.encoder.max_epochs, "best_epoch": "last",
+            "peak_mb": peak, **_score(p, prepared, cache_dir, vectors_of)}
 
+
+def st_vectors(model: Any, texts: dict[str, str]) -> Any:
+    """`_score`'s `vectors_of` for a sentence-transformers model: each row's text encoded
+    (batch 64), unit rows."""
     def vectors_of(data: Any) -> Any:
         def vectors(rows: torch.Tensor, role: str) -> torch.Tensor:
             ids = data.row_ids["doc" if role == "doc" else "query"]
             return model.encode([texts[ids[r]] for r in rows.tolist()], batch_size=64,
                                 convert_to_tensor=True, normalize_embeddings=True).cpu()
         return vectors
-
-    return {"train_s": seconds, "val_s": 0.0, "total_s": seconds, "train_cpu_s": cpu,
-            "lr": job["lr"],
-            "warmup": job["warmup"], "epochs": t.encoder.max_epochs, "best_epoch": "last",
-            "peak_mb": peak, **_score(p, prepared, cache_dir, vectors_of)}
+    return vectors_of
 
 
 def child(what: str, job_path: str) -> None:

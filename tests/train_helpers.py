@@ -119,3 +119,20 @@ def train_in_two_processes(root: Path, params_file: Path, raw: dict[str, Any], t
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
     return subprocess.run([sys.executable, "-m", "stages", *stage_args(root, params_file, tag)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def trained_by_one_and_two_processes(root: Path, params_file: Path) -> tuple[Path, Path]:
+    """The train stage of `params_file` in this process (`root/headone`, its batch size as
+    written), then as 2 DDP processes of half the batch with GradCache (`root/headtwo`,
+    `train_in_two_processes`); both must finish. Returns the two head folders."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from stages import app
+
+    raw = yaml.safe_load(params_file.read_text())
+    result = CliRunner().invoke(app, stage_args(root, params_file, "one"))
+    assert result.exit_code == 0, result.output
+    proc = train_in_two_processes(root, params_file, raw)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root / "headone", root / "headtwo"

@@ -43,3 +43,16 @@ def fill(root: Path, raw: dict[str, Any], cache_dir: str = "cache") -> list[cach
     return cache.fill(root / "prepared", root / cache_dir, p.encoders, p.cache,
                       layer=cache.views.layer_for(p.encoders, p.train),
                       teacher=P.teacher_of(p.train))
+
+
+def cache_stage_refusal(root: Path, params_file: Path) -> list[str]:
+    """The lines the cache stage prints when it refuses `params_file` over `root/prepared`
+    (asserting it exits non-zero)."""
+    from typer.testing import CliRunner
+
+    from stages import app
+
+    result = CliRunner().invoke(app, ["cache", "--params", str(params_file), "--prepared",
+                                      str(root / "prepared"), "--out", str(root / "cache")])
+    assert result.exit_code != 0
+    return result.output.strip().splitlines()

@@ -12,7 +12,6 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-from typer.testing import CliRunner
 
 from simtune import params as P
 from simtune.cache import stage as cache
@@ -21,14 +20,12 @@ from simtune.errors import UserError
 from simtune.prepare.prepared import load as load_prepared
 from simtune.train import represent
 from simtune.train.data import load_data
-from stages import app
 from tests.train_helpers import (
     dropout_free,
     project,
     relative_errors,
-    stage_args,
     step_gradients,
-    train_in_two_processes,
+    trained_by_one_and_two_processes,
 )
 
 CHUNKS = {"max_length": 10, "chunks": {"max": 3, "overlap": 2, "pool": "mean"}}
@@ -119,10 +116,7 @@ def test_ddp_two_processes_over_windows_equal_one(tmp_path: Path, tiny_bert: Pat
     raw = yaml.safe_load(params_file.read_text())
     raw["train"]["encoder"]["batch_size"] = 16
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
-    result = CliRunner().invoke(app, stage_args(tmp_path, params_file, "one"))
-    assert result.exit_code == 0, result.output
-    proc = train_in_two_processes(tmp_path, params_file, raw)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    trained_by_one_and_two_processes(tmp_path, params_file)
     one = load_file(str(tmp_path / "headone" / "model.safetensors"))
     two = load_file(str(tmp_path / "headtwo" / "model.safetensors"))
     for k in one:

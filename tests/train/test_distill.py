@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from simtune import heads
 from simtune import params as P
@@ -23,10 +22,9 @@ from simtune.train import gradcache
 from simtune.train import stage as train
 from simtune.train.distill import DistillLoss, projection
 from simtune.train.losses import GroupLoss
-from stages import app
 from tests.cache_helpers import count_forward, encoder_params, sentences, two_encoder_pairs
 from tests.conftest import repo_params, write_params
-from tests.train.distill_helpers import distill_raw, fill
+from tests.train.distill_helpers import cache_stage_refusal, distill_raw, fill
 from tests.train_helpers import relative_errors, step_gradients
 
 # student rows normalise to (1,0,0), (0,1,0); teacher rows to (.6,.8,0), (0,0,-1)
@@ -263,11 +261,7 @@ def test_distillation_on_pairs_is_refused_before_the_cache_fills(tmp_path: Path,
     raw["train"].update(objective="distill")
     raw["train"]["distill"]["teacher"] = "docs"
     params_file = write_params(tmp_path / "params.yaml", raw)
-    result = CliRunner().invoke(app, ["cache", "--params", str(params_file), "--prepared",
-                                      str(tmp_path / "prepared"), "--out",
-                                      str(tmp_path / "cache")])
-    assert result.exit_code != 0
-    assert result.output.strip().splitlines() == [
+    assert cache_stage_refusal(tmp_path, params_file) == [
         f"error: train.objective: distill needs groups data (texts with labels), the prepared "
         f"data ({tmp_path / 'prepared'}) is pairs"]
     assert not (tmp_path / "cache").exists()

@@ -12,18 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from typer.testing import CliRunner
 
 from simtune.train.distill import DistillLoss, projection
 from simtune.train.losses import GroupLoss
-from stages import app
 from tests.train.distill_helpers import distill_raw, fill
 from tests.train_helpers import (
     dropout_free,
     relative_errors,
-    stage_args,
     step_gradients,
-    train_in_two_processes,
+    trained_by_one_and_two_processes,
 )
 
 
@@ -124,10 +121,7 @@ def test_ddp_two_processes_train_as_one(tmp_path: Path, tiny_bert: Path) -> None
     raw = yaml.safe_load(params_file.read_text())
     raw["train"]["encoder"]["batch_size"] = 16
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
-    result = CliRunner().invoke(app, stage_args(tmp_path, params_file, "one"))
-    assert result.exit_code == 0, result.output
-    proc = train_in_two_processes(tmp_path, params_file, raw)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    trained_by_one_and_two_processes(tmp_path, params_file)
     for part in ("model.safetensors", "encoder/model.safetensors"):
         one = load_file(str(tmp_path / "headone" / part))
         two = load_file(str(tmp_path / "headtwo" / part))

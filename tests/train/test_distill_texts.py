@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from simtune import params as P
 from simtune.cache.views import open_cache
@@ -21,10 +20,9 @@ from simtune.prepare.prepared import write
 from simtune.retrieval.task import retrieval_task
 from simtune.train import stage as train
 from simtune.train.data import load_data
-from stages import app
 from tests.cache_helpers import sentences
 from tests.conftest import write_params
-from tests.train.distill_helpers import distill_raw, fill
+from tests.train.distill_helpers import cache_stage_refusal, distill_raw, fill
 
 NEW = 12  # unlabelled texts
 
@@ -80,11 +78,7 @@ def test_labels_in_the_loss_are_refused_before_the_cache_fills(tmp_path: Path,
     raw = texts_project(tmp_path, tiny_bert, label_weight=0.5)
     write(prepare.build(P.validate(raw).prepare), tmp_path / "prepared", tmp_path / "r.json")
     params_file = write_params(tmp_path / "params.yaml", raw)
-    result = CliRunner().invoke(app, ["cache", "--params", str(params_file), "--prepared",
-                                      str(tmp_path / "prepared"), "--out",
-                                      str(tmp_path / "cache")])
-    assert result.exit_code != 0
-    assert result.output.strip().splitlines() == [
+    assert cache_stage_refusal(tmp_path, params_file) == [
         f"error: train.distill.label_weight: 0.5, but the prepared data "
         f"({tmp_path / 'prepared'}) holds {NEW} unlabelled texts (they have no label to add); "
         "set it to 0"]

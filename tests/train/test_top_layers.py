@@ -24,7 +24,7 @@ from simtune.train.data import load_data
 from simtune.train.losses import GroupLoss
 from stages import app
 from tests.cache_helpers import sentences
-from tests.train_helpers import project, stage_args, train_in_two_processes
+from tests.train_helpers import project, stage_args, trained_by_one_and_two_processes
 
 
 def _top_project(root: Path, model: Path, **encoder) -> tuple[Path, P.Params]:
@@ -224,11 +224,7 @@ def test_ddp_two_cpu_processes_equal_one_for_the_top_layers(tmp_path: Path, lora
     (model / "config.json").write_text(json.dumps(config))
     params_file, _ = _top_project(tmp_path, model, max_epochs=2, patience=5, batch_size=16,
                                   **({"lora": {**LORA, "dropout": 0.0}} if lora else {}))
-    raw = yaml.safe_load(params_file.read_text())
-    result = CliRunner().invoke(app, stage_args(tmp_path, params_file, "one"))
-    assert result.exit_code == 0, result.output
-    proc = train_in_two_processes(tmp_path, params_file, raw)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    trained_by_one_and_two_processes(tmp_path, params_file)
     # each process pads its half-batch to its own longest text: float sums in another order,
     # which Adam's normalised steps carry into the weights at ~1e-5 after 2 epochs
     for name in ("model.safetensors", "encoder/model.safetensors"):
