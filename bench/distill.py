@@ -347,6 +347,15 @@ def headline(results: list[dict[str, Any]]) -> dict[str, Any]:
     if "encode_per_s" in best and "encode_per_s" in teacher:
         out.update(student_per_s=best["encode_per_s"], teacher_per_s=teacher["encode_per_s"],
                    speed_ratio=best["encode_per_s"] / teacher["encode_per_s"])
+    first = ours[0]  # the first distilled row embedded the teacher's exported vectors
+    # the next row (same texts, same mode) found every vector in the store
+    out.update(first_fill_s=first["fill_s"],
+               next_fill_s=ours[1]["fill_s"] if len(ours) > 1 else float("nan"))
+    top2 = [r for r in ours if r["row"].startswith("top2-") and not r.get("extra")]
+    if top2:
+        out.update(top2=top2[0]["row"], top2_p1=top2[0]["test"]["p@1"],
+                   top2_share=_share(top2[0], frozen["p@1"], teacher["test"]["p@1"]),
+                   top2_train_s=top2[0]["train_s"])
     extra = [r for r in ours if r.get("extra")]
     if extra:
         out.update(extra=extra[0]["row"], extra_p1=extra[0]["test"]["p@1"])
