@@ -15,6 +15,7 @@ from simtune.encoders import (
     describe,
     fingerprint,
     model_config,
+    model_dir,
     pooled,
     prompt_skip,
     sha256_of,
@@ -131,3 +132,34 @@ def test_prompts_enter_the_fingerprint_only_when_set(tiny_bert: Path) -> None:
     q, d = describe("tiny", e5), describe("tiny", e5, role="document")
     assert (q["prompt"], d["prompt"], q["include_prompt"]) == ("query: ", "passage: ", True)
     assert len({fingerprint(plain), fingerprint(q), fingerprint(d)}) == 3
+
+
+def test_probe_a_sentence_transformers_folder_with_a_dense_module_is_refused(
+        tmp_path: Path) -> None:
+    """A plain sentence-transformers folder (a teacher, or any encoder) whose chain has a module
+    simtune does not run, such as a Dense projection after the pooling, was embedded without
+    it: other vectors than the model's, silently. Now one line; Transformer, Pooling and
+    Normalize load as before, and a simtune export (its head is Dense) is its own loader's."""
+    import json
+
+    from simtune.errors import UserError
+    from tests.conftest import save_tiny_bert
+
+    folder = save_tiny_bert(tmp_path / "st")
+    chain = [{"idx": i, "name": str(i), "path": p, "type": f"sentence_transformers.models.{t}"}
+             for i, (p, t) in enumerate([("", "Transformer"), ("1_Pooling", "Pooling"),
+                                         ("2_Normalize", "Normalize")])]
+    (folder / "modules.json").write_text(json.dumps(chain))
+    spec = _spec(model=str(folder))
+    assert model_dir("teacher", spec) == folder
+    dense = {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}
+    (folder / "modules.json").write_text(json.dumps([*chain[:2], dense, chain[2]]))
+    with pytest.raises(UserError) as e:
+        model_dir("teacher", spec)
+    assert str(e.value) == (
+        f"encoders.models.teacher.model: {folder} chains Dense after its transformer "
+        "(modules.json), which simtune does not run: its vectors would not be the model's (use "
+        "a folder of Transformer, Pooling and Normalize modules, or a simtune export)")
+    (folder / "modules.json").write_text("[{")
+    with pytest.raises(UserError, match=r"modules.json"):
+        model_dir("teacher", spec)

@@ -21,6 +21,7 @@ import torch
 
 from simtune.chunks import Chunker, chunked, pool_windows
 from simtune.errors import UserError
+from simtune.model_files import check_st_chain
 from simtune.params import EncoderParams
 from simtune.pretrained import check_positions, load_pretrained
 from simtune.progress import Progress
@@ -50,7 +51,9 @@ def model_dir(name: str, spec: EncoderParams, key: str | None = None) -> Path:
         return path
     if not (path / "config.json").is_file():
         raise UserError(f"{where}: {path}: not a Hugging Face model directory (no config.json)")
+    check_st_chain(path, where)
     return path
+
 
 
 def encoder_dir(name: str, spec: EncoderParams, key: str | None = None) -> Path:

@@ -261,3 +261,23 @@ def _check_st_pooling(path: Path, spec: SavedEncoder) -> None:
     if pooling.include_prompt != include:
         raise UserError(f"{path}: include_prompt {pooling.include_prompt} is not simtune.json's "
                         f"{include}")
+
+
+# what simtune runs of a sentence-transformers folder: its transformer, then its own pooling
+# and normalisation (the encoder's `pooling` and `normalize`)
+ST_RUN = ("Transformer", "Pooling", "Normalize")
+
+
+def check_st_chain(path: Path, where: str) -> None:
+    """A sentence-transformers folder (`modules.json`, no simtune export) whose chain holds a
+    module beyond the transformer, pooling and normalisation (a `Dense` projection, ...) gives
+    vectors simtune would not compute: refused in one line rather than embedded without it."""
+    if not (path / "modules.json").is_file():
+        return
+    kinds = [m.type.rsplit(".", 1)[-1] for m in read(path / "modules.json", STModules).root]
+    other = [k for k in kinds if k not in ST_RUN]
+    if other:
+        raise UserError(f"{where}: {path} chains {', '.join(other)} after its transformer "
+                        "(modules.json), which simtune does not run: its vectors would not be "
+                        "the model's (use a folder of Transformer, Pooling and Normalize "
+                        "modules, or a simtune export)")
