@@ -117,3 +117,39 @@ def test_a_labelled_folder_that_is_not_a_labelled_groups_set_is_one_line(tmp_pat
     result = runner.invoke(app, ["prepare", "--params", str(params), "--out", out])
     assert result.output.strip() == (f"error: {known}: no new texts (1 read, 0 empty, 1 "
                                      f"already in {labelled}, 0 repeated)")
+
+
+def test_probe_texts_joined_into_their_own_labelled_folder_are_refused(tmp_path: Path) -> None:
+    """`prepare.file.labelled` naming the stage's own --out folder would replace the labelled
+    set with the joined one (the next run then refuses its own output): one line, the labelled
+    folder left byte for byte as it was."""
+    path = tmp_path / "texts.jsonl"
+    path.write_text(json.dumps({"body": "a new text"}) + "\n")
+    labelled = labelled_set(tmp_path)
+    before = {f.name: f.read_bytes() for f in labelled.iterdir()}
+    params = write_params(tmp_path / "params.yaml", texts_raw(path, labelled))
+    result = CliRunner().invoke(app, ["prepare", "--params", str(params), "--out",
+                                      str(labelled), "--report", str(tmp_path / "r.json")])
+    assert result.exit_code != 0
+    assert result.output.strip() == (
+        f"error: prepare.file.labelled: {labelled} is the stage's output folder (--out): the "
+        "joined data would replace the labelled set; prepare the texts into another folder")
+    assert {f.name: f.read_bytes() for f in labelled.iterdir()} == before
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_probe_a_half_written_labelled_folder_is_one_line(tmp_path: Path) -> None:
+    """A folder with the prepared meta.json but without its tables (copied in part, or
+    another tool's) is one line naming the missing file, not a FileNotFoundError traceback."""
+    path = tmp_path / "texts.jsonl"
+    path.write_text(json.dumps({"body": "a new text"}) + "\n")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "meta.json").write_bytes((labelled_set(tmp_path) / "meta.json").read_bytes())
+    params = write_params(tmp_path / "params.yaml", texts_raw(path, broken))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["prepare", "--params", str(params), "--out", str(out),
+                                      "--report", str(tmp_path / "r.json")])
+    assert result.exit_code != 0 and not out.exists()
+    assert result.output.strip() == (f"error: {broken}: no texts.parquet (a partial copy of "
+                                     "prepared data?); run the prepare stage again")
