@@ -337,3 +337,29 @@ def test_the_loss_runs_in_float32_under_half_precision_autocast(loss: str) -> No
     assert got.item() == pytest.approx(want.item(), rel=1e-6)
     got.backward()
     assert s.grad is not None and bool(torch.isfinite(s.grad).all())
+
+
+@pytest.mark.parametrize("mode", ["head", "full"])
+def test_probe_kl_over_batches_of_two_is_refused(tmp_path: Path, tiny_bert: Path,
+                                                 mode: str) -> None:
+    """kl over a batch of 2 softmaxes over one other text: p = 1 for teacher and student, a
+    loss of exactly 0 every step (it trained nothing, silently). Refused in one line naming
+    the mode's batch key, before anything is written; 3 trains."""
+    from typer.testing import CliRunner
+
+    from stages import app
+    from tests.train_helpers import stage_args
+
+    raw = distill_raw(tmp_path, tiny_bert, loss="kl")
+    raw["train"].update(mode=mode, batch_size=2, max_epochs=1)
+    raw["train"]["encoder"].update(batch_size=2, max_epochs=1)
+    fill(tmp_path, raw)
+    result = CliRunner().invoke(app, stage_args(tmp_path, tmp_path / "params.yaml"))
+    assert result.exit_code != 0
+    key = "train.batch_size" if mode == "head" else "train.encoder.batch_size"
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: {key}: 2 gives batches of 2 texts (of 20); train.distill.loss kl softmaxes "
+        "each text's similarities over the batch's other texts, and over one other it is 1 "
+        "whatever the student (nothing to learn): use batches of 3 or more")
+    assert not (tmp_path / "head").exists()
+    assert DistillLoss("kl", 0.05)(torch.randn(2, 4), torch.randn(2, 6)).item() == 0.0
