@@ -292,8 +292,10 @@ def test_the_model_card_names_the_distillation_not_an_unused_loss() -> None:
     from simtune.export.model_card import key_params
 
     raw = repo_params()
+    raw["encoders"]["models"]["mpnet"] = {**raw["encoders"]["models"]["minilm"],
+                                          "model": "mpnet"}
     raw["train"].update(objective="distill")
-    raw["train"]["distill"].update(teacher="minilm", loss="kl")
+    raw["train"]["distill"].update(teacher="mpnet", loss="kl")
     keys = dict(key_params(P.validate(raw), "groups"))
     assert (keys["train.objective"], keys["train.distill.loss"]) == ("distill", "kl")
     assert keys["train.distill.temperature"] == 0.05
@@ -363,3 +365,29 @@ def test_probe_kl_over_batches_of_two_is_refused(tmp_path: Path, tiny_bert: Path
         "whatever the student (nothing to learn): use batches of 3 or more")
     assert not (tmp_path / "head").exists()
     assert DistillLoss("kl", 0.05)(torch.randn(2, 4), torch.randn(2, 6)).item() == 0.0
+
+
+def test_probe_a_teacher_that_is_the_student_is_refused() -> None:
+    """The student's own encoder (by name, or another name with the same settings) as the
+    teacher gives the student's own vectors: nothing to learn (head mode's loss was 0 at every
+    step). One line naming the key; objective similarity leaves the unused key alone."""
+    raw = repo_params()
+    raw["train"].update(objective="distill")
+    raw["train"]["distill"]["teacher"] = "minilm"
+    with pytest.raises(UserError) as e:
+        P.validate(raw)
+    assert str(e.value) == ("params.yaml: train.distill.teacher: 'minilm' is the student "
+                            "(encoders.query 'minilm'): its vectors are the student's own "
+                            "(nothing to learn); name another encoder")
+    raw["encoders"]["models"]["copy"] = dict(raw["encoders"]["models"]["minilm"])
+    raw["train"]["distill"]["teacher"] = "copy"
+    with pytest.raises(UserError) as e:
+        P.validate(raw)
+    assert str(e.value) == ("params.yaml: train.distill.teacher: 'copy' has the settings of "
+                            "the student (encoders.query 'minilm'): its vectors are the "
+                            "student's own (nothing to learn); name another encoder")
+    raw["encoders"]["models"]["copy"]["max_length"] += 1  # another window: another teacher
+    assert P.validate(raw).train.distill.teacher == "copy"
+    raw["train"].update(objective="similarity", distill={**raw["train"]["distill"],
+                                                         "teacher": "minilm"})
+    assert P.validate(raw).train.objective == "similarity"
