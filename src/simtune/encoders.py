@@ -48,6 +48,9 @@ def model_dir(name: str, spec: EncoderParams, key: str | None = None) -> Path:
         raise UserError(f"{where}: {path}: no such model directory")
     if is_export(path):  # a simtune export: its encoder/ and head/ (`simtune.model`)
         return path
+    if (path / "training.json").is_file():  # `models/head`: a head's config.json, no tokenizer
+        raise UserError(f"{where}: {path}: a trained head folder (the train stage's output), "
+                        "not a model; export it (simtune export) and name the export folder")
     if not (path / "config.json").is_file():
         raise UserError(f"{where}: {path}: not a Hugging Face model directory (no config.json)")
     return path

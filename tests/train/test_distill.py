@@ -391,3 +391,19 @@ def test_probe_a_teacher_that_is_the_student_is_refused() -> None:
     raw["train"].update(objective="similarity", distill={**raw["train"]["distill"],
                                                          "teacher": "minilm"})
     assert P.validate(raw).train.objective == "similarity"
+
+
+def test_probe_a_teacher_named_by_its_trained_head_folder_is_one_clear_line(
+        tmp_path: Path, tiny_bert: Path) -> None:
+    """`models/head` (a head's config.json, training.json, no tokenizer) as the teacher read
+    'cannot load: Couldn't instantiate the backend tokenizer from one of:'. One line saying
+    what the folder is and what to name instead; its export loads."""
+    teacher = _export_teacher(tmp_path, tiny_bert)
+    head = tmp_path / "teacher-head"
+    with pytest.raises(UserError) as e:
+        fill(tmp_path, distill_raw(tmp_path, tiny_bert, head))
+    assert str(e.value) == (f"encoders.models.teacher.model: {head}: a trained head folder "
+                            "(the train stage's output), not a model; export it (simtune "
+                            "export) and name the export folder")
+    assert {r.view for r in fill(tmp_path, distill_raw(tmp_path, tiny_bert, teacher))} == {
+        "tiny", "teacher"}
