@@ -69,6 +69,21 @@ def is_export(path: Path) -> bool:
     return (Path(path) / EXPORT_CONFIG).is_file()
 
 
+def check_student(encoders: Any, names: set[str]) -> None:
+    """The student encoders `names` (`encoders.query`/`document` that a run trains on or
+    compares against) must be model folders: a simtune export folder (encoder and head) serves
+    as a distillation teacher only (train, evaluate and export read a student's folder as a
+    Hugging Face model). One line naming the key."""
+    for name in sorted(names):
+        spec = encoders.models[name]
+        path = model_dir(name, spec)
+        if is_export(path):
+            raise UserError(f"encoders.models.{name}.model: {path}: a simtune export folder "
+                            "(encoder and head) is a teacher only (train.distill.teacher); "
+                            f"the student ('{name}' is encoders.query or .document) needs a "
+                            "model folder (e.g. the export's encoder/, without its head)")
+
+
 def _model_files(path: Path) -> list[Path]:
     """Files that define the model: top-level files of the directory, minus docs and dotfiles
     (an export folder: every file below it, its encoder's and head's included)."""

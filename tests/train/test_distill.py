@@ -407,3 +407,23 @@ def test_probe_a_teacher_named_by_its_trained_head_folder_is_one_clear_line(
                             "export) and name the export folder")
     assert {r.view for r in fill(tmp_path, distill_raw(tmp_path, tiny_bert, teacher))} == {
         "tiny", "teacher"}
+
+
+def test_probe_an_export_folder_as_the_student_is_refused_before_the_cache_fills(
+        tmp_path: Path, tiny_bert: Path) -> None:
+    """An export folder (encoder and head) as encoders.query was filled and trained on, then
+    evaluate's speed failed ('cannot load: Couldn't instantiate the backend tokenizer') and
+    export wrote a folder nesting the whole export in encoder/ (which loads nowhere). One line
+    at the cache stage, nothing written; the export's encoder/ is a student."""
+    teacher = _export_teacher(tmp_path, tiny_bert)
+    raw = distill_raw(tmp_path, tiny_bert)
+    raw["encoders"]["models"]["tiny"]["model"] = str(teacher)
+    with pytest.raises(UserError) as e:
+        fill(tmp_path, raw)
+    assert str(e.value) == (
+        f"encoders.models.tiny.model: {teacher}: a simtune export folder (encoder and head) "
+        "is a teacher only (train.distill.teacher); the student ('tiny' is encoders.query or "
+        ".document) needs a model folder (e.g. the export's encoder/, without its head)")
+    assert not (tmp_path / "cache").exists()
+    raw["encoders"]["models"]["tiny"]["model"] = str(teacher / "encoder")
+    assert {r.view for r in fill(tmp_path, raw)} == {"tiny", "teacher"}
