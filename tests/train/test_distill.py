@@ -353,12 +353,13 @@ def test_probe_kl_over_batches_of_two_is_refused(tmp_path: Path, tiny_bert: Path
     from tests.train_helpers import stage_args
 
     raw = distill_raw(tmp_path, tiny_bert, loss="kl")
-    raw["train"].update(mode=mode, batch_size=2, max_epochs=1)
-    raw["train"]["encoder"].update(batch_size=2, max_epochs=1)
+    head = mode == "head"  # the other mode's batch key at 8: the mode's own key is read
+    raw["train"].update(mode=mode, batch_size=2 if head else 8, max_epochs=1)
+    raw["train"]["encoder"].update(batch_size=8 if head else 2, max_epochs=1)
     fill(tmp_path, raw)
     result = CliRunner().invoke(app, stage_args(tmp_path, tmp_path / "params.yaml"))
     assert result.exit_code != 0
-    key = "train.batch_size" if mode == "head" else "train.encoder.batch_size"
+    key = "train.batch_size" if head else "train.encoder.batch_size"
     assert result.output.strip().splitlines()[-1] == (
         f"error: {key}: 2 gives batches of 2 texts (of 20); train.distill.loss kl softmaxes "
         "each text's similarities over the batch's other texts, and over one other it is 1 "
