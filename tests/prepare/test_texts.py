@@ -153,3 +153,29 @@ def test_probe_a_half_written_labelled_folder_is_one_line(tmp_path: Path) -> Non
     assert result.exit_code != 0 and not out.exists()
     assert result.output.strip() == (f"error: {broken}: no texts.parquet (a partial copy of "
                                      "prepared data?); run the prepare stage again")
+
+
+def test_probe_a_text_of_a_keyed_labelled_set_is_not_joined_again(tmp_path: Path) -> None:
+    """A labelled set prepared with `columns.key` has the keys as text ids, so a text it holds
+    (a test text among them) compared by its hash id was joined again as an unlabelled
+    training text: the test texts' teacher vectors leaked into training. Compared by content."""
+    data = tmp_path / "keyed.jsonl"
+    texts = sentences(16)
+    data.write_text("".join(json.dumps({"text": t, "label": f"L{i % 2}", "id": f"doc{i}"})
+                            + "\n" for i, t in enumerate(texts)))
+    raw = repo_params()
+    raw["prepare"]["source"] = "file"
+    raw["prepare"]["file"]["path"] = str(data)
+    raw["prepare"]["file"]["columns"].update(text="text", label="label", key="id")
+    labelled = tmp_path / "labelled"
+    write(prepare.build(P.validate(raw).prepare), labelled, tmp_path / "l.json")
+    assert load(labelled).texts.column("text_id").to_pylist()[0].startswith("doc")
+    path = tmp_path / "texts.jsonl"
+    path.write_text("".join(json.dumps({"body": t}) + "\n"
+                            for t in [texts[0], f"  {texts[15]} ", "a text of its own"]))
+    joined = prepare.build(P.validate(texts_raw(path, labelled)).prepare)
+    assert joined.unlabelled == 1
+    assert (joined.report["already_labelled"], joined.report["texts"]) == (2, 17)
+    ex = joined.examples.to_pydict()
+    new = [t for t, s in zip(ex["text_id"], ex["split"], strict=True) if s == "unlabelled"]
+    assert [joined.text_map()[t] for t in new] == [normalize("a text of its own")]
