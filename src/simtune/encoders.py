@@ -49,6 +49,9 @@ def model_dir(name: str, spec: EncoderParams, key: str | None = None) -> Path:
         raise UserError(f"{where}: {path}: no such model directory")
     if is_export(path):  # a simtune export: its encoder/ and head/ (`simtune.model`)
         return path
+    if (path / "training.json").is_file():  # `models/head`: a head's config.json, no tokenizer
+        raise UserError(f"{where}: {path}: a trained head folder (the train stage's output), "
+                        "not a model; export it (simtune export) and name the export folder")
     if not (path / "config.json").is_file():
         raise UserError(f"{where}: {path}: not a Hugging Face model directory (no config.json)")
     check_st_chain(path, where)
@@ -67,6 +70,21 @@ def is_export(path: Path) -> bool:
     """Whether `path` is a simtune export folder (`simtune.json`: encoder, head; served by
     `simtune.model.load_model`), e.g. a teacher for `train.objective: distill`."""
     return (Path(path) / EXPORT_CONFIG).is_file()
+
+
+def check_student(encoders: Any, names: set[str]) -> None:
+    """The student encoders `names` (`encoders.query`/`document` that a run trains on or
+    compares against) must be model folders: a simtune export folder (encoder and head) serves
+    as a distillation teacher only (train, evaluate and export read a student's folder as a
+    Hugging Face model). One line naming the key."""
+    for name in sorted(names):
+        spec = encoders.models[name]
+        path = model_dir(name, spec)
+        if is_export(path):
+            raise UserError(f"encoders.models.{name}.model: {path}: a simtune export folder "
+                            "(encoder and head) is a teacher only (train.distill.teacher); "
+                            f"the student ('{name}' is encoders.query or .document) needs a "
+                            "model folder (e.g. the export's encoder/, without its head)")
 
 
 def _model_files(path: Path) -> list[Path]:

@@ -747,6 +747,13 @@ class Params(Section):
         if teacher is not None and teacher not in self.encoders.models:
             raise ValueError(f"train.distill.teacher: encoder '{teacher}' is not defined in "
                              f"encoders.models (defined: {', '.join(self.encoders.models)})")
+        query = self.encoders.query
+        if self.train.objective == "distill" and teacher is not None and (
+                teacher == query or self.encoders.models[teacher] == self.encoders.models[query]):
+            same = "is" if teacher == query else "has the settings of"
+            raise ValueError(f"train.distill.teacher: '{teacher}' {same} the student "
+                             f"(encoders.query '{query}'): its vectors are the student's own "
+                             "(nothing to learn); name another encoder")
         return self
 
     @model_validator(mode="after")

@@ -117,3 +117,65 @@ def test_a_labelled_folder_that_is_not_a_labelled_groups_set_is_one_line(tmp_pat
     result = runner.invoke(app, ["prepare", "--params", str(params), "--out", out])
     assert result.output.strip() == (f"error: {known}: no new texts (1 read, 0 empty, 1 "
                                      f"already in {labelled}, 0 repeated)")
+
+
+def test_probe_texts_joined_into_their_own_labelled_folder_are_refused(tmp_path: Path) -> None:
+    """`prepare.file.labelled` naming the stage's own --out folder would replace the labelled
+    set with the joined one (the next run then refuses its own output): one line, the labelled
+    folder left byte for byte as it was."""
+    path = tmp_path / "texts.jsonl"
+    path.write_text(json.dumps({"body": "a new text"}) + "\n")
+    labelled = labelled_set(tmp_path)
+    before = {f.name: f.read_bytes() for f in labelled.iterdir()}
+    params = write_params(tmp_path / "params.yaml", texts_raw(path, labelled))
+    result = CliRunner().invoke(app, ["prepare", "--params", str(params), "--out",
+                                      str(labelled), "--report", str(tmp_path / "r.json")])
+    assert result.exit_code != 0
+    assert result.output.strip() == (
+        f"error: prepare.file.labelled: {labelled} is the stage's output folder (--out): the "
+        "joined data would replace the labelled set; prepare the texts into another folder")
+    assert {f.name: f.read_bytes() for f in labelled.iterdir()} == before
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_probe_a_half_written_labelled_folder_is_one_line(tmp_path: Path) -> None:
+    """A folder with the prepared meta.json but without its tables (copied in part, or
+    another tool's) is one line naming the missing file, not a FileNotFoundError traceback."""
+    path = tmp_path / "texts.jsonl"
+    path.write_text(json.dumps({"body": "a new text"}) + "\n")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "meta.json").write_bytes((labelled_set(tmp_path) / "meta.json").read_bytes())
+    params = write_params(tmp_path / "params.yaml", texts_raw(path, broken))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["prepare", "--params", str(params), "--out", str(out),
+                                      "--report", str(tmp_path / "r.json")])
+    assert result.exit_code != 0 and not out.exists()
+    assert result.output.strip() == (f"error: {broken}: no texts.parquet (a partial copy of "
+                                     "prepared data?); run the prepare stage again")
+
+
+def test_probe_a_text_of_a_keyed_labelled_set_is_not_joined_again(tmp_path: Path) -> None:
+    """A labelled set prepared with `columns.key` has the keys as text ids, so a text it holds
+    (a test text among them) compared by its hash id was joined again as an unlabelled
+    training text: the test texts' teacher vectors leaked into training. Compared by content."""
+    data = tmp_path / "keyed.jsonl"
+    texts = sentences(16)
+    data.write_text("".join(json.dumps({"text": t, "label": f"L{i % 2}", "id": f"doc{i}"})
+                            + "\n" for i, t in enumerate(texts)))
+    raw = repo_params()
+    raw["prepare"]["source"] = "file"
+    raw["prepare"]["file"]["path"] = str(data)
+    raw["prepare"]["file"]["columns"].update(text="text", label="label", key="id")
+    labelled = tmp_path / "labelled"
+    write(prepare.build(P.validate(raw).prepare), labelled, tmp_path / "l.json")
+    assert load(labelled).texts.column("text_id").to_pylist()[0].startswith("doc")
+    path = tmp_path / "texts.jsonl"
+    path.write_text("".join(json.dumps({"body": t}) + "\n"
+                            for t in [texts[0], f"  {texts[15]} ", "a text of its own"]))
+    joined = prepare.build(P.validate(texts_raw(path, labelled)).prepare)
+    assert joined.unlabelled == 1
+    assert (joined.report["already_labelled"], joined.report["texts"]) == (2, 17)
+    ex = joined.examples.to_pydict()
+    new = [t for t, s in zip(ex["text_id"], ex["split"], strict=True) if s == "unlabelled"]
+    assert [joined.text_map()[t] for t in new] == [normalize("a text of its own")]

@@ -292,8 +292,10 @@ def test_the_model_card_names_the_distillation_not_an_unused_loss() -> None:
     from simtune.export.model_card import key_params
 
     raw = repo_params()
+    raw["encoders"]["models"]["mpnet"] = {**raw["encoders"]["models"]["minilm"],
+                                          "model": "mpnet"}
     raw["train"].update(objective="distill")
-    raw["train"]["distill"].update(teacher="minilm", loss="kl")
+    raw["train"]["distill"].update(teacher="mpnet", loss="kl")
     keys = dict(key_params(P.validate(raw), "groups"))
     assert (keys["train.objective"], keys["train.distill.loss"]) == ("distill", "kl")
     assert keys["train.distill.temperature"] == 0.05
@@ -337,3 +339,92 @@ def test_the_loss_runs_in_float32_under_half_precision_autocast(loss: str) -> No
     assert got.item() == pytest.approx(want.item(), rel=1e-6)
     got.backward()
     assert s.grad is not None and bool(torch.isfinite(s.grad).all())
+
+
+@pytest.mark.parametrize("mode", ["head", "full"])
+def test_probe_kl_over_batches_of_two_is_refused(tmp_path: Path, tiny_bert: Path,
+                                                 mode: str) -> None:
+    """kl over a batch of 2 softmaxes over one other text: p = 1 for teacher and student, a
+    loss of exactly 0 every step (it trained nothing, silently). Refused in one line naming
+    the mode's batch key, before anything is written; 3 trains."""
+    from typer.testing import CliRunner
+
+    from stages import app
+    from tests.train_helpers import stage_args
+
+    raw = distill_raw(tmp_path, tiny_bert, loss="kl")
+    head = mode == "head"  # the other mode's batch key at 8: the mode's own key is read
+    raw["train"].update(mode=mode, batch_size=2 if head else 8, max_epochs=1)
+    raw["train"]["encoder"].update(batch_size=8 if head else 2, max_epochs=1)
+    fill(tmp_path, raw)
+    result = CliRunner().invoke(app, stage_args(tmp_path, tmp_path / "params.yaml"))
+    assert result.exit_code != 0
+    key = "train.batch_size" if head else "train.encoder.batch_size"
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: {key}: 2 gives batches of 2 texts (of 20); train.distill.loss kl softmaxes "
+        "each text's similarities over the batch's other texts, and over one other it is 1 "
+        "whatever the student (nothing to learn): use batches of 3 or more")
+    assert not (tmp_path / "head").exists()
+    assert DistillLoss("kl", 0.05)(torch.randn(2, 4), torch.randn(2, 6)).item() == 0.0
+
+
+def test_probe_a_teacher_that_is_the_student_is_refused() -> None:
+    """The student's own encoder (by name, or another name with the same settings) as the
+    teacher gives the student's own vectors: nothing to learn (head mode's loss was 0 at every
+    step). One line naming the key; objective similarity leaves the unused key alone."""
+    raw = repo_params()
+    raw["train"].update(objective="distill")
+    raw["train"]["distill"]["teacher"] = "minilm"
+    with pytest.raises(UserError) as e:
+        P.validate(raw)
+    assert str(e.value) == ("params.yaml: train.distill.teacher: 'minilm' is the student "
+                            "(encoders.query 'minilm'): its vectors are the student's own "
+                            "(nothing to learn); name another encoder")
+    raw["encoders"]["models"]["copy"] = dict(raw["encoders"]["models"]["minilm"])
+    raw["train"]["distill"]["teacher"] = "copy"
+    with pytest.raises(UserError) as e:
+        P.validate(raw)
+    assert str(e.value) == ("params.yaml: train.distill.teacher: 'copy' has the settings of "
+                            "the student (encoders.query 'minilm'): its vectors are the "
+                            "student's own (nothing to learn); name another encoder")
+    raw["encoders"]["models"]["copy"]["max_length"] += 1  # another window: another teacher
+    assert P.validate(raw).train.distill.teacher == "copy"
+    raw["train"].update(objective="similarity", distill={**raw["train"]["distill"],
+                                                         "teacher": "minilm"})
+    assert P.validate(raw).train.objective == "similarity"
+
+
+def test_probe_a_teacher_named_by_its_trained_head_folder_is_one_clear_line(
+        tmp_path: Path, tiny_bert: Path) -> None:
+    """`models/head` (a head's config.json, training.json, no tokenizer) as the teacher read
+    'cannot load: Couldn't instantiate the backend tokenizer from one of:'. One line saying
+    what the folder is and what to name instead; its export loads."""
+    teacher = _export_teacher(tmp_path, tiny_bert)
+    head = tmp_path / "teacher-head"
+    with pytest.raises(UserError) as e:
+        fill(tmp_path, distill_raw(tmp_path, tiny_bert, head))
+    assert str(e.value) == (f"encoders.models.teacher.model: {head}: a trained head folder "
+                            "(the train stage's output), not a model; export it (simtune "
+                            "export) and name the export folder")
+    assert {r.view for r in fill(tmp_path, distill_raw(tmp_path, tiny_bert, teacher))} == {
+        "tiny", "teacher"}
+
+
+def test_probe_an_export_folder_as_the_student_is_refused_before_the_cache_fills(
+        tmp_path: Path, tiny_bert: Path) -> None:
+    """An export folder (encoder and head) as encoders.query was filled and trained on, then
+    evaluate's speed failed ('cannot load: Couldn't instantiate the backend tokenizer') and
+    export wrote a folder nesting the whole export in encoder/ (which loads nowhere). One line
+    at the cache stage, nothing written; the export's encoder/ is a student."""
+    teacher = _export_teacher(tmp_path, tiny_bert)
+    raw = distill_raw(tmp_path, tiny_bert)
+    raw["encoders"]["models"]["tiny"]["model"] = str(teacher)
+    with pytest.raises(UserError) as e:
+        fill(tmp_path, raw)
+    assert str(e.value) == (
+        f"encoders.models.tiny.model: {teacher}: a simtune export folder (encoder and head) "
+        "is a teacher only (train.distill.teacher); the student ('tiny' is encoders.query or "
+        ".document) needs a model folder (e.g. the export's encoder/, without its head)")
+    assert not (tmp_path / "cache").exists()
+    raw["encoders"]["models"]["tiny"]["model"] = str(teacher / "encoder")
+    assert {r.view for r in fill(tmp_path, raw)} == {"tiny", "teacher"}

@@ -672,7 +672,8 @@ def test_probe_a_key_the_distillation_ignores_is_warned_or_refused(
     it; so does `train.distill.temperature` unless the loss is kl, and `train.distill.*` under
     `similarity`. Warned, or refused when every swept key is such a key."""
     raw = repo_params()
-    raw["encoders"]["models"]["teacher"] = dict(raw["encoders"]["models"]["minilm"])
+    raw["encoders"]["models"]["teacher"] = {**raw["encoders"]["models"]["minilm"],
+                                            "model": "mpnet"}
     raw["train"]["objective"] = "distill"
     raw["train"]["distill"].update(teacher="teacher", loss="mse", label_weight=0.0)
     raw["sweep"]["space"] = {"train.loss.temperature": {"low": 0.02, "high": 0.2}}

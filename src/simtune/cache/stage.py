@@ -37,7 +37,14 @@ from simtune.cache import (
     views,
 )
 from simtune.cache.formats import Format
-from simtune.encoders import FrozenEncoder, describe, fingerprint, prompt_of, resolve_device
+from simtune.encoders import (
+    FrozenEncoder,
+    check_student,
+    describe,
+    fingerprint,
+    prompt_of,
+    resolve_device,
+)
 from simtune.errors import UserError
 from simtune.model import load_encoder
 from simtune.params import CacheParams, EncoderParams, EncodersParams
@@ -145,6 +152,7 @@ def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParam
         raise UserError(f"{prepared_dir}: prepared data has no texts")
     dist = dist or dist_from_env()
     needs = texts_per_encoder(prepared, encoders, teacher)
+    check_student(encoders, {t.name for t in needs} - {teacher})
     if prepared.kind == "groups":
         _unused_document_prompt(encoders)
     cutting.check_prompts([(t.name, encoders.models[t.name], t.role) for t in needs])

@@ -9,7 +9,7 @@ paired significance test, and each model's encode speed.
   lift's): what the student has not learned;
 - `recovered`: per metric, (trained - baseline) / (teacher - baseline), the share of the
   teacher's lift over the frozen student that the distilled student recovered (null when the
-  teacher has no lift);
+  teacher has no lift: it scores at or below the frozen student);
 - `speed` (when `evaluate.speed_texts` > 0): texts/s of each model encoding the first test
   texts from raw text (tokenising, the encoder, the head) at `cache.batch_size` on
   `cache.device`, the fastest of `ROUNDS` passes taken in turns after a warm-up batch;
@@ -38,7 +38,7 @@ def report(teacher: dict[str, float], trained: dict[str, float], baseline: dict[
     recovered = {}
     for m in teacher:
         gap = teacher[m] - baseline[m]
-        recovered[m] = (trained[m] - baseline[m]) / gap if abs(gap) > 1e-12 else None
+        recovered[m] = (trained[m] - baseline[m]) / gap if gap > 1e-12 else None
     return {
         "teacher": teacher,
         "teacher_minus_trained": {m: teacher[m] - trained[m] for m in teacher},

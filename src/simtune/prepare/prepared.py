@@ -112,6 +112,10 @@ def load(out: Path) -> Prepared:
     `kind` that the examples' columns do not fit is one line naming the directory."""
     out = Path(out)
     data_kind = kind(out)
+    for name in ("texts.parquet", "examples.parquet"):
+        if not (out / name).is_file():
+            raise UserError(f"{out}: no {name} (a partial copy of prepared data?); run the "
+                            "prepare stage again")
     texts = pq.read_table(out / "texts.parquet")
     examples = pq.read_table(out / "examples.parquet")
     missing = [c for c in _COLUMNS[data_kind] if c not in examples.column_names]

@@ -196,6 +196,11 @@ def _texts_table(texts: dict[str, str]) -> pa.Table:
 
 def run(p: PrepareParams, out: Path, report_path: Path) -> Prepared:
     """The whole stage: build, log what was dropped and why, write."""
+    labelled = p.file.labelled if p.source == "file" and p.file.kind == "texts" else None
+    if labelled is not None and Path(labelled).resolve() == Path(out).resolve():
+        raise UserError(f"prepare.file.labelled: {labelled} is the stage's output folder "
+                        "(--out): the joined data would replace the labelled set; prepare "
+                        "the texts into another folder")
     prepared = build(p)
     r = prepared.report
     log.info("read %d rows: %d dropped (empty text or label), %d duplicates%s",

@@ -39,7 +39,8 @@ def join_texts(path: Path, recs: list[sources.Record], p: PrepareParams) -> Prep
     """The labelled data set of `p.file.labelled` plus the file's new texts as `unlabelled`
     examples (sorted by id: deterministic)."""
     labelled = _labelled(p)
-    known = set(labelled.texts.column("text_id").to_pylist())
+    # by content: a labelled set prepared with `columns.key` has the keys as its text ids
+    known = set(labelled.texts.column("text").to_pylist())
     new: dict[str, str] = {}
     empty = duplicates = already = 0
     for r in recs:
@@ -47,7 +48,7 @@ def join_texts(path: Path, recs: list[sources.Record], p: PrepareParams) -> Prep
         tid = text_id(text)
         if not text:
             empty += 1
-        elif tid in known:
+        elif text in known:
             already += 1
         elif tid in new:
             duplicates += 1

@@ -141,12 +141,31 @@ def check_trainable(data: Data, t: TrainParams, world: int) -> None:
         raise UserError("train.head.type: 'identity' has nothing to train in head mode (it is "
                         "the frozen baseline that evaluate compares against); use it with "
                         "train.mode top_layers or full")
+    _check_kl_batch(t, n, world)
     labelled = t.objective != "distill" or t.distill.label_weight > 0
     if data.kind == "groups" and t.loss.name != "arcface" and labelled:
         counts = torch.bincount(data.splits["train"].tensors["labels"])
         if int(counts.max()) < 2:
             raise UserError("train: every label has a single training example, so a batch can "
                             "never hold a positive pair")
+
+
+def _check_kl_batch(t: TrainParams, n: int, world: int) -> None:
+    """`train.distill.loss: kl` compares each text's similarities to the batch's other texts
+    (all processes'): a batch of 2 leaves one, whose softmax is 1 for the teacher and the
+    student alike (a loss of 0 whatever the student), so fewer than 3 is refused."""
+    if t.objective != "distill" or t.distill.loss != "kl":
+        return
+    head = t.mode == "head"
+    key = "train.batch_size" if head else "train.encoder.batch_size"
+    size = t.batch_size if head else t.encoder.batch_size
+    batch = min(size * world, n)
+    if batch < 3:
+        procs = f" x {world} processes" if world > 1 else ""
+        raise UserError(f"{key}: {size}{procs} gives batches of {batch} texts (of {n}); "
+                        "train.distill.loss kl softmaxes each text's similarities over the "
+                        "batch's other texts, and over one other it is 1 whatever the student "
+                        "(nothing to learn): use batches of 3 or more")
 
 
 def _negatives_hook(directory: Path, q_table: Any, d_table: Any, n: int) -> examples.PairHook:
