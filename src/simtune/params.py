@@ -523,6 +523,13 @@ class SignificanceParams(Section):
         "paired bootstrap (exact test over all 2^n flips when 2^n <= resamples)"
     )
     seed: int = Field(description="seed of the random sign flips and bootstrap resamples")
+    alpha: Number = Field(
+        gt=0, lt=1, description="the verdict's significance level: the trained model is "
+        "`better` (or `worse`) than the frozen encoder when the lift of `verdict_metric` is "
+        "above (below) 0 with a p-value below alpha; otherwise `no better`")
+    verdict_metric: Literal["p@1", "mrr@10", "ndcg@10", "map@r"] = Field(
+        description="the test metric whose lift and p-value give the verdict "
+        "(`reports/evaluate.json` `verdict`, evaluate's log, the model card)")
 
 
 class HybridParams(Section):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from simtune.cache import stage as cache
 from simtune.errors import UserError
 from simtune.evaluate import runs
 from simtune.evaluate import stage as evaluate
+from simtune.evaluate.report import verdict
 from simtune.evaluate.search import Hit, search, show
 from simtune.examples import Data, first_positions
 from simtune.export.stage import export
@@ -61,7 +63,12 @@ def test_evaluate_writes_trained_baseline_lift(trained: tuple[Path, Path]) -> No
     m = json.loads((root / "metrics.json").read_text())  # the full report (--out)
     assert set(m) == {"trained", "baseline", "lift", "significance", "queries", "corpus",
                       "queries_without_relevant", "bm25", "lift_over_bm25",
-                      "significance_over_bm25", "bm25_settings"}  # hybrid: off in params.yaml
+                      "significance_over_bm25", "bm25_settings", "verdict"}  # hybrid: off
+    sig = P.load(params_file).evaluate.significance
+    metric = sig.verdict_metric
+    assert m["verdict"] == verdict(m["lift"][metric], m["significance"][metric]["p_value"],
+                                   m["significance"][metric]["ci95"], metric, sig.alpha)
+    assert f"verdict: {m['verdict']['says']}" in result.output
     # the headline only, what `dvc exp show` makes a column of: BM25 adds no column
     headline = json.loads((root / "headline.json").read_text())
     assert headline == {part: {k: m[part][k] for k in metrics.HEADLINE}
@@ -95,6 +102,24 @@ def test_evaluate_writes_trained_baseline_lift(trained: tuple[Path, Path]) -> No
         for k, v in m[model].items():
             assert sum(d["queries"] * d[model][k] for d in per_label.values()) / 20 == (
                 pytest.approx(v))
+
+
+def test_the_frozen_encoder_itself_is_no_better_than_the_frozen_encoder(
+        trained: tuple[Path, Path], tmp_path: Path) -> None:
+    """Issue 34 item 5: an identity head (the frozen encoder's vectors) evaluates to a lift of 0
+    with p = 1 on every metric: the verdict is `no better`, said in the log."""
+    root, params_file = trained
+    head_dir = tmp_path / "identity"
+    shutil.copytree(root / "head", head_dir)
+    dim = json.loads((head_dir / "config.json").read_text())["dim"]
+    for f in ("config.json", "model.safetensors"):
+        (head_dir / f).unlink(missing_ok=True)
+    heads.save(heads.build("identity", dim, 1, 0.0), head_dir)
+    result = CliRunner().invoke(app, _evaluate_args(root, params_file, head_dir))
+    assert result.exit_code == 0, result.output
+    v = json.loads((root / "metrics.json").read_text())["verdict"]
+    assert (v["verdict"], v["lift"], v["p_value"]) == ("no better", 0.0, 1.0)
+    assert "verdict: no better than the frozen encoder" in result.output
 
 
 def test_leave_one_out_per_label_metrics(trained: tuple[Path, Path], tmp_path: Path) -> None:

@@ -53,3 +53,27 @@ def headline(result: dict[str, Any]) -> dict[str, dict[str, float]]:
     their lift over the frozen baseline (p-values, recall@k, counts: the full report only), so
     `dvc exp show` stays one screen wide."""
     return {part: {m: result[part][m] for m in HEADLINE} for part in ("trained", "lift")}
+
+
+VERDICTS = ("better", "no better", "worse")  # than the frozen encoder
+
+
+def verdict(lift: float, p_value: float, ci95: Sequence[float], metric: str, alpha: float
+            ) -> dict[str, Any]:
+    """The verdict on the trained model against the frozen encoder from one metric's test lift
+    and its paired p-value: `better` when lift > 0 and p < `alpha`, `worse` when lift < 0 and
+    p < `alpha`, else `no better` (equal, or a difference the test queries cannot tell from
+    chance). Returns {verdict, metric, lift, p_value, ci95, alpha, says} (`says`: one line)."""
+    significant = p_value < alpha
+    outcome = ("better" if lift > 0 else "worse" if lift < 0 else "no better") if significant \
+        else "no better"
+    why = (f"lift of {metric} {lift:+.4f}, 95 % CI [{ci95[0]:+.4f}, {ci95[1]:+.4f}], "
+           f"p = {p_value:.4g}")
+    if outcome == "no better":
+        why += (f" (not below {alpha:g}: the test queries cannot tell it from chance)"
+                if lift != 0 else f" (the same {metric} as the frozen encoder)")
+    else:
+        why += f" < {alpha:g}"
+    return {"verdict": outcome, "metric": metric, "lift": lift, "p_value": p_value,
+            "ci95": [float(ci95[0]), float(ci95[1])], "alpha": alpha,
+            "says": f"{outcome} than the frozen encoder: {why}"}

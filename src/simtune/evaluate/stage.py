@@ -116,6 +116,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
                                for m in HEADLINE},
               "queries": len(task.queries), "corpus": corpus_size,
               "queries_without_relevant": t.no_relevant}
+    result["verdict"] = _verdict(result, sig)
     lex, systems = lexical.scored(data, task, prepared.text_map(), t, by_rows(trained_vectors),
                                   p.evaluate, ks)
     result.update(lex)
@@ -146,7 +147,23 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
              t.metrics["p@1"], t.metrics["mrr@10"], b.metrics["p@1"], b.metrics["mrr@10"],
              result["lift"]["mrr@10"], result["significance"]["mrr@10"]["p_value"])
     _log_lexical(result)
+    _log_verdict(result["verdict"])
     return result
+
+
+def _verdict(result: dict[str, Any], sig: P.SignificanceParams) -> dict[str, Any]:
+    """`verdict` of the report: better / no better / worse than the frozen encoder
+    (`report.verdict`, on `evaluate.significance.verdict_metric` at `alpha`)."""
+    m = sig.verdict_metric
+    s = result["significance"][m]
+    return report.verdict(result["lift"][m], s["p_value"], s["ci95"], m, sig.alpha)
+
+
+def _log_verdict(v: dict[str, Any]) -> None:
+    """The verdict in one line: a warning unless the trained model is better."""
+    hint = "" if v["verdict"] == "better" else (
+        "; the FAQ (docs/faq.md) says what to try")
+    (log.info if v["verdict"] == "better" else log.warning)("verdict: %s%s", v["says"], hint)
 
 
 def _distill(p: Params, prepared: Any, prepared_dir: Path, cache_dir: Path, head_dir: Path,

@@ -4,7 +4,8 @@ YAML front matter (`library_name: sentence-transformers`, `pipeline_tag: sentenc
 `tags`, `base_model` when the encoder is a Hub model, `metrics` and a `model-index` with the
 trained model's test metrics), then a body: the encoder, pooling, head and training mode, the
 data set and its size, the params that matter, the test metrics of the trained model against the
-frozen encoder, and the command that reproduces the model.
+frozen encoder with the verdict (better / no better / worse than it), and the command that
+reproduces the model.
 
 Every input beyond the training record is optional: a card written without `params.yaml`, the
 prepare report or the metrics says so instead of inventing values.
@@ -148,7 +149,25 @@ def _metrics_table(m: dict[str, Any]) -> list[str]:
         rows.append(f"| {k} | {v:.4f} | {m['baseline'][k]:.4f} | {m['lift'][k]:+.4f} | "
                     f"{p_value} |")
     rows += ["", "p-value: paired randomization test of the lift over the same queries."]
-    return rows
+    return rows + _verdict_lines(m.get("verdict"))
+
+
+def _verdict_lines(v: Any) -> list[str]:
+    """The verdict of `reports/evaluate.json` (better / no better / worse than the frozen
+    encoder) in a sentence; nothing for a report written before verdicts."""
+    if v is None:
+        return []
+    if not (isinstance(v, dict) and v.get("verdict") in ("better", "no better", "worse")
+            and isinstance(v.get("says"), str)):
+        raise UserError("the evaluate report's `verdict` is not one of better / no better / "
+                        "worse with its sentence (rerun evaluate)")
+    lines = ["", f"**Verdict: {v['says']}.**"]
+    if v["verdict"] == "worse":
+        lines += ["", "On this test set the frozen encoder alone ranks better than this model."]
+    elif v["verdict"] == "no better":
+        lines += ["", "On this test set this model cannot be told apart from the frozen "
+                  "encoder alone."]
+    return lines
 
 
 def render(meta: dict[str, Any], head: dict[str, Any], plain: bool, modules: list[str],
