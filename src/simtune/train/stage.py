@@ -28,6 +28,7 @@ from simtune.examples import Data
 from simtune.params import Params, TrainParams
 from simtune.prepare.prepared import kind as prepared_kind
 from simtune.retrieval.task import RetrievalTask, retrieval_task
+from simtune.train import headroom
 from simtune.train.checkpoint import Resume, fingerprint
 from simtune.train.data import check_trainable, load_data
 from simtune.train.epoch_log import progress_callbacks
@@ -90,11 +91,12 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
                                                           negatives_dir), loop))
         return resumes[-1:]
 
-    module, loop, trainer, seconds = fit(p, data, validation_task(data, p), accelerator,
-                                         live_dir, extra=resume)
+    task = validation_task(data, p)
+    gain = headroom.check(data, task)  # the frozen encoder at 1.0 on validation: said
+    module, loop, trainer, seconds = fit(p, data, task, accelerator, live_dir, extra=resume)
     if trainer.global_rank != 0:
         return {}
-    result = report_of(loop, seconds, len(data.training))
+    result = {**report_of(loop, seconds, len(data.training)), **gain}
     save(module, loop, p, out)
     write_json(report, result)
     for done in resumes:
