@@ -33,6 +33,9 @@ def sweep(
                                       "should hold, for this run (instead of sweep.trials)"),
     study_name: str | None = typer.Option(None, "--study", help="the study to run or resume, "
                                           "for this run (instead of sweep.study)"),
+    apply_tie: bool = typer.Option(False, "--apply-tie", help="with --apply: write the first "
+                                   "best trial's values even when other trials tie with it "
+                                   "(by default a tie keeps the params file as it is)"),
 ) -> None:
     """Search train.* with Optuna (TPE, pruned per epoch) over the loaded cache, in one process."""
     from simtune import params as P
@@ -55,5 +58,11 @@ def sweep(
                         f"{numbers}, see its line above); run the sweep again for the missing "
                         "ones" + ("; nothing applied" if apply else ""))
     if apply:
-        space.write_yaml(params, report.best_values(study))
+        values = report.best_values(study)  # no complete trial: one line
+        ties = report.tied(study)
+        if len(ties) > 1 and not apply_tie:
+            print(f"not applied: {len(ties)} trials tie at the best value, so {params} keeps "
+                  "its values (--apply --apply-tie writes the first of them anyway)")
+            return
+        space.write_yaml(params, values)
         print(f"wrote the best values into {params}")

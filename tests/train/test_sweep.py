@@ -788,7 +788,8 @@ def test_issue29_item3_trials_and_study_options_override_the_params_for_one_run(
         "quick"]
     out = result.stdout.splitlines()
     assert out[0] == "study 'quick': 2 of 2 finished (2 complete)"
-    assert out[-1] == space.overrides(report.best_values(study))  # the -S line as ever
+    assert out[-1] == space.overrides(report.best_values(study), temp=True)  # the -S line
+    assert out[-1].startswith("dvc exp run --temp -S ")  # as the getting-started page teaches
     applied = CliRunner().invoke(app, _args(tmp_path, params_file, "--trials", "2", "--study",
                                             "quick", "--apply"))
     assert applied.exit_code == 0, applied.output
@@ -857,3 +858,54 @@ def test_probe_an_in_memory_sqlite_url_is_refused(tmp_path: Path,
                             "resumes and is applied from it); give its path (reports/sweep.db)")
     assert study_lib.storage_path("sqlite:///reports/:memory:.db") == Path("reports/:memory:.db")
     assert list(tmp_path.iterdir()) == []
+
+
+# --- issue 34 item 6: a tie at the best value ----------------------------------------------------
+
+def test_issue34_item6_a_tie_in_a_sweep_is_reported_and_not_applied(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every trial scores 1.0 (a small validation split that saturates): the closing text says
+    the three trials tie and why no importance is shown; `--apply` keeps params.yaml as it was,
+    `--apply --apply-tie` writes the first of them."""
+    def saturated(loaded: lib.Loaded, values: dict[str, Any], trial: Any = None
+                  ) -> tuple[float, int, int]:
+        lib._checked(loaded, values)
+        return 1.0, 2, 0
+
+    monkeypatch.setattr(lib, "train_trial", saturated)
+    _, params_file = _sweep_project(tmp_path, tiny_bert, trials=3)
+    before = params_file.read_text()
+    applied = CliRunner().invoke(app, _args(tmp_path, params_file, "--apply"))
+    assert applied.exit_code == 0, applied.output
+    out = applied.stdout.splitlines()
+    assert ("tie: 3 of 3 complete trials score the best validation value 1.0000 (trials 0, 1, "
+            "2); validation cannot tell them apart, so trial 0 is merely the first of them (a "
+            "larger validation split, or a metric that does not saturate (train.monitor: map@r)"
+            ", can)") in out
+    assert ("no importances: every complete trial has the same value, so no parameter can be "
+            "said to matter") in out
+    assert out[-1] == (f"not applied: 3 trials tie at the best value, so {params_file} keeps its "
+                       "values (--apply --apply-tie writes the first of them anyway)")
+    assert out[-2].startswith("dvc exp run --temp -S train.max_epochs=4 -S train.patience=3 ")
+    assert params_file.read_text() == before
+    forced = CliRunner().invoke(app, _args(tmp_path, params_file, "--apply", "--apply-tie"))
+    assert forced.exit_code == 0, forced.output
+    study = _study(tmp_path)
+    assert report.tied(study) == [0, 1, 2] and study.best_trial.number == 0
+    assert P.load(params_file).train.lr == study.trials[0].params["train.lr"]
+
+
+def test_issue34_item6_one_best_trial_is_no_tie() -> None:
+    s = optuna.create_study(direction="maximize")
+    for v in (0.5, 0.9, 0.5):
+        s.add_trial(optuna.trial.create_trial(
+            params={"train.lr": v}, value=v,
+            distributions={"train.lr": optuna.distributions.FloatDistribution(0.001, 1.0)}))
+    assert report.tied(s) == [1] and report.tie_lines(s) == []
+    s.add_trial(optuna.trial.create_trial(
+        params={"train.lr": 0.2}, value=0.9,
+        distributions={"train.lr": optuna.distributions.FloatDistribution(0.001, 1.0)}))
+    assert report.tied(s) == [1, 3]
+    assert report.tie_lines(s)[0].startswith("tie: 2 of 4 complete trials score the best "
+                                             "validation value 0.9000 (trials 1, 3)")
+    assert len(report.tie_lines(s)) == 1  # the values differ: importances can be computed

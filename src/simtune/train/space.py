@@ -159,9 +159,10 @@ def literal(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def overrides(values: dict[str, Any]) -> str:
-    """The `dvc exp run` line that trains and evaluates with `values` through the pipeline."""
-    return "dvc exp run " + " ".join(f"-S {shlex.quote(f'{k}={literal(v)}')}"
+def overrides(values: dict[str, Any], temp: bool = False) -> str:
+    """The `dvc exp run` line that trains and evaluates with `values` through the pipeline;
+    `temp`: with `--temp` (a temporary copy: the workspace's params.yaml stays as it is)."""
+    return "dvc exp run " + "--temp " * temp + " ".join(f"-S {shlex.quote(f'{k}={literal(v)}')}"
                                      for k, v in values.items())
 
 

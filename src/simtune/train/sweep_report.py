@@ -1,7 +1,8 @@
 """What a sweep tells: one line per trial as it ends (`Progress`), the trials that failed
 (`Failures`, for the exit status), and the closing text (`summary`): the study's counts, the best
-trials, the importances and the `dvc exp run -S` line that reproduces the best one
-(`best_values`). Reads a study; runs nothing.
+trials, the importances, a tie at the best value (`tied`: validation cannot tell those trials
+apart) and the `dvc exp run --temp -S` line that reproduces the best one (`best_values`). Reads a
+study; runs nothing.
 """
 
 from __future__ import annotations
@@ -62,6 +63,37 @@ def best_values(study: optuna.Study) -> dict[str, Any]:
         raise UserError(f"sweep: study '{study.study_name}' has no complete trial yet") from None
 
 
+def tied(study: optuna.Study) -> list[int]:
+    """The numbers of the complete trials whose value equals the best one, in trial order: a
+    tie when there are two or more (a small validation split often scores several settings
+    alike, e.g. all 1.0): validation cannot tell them apart, the "best" is merely the first."""
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if not complete:
+        return []
+    best = max(float(t.value) for t in complete)  # type: ignore[arg-type]
+    return sorted(t.number for t in complete if float(t.value) == best)  # type: ignore[arg-type]
+
+
+def tie_lines(study: optuna.Study) -> list[str]:
+    """What the closing text says of a tie at the best value (nothing when there is none):
+    which trials tie, that the pick among them is arbitrary, and why importances are missing
+    when every trial has one value."""
+    numbers = tied(study)
+    if len(numbers) < 2:
+        return []
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    shown = ", ".join(map(str, numbers[:10])) + (", ..." if len(numbers) > 10 else "")
+    lines = [f"tie: {len(numbers)} of {len(complete)} complete trials score the best "
+             f"validation value {study.best_value:.4f} (trials {shown}); validation cannot tell "
+             f"them apart, so trial {numbers[0]} is merely the first of them (a larger "
+             "validation split, or a metric that does not saturate (train.monitor: map@r), "
+             "can)"]
+    if len(numbers) == len(complete):
+        lines.append("no importances: every complete trial has the same value, so no "
+                     "parameter can be said to matter")
+    return lines
+
+
 def importances(study: optuna.Study) -> dict[str, float]:
     """Each param's importance to the value over the complete trials (Optuna's default
     evaluator, PED-ANOVA); {} while there are too few trials to tell, or when the evaluator
@@ -81,7 +113,8 @@ def importances(study: optuna.Study) -> dict[str, float]:
 def summary(study: optuna.Study, top: int, trials: int) -> str:
     """The closing text: how many of the `trials` asked for are finished (and how many failed,
     were pruned, were skipped as repeats), the best `top` complete trials (validation value,
-    epochs, seconds, params), the importances, and the `dvc exp run -S` line of the best."""
+    epochs, seconds, params), the importances, a tie at the best value, and the
+    `dvc exp run --temp -S` line of the best."""
     everything = study.get_trials(deepcopy=False)
     complete = sorted((t for t in everything if t.state == optuna.trial.TrialState.COMPLETE),
                       key=lambda t: -float(t.value))  # type: ignore[arg-type]
@@ -108,6 +141,9 @@ def summary(study: optuna.Study, top: int, trials: int) -> str:
     imp = importances(study)
     if imp:
         lines += ["", "importance: " + ", ".join(f"{k} {v:.2f}" for k, v in imp.items())]
+    ties = tie_lines(study)
+    if ties:
+        lines += ["", *ties]
     lines += ["", "best trial through the pipeline (train, evaluate on test):",
-              space.overrides(best_values(study))]
+              space.overrides(best_values(study), temp=True)]
     return "\n".join(lines)
