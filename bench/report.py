@@ -22,10 +22,11 @@ AREAS = {"cache_fill": "Cache fill", "train_speed": "Training speed",
          "layers": "Top layers against the peer", "layers_full": "Full fine-tuning per epoch",
          "scale": "The top_layers cache at scale", "sweep": "Sweeps",
          "long_docs": "Long documents against the baselines",
-         "distill": "Distillation against the peer", "noop": "Reruns",
+         "distill": "Distillation against the peer",
+         "small_data": "Small data against the frozen encoder", "noop": "Reruns",
          "gpu": "GPU"}
 BENCHES = ("cache_fill", "train_speed", "eval_topk", "negatives", "layers", "layers_full",
-           "sweep", "scale", "long_docs", "distill")
+           "sweep", "scale", "long_docs", "distill", "small_data")
 # the page's columns: the peer's name and figure share one ("against"), so that the verdict fits
 COLUMNS = ["measure", "ours", "against", "ratio", "target", "met"]
 
@@ -287,7 +288,7 @@ def page(results: dict[str, Any]) -> str:
                             narrow(layers["table"], first=_QUALITY)), ""]
     for name, heading in (("layers_full", "Full fine-tuning against the peer"),
                           ("sweep", "Sweeps"), ("scale", "The top_layers cache at scale"),
-                          ("distill", "Distillation")):
+                          ("distill", "Distillation"), ("small_data", "Small data")):
         if name not in results:
             continue
         bench = results[name]

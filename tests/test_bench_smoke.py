@@ -33,6 +33,7 @@ COVERAGE = {
     "layer_rows": "own test",  # bench.layers' child process: runs in test_bench_layers
     "long_docs": "own test",
     "scale": "own test",
+    "small_data": "own test",  # the simtune rows always; SetFit where .[bench] installed it
     "negatives": "parser only: trains four heads on MiniLM with params.yaml's schedules, and "
                  "its peer needs `datasets` (.[bench]): minutes",
     "sweep": "parser only: `dvc repro` and DVC queue grids on TREC in a git copy: minutes",
