@@ -249,6 +249,7 @@ class Bench:
         self.raw = base_params()
         self.train_fraction = float(self.raw["prepare"]["split"]["fractions"]["train"])
         self.runs: list[dict[str, Any]] = []
+        self.later: list[tuple[dict[str, Any], Any, Path, int | None, int]] = []
         self.skipped: list[str] = []
 
     def skip(self, note: str) -> None:
@@ -284,8 +285,8 @@ class Bench:
                 p2 = P.validate(run_params(self.raw, data, kind, self.store, seed, "top2",
                                            self.args))
                 run["top2"] = pipeline(p2, work / "prepared", work / "cache", work / "top2")
-            if "setfit" in rows and kind == "groups":
-                self.setfit(run, p, work, size, seed)
+            if "setfit" in rows and kind == "groups":  # run last: the slow rows on a CPU
+                self.later.append((run, p, work, size, seed))
         except UserError as e:
             self.skip(f"{label}: the pipeline refused it ({e})")
         except Exception as e:  # one failed run must not lose the others' figures
@@ -296,10 +297,24 @@ class Bench:
         if h:
             print(f"{label}: frozen p@1 {h['frozen']:.3f}, head {h['trained']:.3f} (kept "
                   f"{h['kept_epoch']} of {h['epochs']}, {h['seconds']:.1f} s)"
-                  + (f", logreg acc {run['logreg']['accuracy']:.3f}" if "logreg" in run else "")
-                  + (f", setfit p@1 {run['setfit']['p@1']:.3f}" if "setfit" in run else ""),
+                  + (f", logreg acc {run['logreg']['accuracy']:.3f}" if "logreg" in run else ""),
                   flush=True)
         self.save(complete=False)
+
+    def setfit_pass(self) -> None:
+        """SetFit's rows, after every other row (each in the workspace its subset left)."""
+        for run, p, work, size, seed in self.later:
+            try:
+                self.setfit(run, p, work, size, seed)
+            except Exception as e:  # one failed run must not lose the others' figures
+                traceback.print_exc()
+                self.skip(f"{run['set']} {run['size']} seed {seed} setfit: FAILED "
+                          f"({type(e).__name__}: {e})")
+            if "setfit" in run:
+                print(f"{run['set']} {run['size']} seed {seed}: setfit p@1 "
+                      f"{run['setfit']['p@1']:.3f}, accuracy {run['setfit']['accuracy']:.3f} "
+                      f"({run['setfit']['seconds']:.0f} s)", flush=True)
+                self.save(complete=False)
 
     def setfit(self, run: dict[str, Any], p: Any, work: Path, size: int | None,
                seed: int) -> None:
@@ -479,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
             for size in bench.sizes(name):
                 for seed in range(1, args.seeds + 1):
                     bench.one(name, recs, size, seed)
+        bench.setfit_pass()
         payload = bench.save(complete=True)
     print(f"\nmachine: {machine()}; {time.perf_counter() - t0:.0f} s\n")
     print(payload["table"])
