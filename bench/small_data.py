@@ -250,6 +250,7 @@ class Bench:
         self.train_fraction = float(self.raw["prepare"]["split"]["fractions"]["train"])
         self.runs: list[dict[str, Any]] = []
         self.later: list[tuple[dict[str, Any], Any, Path, int | None, int]] = []
+        self.git = git_commit()  # the tree it started from (edits during the run are not it)
         self.skipped: list[str] = []
 
     def skip(self, note: str) -> None:
@@ -338,7 +339,7 @@ class Bench:
     def save(self, complete: bool) -> dict[str, Any]:
         summed = summary(self.runs)
         payload = {"machine": machine(), "command": command(), "complete": complete,
-                   "git": git_commit(), "args": {k: (sorted(v) if isinstance(v, set) else v)
+                   "git": self.git, "args": {k: (sorted(v) if isinstance(v, set) else v)
                                                  for k, v in vars(self.args).items()},
                    "train_params": self.raw["train"],
                    "fractions": self.raw["prepare"]["split"]["fractions"],

@@ -147,8 +147,8 @@ def test_float_keys_are_found() -> None:
             "train.head.dropout", "train.encoder.lr", "cache.store_max_gb",
             "negatives.margin", "sweep.timeout"} <= keys
     # train.encoder.lora.alpha and .dropout, sweep.timeout, train.distill.temperature and
-    # .label_weight
-    assert len(keys) == 19
+    # .label_weight, evaluate.significance.alpha
+    assert len(keys) == 20
     assert "cache.max_layer_gb" in keys  # null: no cap
 
 
