@@ -3,10 +3,11 @@
 When the frozen encoder already ranks every validation query perfectly (P@1, MRR@10, nDCG@10
 and MAP@R all 1.0), no trained model can score better on validation, so validation cannot pick
 a better one: the train stage says so in one line and in `reports/train.json`
-(`nothing_to_gain`). Checked where it is cheap, head mode (the cached vectors are the frozen
-encoder's, one exact ranking of the validation queries); elsewhere (top_layers, full: the
-frozen vectors would need an encoder pass) it is not checked (`None`) and evaluate's verdict
-(better / no better / worse than the frozen encoder on test) says how the run did.
+(`nothing_to_gain`). Checked where it is cheap: head and top_layers mode, whose data holds the
+frozen encoder's cached pooled vectors (one exact ranking of the validation queries); in full
+mode (no cache: the frozen vectors would need an encoder pass) it is not checked (`None`) and
+evaluate's verdict (better / no better / worse than the frozen encoder on test) says how the run
+did.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 
 def frozen_metrics(data: Data, task: RetrievalTask) -> dict[str, float] | None:
     """The validation metrics (`task`, every one, MAP@R included) of the frozen encoder's cached
-    vectors (head mode's resident tables, (rows, D)); None when the data holds none."""
+    vectors (the pooled-vector tables, (rows, D)); None when the data holds none (full mode)."""
     if data.q_vectors is None or data.d_vectors is None:
         return None
     tables = {"query": data.q_vectors, "doc": data.d_vectors}
