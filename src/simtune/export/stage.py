@@ -66,7 +66,10 @@ def export(head_dir: Path, out: Path, card: CardInputs | None = None,
         write_json(tmp / "simtune.json", {
             "format_version": FORMAT_VERSION, "encoder_name": name, "encoder": spec,
             "head": "head", "normalize_output": normalize_output,
-            "sentence_transformers": "plain" if plain else "trust_remote_code"})
+            "sentence_transformers": "plain" if plain else "trust_remote_code",
+            # both copies of the head, checked whenever simtune reads the export back
+            "sha256": {rel: model_files.sha256_file(tmp / rel)
+                       for rel in model_files.head_copies(tmp)}})
         modules = [m["type"].rsplit(".", 1)[-1]
                    for m in json.loads((tmp / "modules.json").read_text())]
         (tmp / "README.md").write_text(render(meta.model_dump(), head.config, plain, modules, card),
