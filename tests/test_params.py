@@ -336,3 +336,31 @@ def test_rrf_refuses_a_k_beyond_the_bound() -> None:
 
     with pytest.raises(ValueError, match="at most 1000000"):
         rrf([torch.arange(3)[None]], 2 ** 70, 3)
+
+
+# --- issue 35 item 13: `simtune check`, the DVC stage every other stage follows -------------
+
+def test_the_check_command_refuses_a_typo_and_writes_the_same_bytes_for_any_valid_file(
+        tmp_path: Path, params_raw: dict[str, Any]) -> None:
+    from typer.testing import CliRunner
+
+    from stages import app
+
+    out = tmp_path / "reports" / "params_checked.json"
+    params = write_params(tmp_path / "params.yaml", params_raw)
+    assert CliRunner().invoke(app, ["check", "--params", str(params), "--out", str(out)]
+                              ).exit_code == 0
+    first = out.read_bytes()
+    params_raw["train"]["lr"] = 0.123  # another valid file: the same output (nothing reruns)
+    write_params(params, params_raw)
+    assert CliRunner().invoke(app, ["check", "--params", str(params), "--out", str(out)]
+                              ).exit_code == 0
+    assert out.read_bytes() == first
+    out.unlink()
+    params_raw["train"]["learning_rate"] = params_raw["train"].pop("lr")
+    write_params(params, params_raw)
+    result = CliRunner().invoke(app, ["check", "--params", str(params), "--out", str(out)])
+    assert result.exit_code == 1
+    assert result.stderr.strip().startswith(
+        f"error: {params}: unknown key 'learning_rate' in section 'train'")
+    assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
