@@ -58,6 +58,7 @@ from bench.layers import (
     params_for,
     write_data,
 )
+from simtune import params as P
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = {"head": "head", "top2": "top_layers", "full": "full"}
@@ -69,7 +70,7 @@ LRS = (*PEER_LRS, 4e-4)
 
 def teacher_spec(export: Path, max_length: int) -> dict[str, Any]:
     """`encoders.models.teacher` for a simtune export folder (its pooling and normalisation)."""
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw = P.read_yaml(ROOT / "params.yaml")
     spec = dict(raw["encoders"]["models"]["minilm"], model=str(export), max_length=max_length)
     return {**spec, "pooling": "mean", "normalize": True, "prompts": None}
 
@@ -152,7 +153,7 @@ class Bench:
         fill = run_row("fill", j, work)
         res = run_row("ours", j, work)
         export = export_head(work / "head", work / "export", ENCODERS[name][0])
-        max_length = yaml.safe_load(params.read_text())["encoders"]["models"][name][
+        max_length = P.read_yaml(params)["encoders"]["models"][name][
             "max_length"]
         res.update(fill, row="teacher", mode=f"top_layers, {rows[3:]} layers", loss="",
                    base=ENCODERS[name][1],

@@ -70,6 +70,7 @@ import yaml
 from bench.common import machine, table, write_results
 from bench.layer_rows import run_row
 from bench.mpnet import DEST as MPNET_DIR
+from simtune import params as P
 
 ROOT = Path(__file__).resolve().parents[1]
 LORA_R = 8  # train.encoder.lora.r of the +lora rows (alpha, dropout, modules: params.yaml's)
@@ -130,7 +131,7 @@ def params_for(encoder: str, kind: str, data: Path, row: str, epochs: int,
                store: Path, split: tuple[float, float, float] | None = None) -> dict:
     """params.yaml's values, with the encoder, the data set, its split fractions (None: the
     prepare stage's) and the row's mode."""
-    p = yaml.safe_load((ROOT / "params.yaml").read_text())
+    p = P.read_yaml(ROOT / "params.yaml")
     if split is not None:
         p["prepare"]["split"]["fractions"] = dict(zip(("train", "val", "test"), split,
                                                       strict=True))

@@ -53,10 +53,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bench.common import machine, table, write_results
 from bench.long_data import SETS, installed, sample, token_stats, write_groups
+from simtune import params as P
 
 ROOT = Path(__file__).resolve().parents[1]
 POOLS = ("mean", "max", "first")
@@ -68,7 +67,7 @@ LEXICAL = ("bm25", "hybrid", "tfidf")
 # --- params per row ------------------------------------------------------------------------
 
 def base_params() -> dict[str, Any]:
-    return yaml.safe_load((ROOT / "params.yaml").read_text())
+    return P.read_yaml(ROOT / "params.yaml")
 
 
 def encoder_name(raw: dict[str, Any]) -> str:

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from bench.common import machine, table, write_results
 
@@ -50,7 +49,7 @@ def params_for(data: Path, store: Path, count: int, **train: Any) -> Any:
     overrides (`loss_<key>`: a `train.loss` key)."""
     from simtune import params as P
 
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw = P.read_yaml(ROOT / "params.yaml")
     raw["prepare"]["source"] = "file"
     raw["prepare"]["file"].update(path=str(data), format="csv", kind="pairs")
     raw["prepare"]["file"]["columns"].update(query="query", positive="positive")

@@ -36,6 +36,7 @@ import yaml
 
 from bench.common import machine, rss_mb, table, write_results
 from bench.exp_queue import _copy_project, _run
+from simtune import params as P
 
 ROOT = Path(__file__).resolve().parents[1]
 # data set -> params set on top of params.yaml, and space keys replaced
@@ -63,7 +64,7 @@ def project_for(work: Path, name: str, trials: int) -> tuple[Path, dict[str, str
     """A git copy of the project with the data set's params and the sweep's storage in it."""
     project = work / name
     _copy_project(project)
-    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw = P.read_yaml(project / "params.yaml")
     sets, space = SETS[name]
     for key, value in sets.items():
         _set(raw, key, value)
@@ -153,7 +154,7 @@ def as_queue(project: Path, env: dict[str, str], fixed: dict[str, Any],
 
 def measure(work: Path, name: str, trials: int, queue: int) -> dict[str, Any]:
     project, env = project_for(work, name, trials)
-    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw = P.read_yaml(project / "params.yaml")
     monitor, dvc = raw["train"]["monitor"], [sys.executable, "-m", "dvc"]
     t0 = time.perf_counter()
     _run(project, env, *dvc, "repro")

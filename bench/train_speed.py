@@ -236,7 +236,7 @@ def train_stage(before: str, repeats: int, threads: int) -> dict:
         prepared = prepare.build(p.prepare)
         write_prepared(prepared, tmp / "prepared", tmp / "prepare.json")
         cache.fill(tmp / "prepared", tmp / "cache", p.encoders, p.cache)  # the shared store
-        every = yaml.safe_load((ROOT / "params.yaml").read_text())
+        every = P.read_yaml(ROOT / "params.yaml")
         every["train"]["val_every"] = 1
         (tmp / "every.yaml").write_text(yaml.safe_dump(every, sort_keys=False))
         runs: dict[str, list[dict]] = {"before": [], "now": [], "now, val_every 1": []}

@@ -23,6 +23,7 @@ import yaml
 
 from bench.common import machine, table, write_results
 from bench.train_speed import _evaluate, _stage_job
+from simtune import params as P
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ["", "train.batch_size=512", "train.batch_size=256", "train.lr=0.01",
@@ -31,7 +32,7 @@ METRICS = ("p@1", "mrr@10", "ndcg@10", "map@r")
 
 
 def params_file(over: str, out: Path) -> Path:
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw = P.read_yaml(ROOT / "params.yaml")
     for kv in filter(None, over.split(",")):
         key, value = kv.split("=", 1)
         *path, last = key.split(".")

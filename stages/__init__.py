@@ -16,8 +16,9 @@ from typer.core import TyperGroup
 
 # command -> the module of `stages` that defines it (as that module's Typer `app`), in pipeline
 # order; `search` and `sweep` are commands, not DVC stages
-COMMANDS = {"prepare": "prepare", "cache": "cache", "negatives": "negatives", "train": "train",
-            "evaluate": "evaluate", "export": "export", "search": "search", "sweep": "sweep"}
+COMMANDS = {"check": "check", "prepare": "prepare", "cache": "cache", "negatives": "negatives",
+            "train": "train", "evaluate": "evaluate", "export": "export", "search": "search",
+            "sweep": "sweep"}
 
 
 class _LazyGroup(TyperGroup):

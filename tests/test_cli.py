@@ -30,6 +30,7 @@ from tests.train_helpers import project
 # what each path option is; bad values: a directory for a file, a file for a directory, and a
 # missing path for an input ("dir-opt", "file-opt": an input whose absence is not an error)
 PATHS = {
+    ("check",): {"--params": "file-in", "--out": "file-out"},
     ("prepare",): {"--params": "file-in", "--out": "dir-out", "--report": "file-out"},
     ("cache",): {"--params": "file-in", "--prepared": "dir-in", "--out": "dir-out",
                  "--report": "file-out"},
@@ -167,8 +168,10 @@ def test_unknown_command_and_option_are_usage_errors(workdir: Path,
 
 
 @pytest.mark.parametrize(("args", "reason"), [
-    (["prepare", "--report", "{file}/prepare.json"], "File exists"),
-    (["export", "--out", "{file}/export"], "File exists"),
+    (["prepare", "--report", "{file}/prepare.json"], "{file}: File exists"),
+    # export checks its folder before any work (`simtune.export.destination`)
+    (["export", "--out", "{file}/export"],
+     "{file}/export: {file} is a file, not a folder; export to a folder"),
 ])
 def test_an_output_under_a_file_is_one_line(workdir: Path, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch, args: list[str],
@@ -179,7 +182,8 @@ def test_an_output_under_a_file_is_one_line(workdir: Path, tmp_path: Path,
     before = sorted(p.name for p in workdir.rglob("*"))
     result = CliRunner().invoke(app, [a.format(file=tmp_path / "a_file") for a in args])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
-    assert result.stderr.strip().splitlines()[-1] == f"error: {tmp_path / 'a_file'}: {reason}"
+    assert result.stderr.strip().splitlines()[-1] == "error: " + reason.format(
+        file=tmp_path / "a_file")
     assert sorted(p.name for p in workdir.rglob("*")) == before
 
 

@@ -222,3 +222,145 @@ def test_item10_unknown_prompt_key_lists_the_allowed_keys(params_raw: dict[str, 
     params_raw["encoders"]["models"]["minilm"]["prompts"] = None
     params_raw["encoders"]["models"]["minilm"]["chunks"]["maxx"] = 2
     assert _error(params_raw).endswith("(allowed: max, overlap, pool)")
+
+
+# --- issue 35 item 12: a key given twice is refused, naming the key and both lines ----------
+
+def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path: Path) -> None:
+    text = (ROOT / "params.yaml").read_text()
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("  lr: "))
+    lines.insert(at + 1, "  lr: 0.5")
+    path = tmp_path / "params.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError) as e:
+        P.load(path)
+    assert str(e.value) == (f"{path}: key 'train.lr' is given twice (lines {at + 1} and "
+                            f"{at + 2}); keep one")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a: 1\nb:\n  c: 2\n  d:\n    e: 3\n    e: 4\n",
+     "key 'b.d.e' is given twice (lines 5 and 6); keep one"),
+    ("a: 1\na:\n  b: 2\n", "key 'a' is given twice (lines 1 and 2); keep one"),
+    ("a:\n  - x: 1\n    x: 2\n", "key 'a.0.x' is given twice (lines 2 and 3); keep one"),
+    ("1: a\n1: b\n", "key '1' is given twice (lines 1 and 2); keep one"),
+])
+def test_duplicate_keys_at_any_depth(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError) as e:
+        P.read_yaml(path)
+    assert str(e.value) == f"{path}: {message}"
+
+
+def test_read_yaml_reads_what_safe_load_reads() -> None:
+    import yaml
+
+    text = (ROOT / "params.yaml").read_text()
+    assert P.read_yaml(ROOT / "params.yaml") == yaml.safe_load(text)
+
+
+def test_every_reader_of_params_yaml_uses_the_checked_loader() -> None:
+    """No module of the program or its benches reads a params file with plain `yaml.safe_load`
+    of a file (a duplicate key would be taken silently, the last one winning)."""
+    import re
+
+    readers = []
+    for folder in ("src", "stages", "bench"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if re.search(r"safe_load\([^)]*(params|read_text)", line) or \
+                        re.search(r"YAML\(\)\.load|\byaml\.load\(path", line):
+                    readers.append(f"{path.relative_to(ROOT)}:{n}")
+    assert readers == []
+
+
+def test_sweep_apply_refuses_a_duplicate_key_in_one_line(tmp_path: Path) -> None:
+    from simtune.train.space import write_yaml
+
+    path = tmp_path / "params.yaml"
+    path.write_text((ROOT / "params.yaml").read_text().replace(
+        "\n  lr: ", "\n  lr: 0.5\n  lr: ", 1))
+    before = path.read_bytes()
+    with pytest.raises(UserError, match=r"key 'train.lr' is given twice \(lines \d+ and \d+\)"):
+        write_yaml(path, {"train.lr": 0.01})
+    assert path.read_bytes() == before
+
+
+# --- issue 35 item 7: rrf_k is bounded where ranks stay distinguishable in float64 ----------
+
+@pytest.mark.parametrize("k", [2 ** 70, 10 ** 17, 10 ** 9])
+def test_rrf_k_too_large_is_refused_in_one_line(params_raw: dict[str, Any], k: Any) -> None:
+    params_raw["evaluate"]["hybrid"]["rrf_k"] = k
+    message = _error(params_raw)
+    assert message.startswith(
+        "params.yaml: evaluate.hybrid.rrf_k: at most 1000000: above it, 1 / (k + rank) of "
+        "neighbouring ranks round to one float64"), message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("k", [1e17, "1e17"])
+def test_rrf_k_as_a_float_is_refused_in_one_line(params_raw: dict[str, Any], k: Any) -> None:
+    params_raw["evaluate"]["hybrid"]["rrf_k"] = k
+    assert _error(params_raw) == (
+        f"params.yaml: evaluate.hybrid.rrf_k: expected an integer, got {k!r}")
+
+
+def test_rrf_k_a_large_sane_value_keeps_every_rank_apart(params_raw: dict[str, Any]) -> None:
+    import torch
+
+    from simtune.retrieval.lexical import rrf
+
+    params_raw["evaluate"]["hybrid"]["rrf_k"] = 10 ** 6
+    k = P.validate(params_raw).evaluate.hybrid.rrf_k
+    # two rankings of 2,000 items: the fused order is the exact (rational) one
+    gen = torch.Generator().manual_seed(0)
+    n = 2000
+    a, b = torch.randperm(n, generator=gen), torch.randperm(n, generator=gen)
+    fused = rrf([a[None], b[None]], k, n)[0]
+    from fractions import Fraction
+
+    rank_a = {int(j): r + 1 for r, j in enumerate(a)}
+    rank_b = {int(j): r + 1 for r, j in enumerate(b)}
+    exact = sorted(range(n), key=lambda j: (-(Fraction(1, k + rank_a[j]) +
+                                              Fraction(1, k + rank_b[j])), j))
+    got = torch.sort(fused, descending=True, stable=True).indices.tolist()
+    assert got == exact
+
+
+def test_rrf_refuses_a_k_beyond_the_bound() -> None:
+    import torch
+
+    from simtune.retrieval.lexical import rrf
+
+    with pytest.raises(ValueError, match="at most 1000000"):
+        rrf([torch.arange(3)[None]], 2 ** 70, 3)
+
+
+# --- issue 35 item 13: `simtune check`, the DVC stage every other stage follows -------------
+
+def test_the_check_command_refuses_a_typo_and_writes_the_same_bytes_for_any_valid_file(
+        tmp_path: Path, params_raw: dict[str, Any]) -> None:
+    from typer.testing import CliRunner
+
+    from stages import app
+
+    out = tmp_path / "reports" / "params_checked.json"
+    params = write_params(tmp_path / "params.yaml", params_raw)
+    assert CliRunner().invoke(app, ["check", "--params", str(params), "--out", str(out)]
+                              ).exit_code == 0
+    first = out.read_bytes()
+    params_raw["train"]["lr"] = 0.123  # another valid file: the same output (nothing reruns)
+    write_params(params, params_raw)
+    assert CliRunner().invoke(app, ["check", "--params", str(params), "--out", str(out)]
+                              ).exit_code == 0
+    assert out.read_bytes() == first
+    out.unlink()
+    params_raw["train"]["learning_rate"] = params_raw["train"].pop("lr")
+    write_params(params, params_raw)
+    result = CliRunner().invoke(app, ["check", "--params", str(params), "--out", str(out)])
+    assert result.exit_code == 1
+    assert result.stderr.strip().startswith(
+        f"error: {params}: unknown key 'learning_rate' in section 'train'")
+    assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()

@@ -172,9 +172,9 @@ def test_plain_exp_show_lists_metrics_then_params_then_one_column_per_stage_pack
     params = _leaves(yaml.safe_load((project.path / "params.yaml").read_text()))
     assert len(params) == len(_leaves(yaml.safe_load((ROOT / "params.yaml").read_text())))
     assert sorted(columns[12:12 + len(params)]) == sorted(params) and "train.lr" in params
-    code = {d for s in STAGES for d in stage_deps(s)}
+    code = {d for s in ("check", *STAGES) for d in stage_deps(s)}
     data = {"data/raw", "data/prepared", "cache", "negatives", "models/head",
-            "reports/evaluate.json", "reports/prepare.json"}
+            "reports/evaluate.json", "reports/prepare.json", "reports/params_checked.json"}
     assert columns[12 + len(params):] == sorted(code | data), columns[12 + len(params):]
     assert "src/simtune/train" in code and not [c for c in columns if c.startswith(
         "src/simtune/train/")]
@@ -309,16 +309,37 @@ def test_settings_round_trip_checkout_and_a_teammates_clone(tmp_path: Path,
 
 
 def test_a_failing_stage_loses_nothing_dvc_checkout_restores(tmp_path: Path) -> None:
-    project, _, _, data = _small_project(tmp_path)
+    project, _, params, data = _small_project(tmp_path)
     project.dvc("repro")
     outputs = ("data/prepared/texts.parquet", "reports/prepare.json", "reports/metrics.json",
-               "reports/train.json", "models/head/config.json", "cache/tiny/manifest.json")
+               "reports/train.json", "models/head/config.json", "cache/tiny/manifest.json",
+               "models/export/simtune.json")
     good = {o: (project.path / o).read_bytes() for o in outputs}
+    # a params mistake (a typo, a key given twice) is refused before any stage runs: DVC
+    # deletes a stage's outputs before its command, so the check is a stage of its own that
+    # every stage follows; the last good model stays (issue 35 item 13)
+    text = params.read_text()
+    for bad, said in ((text.replace("\n  lr: ", "\n  learning_rate: ", 1),
+                       "unknown key 'learning_rate' in section 'train'"),
+                      (text.replace("\n  max_epochs: ", "\n  max_epochs: 3\n  max_epochs: ", 1),
+                       "found duplicate key \"max_epochs\"")):  # DVC's own refusal
+        params.write_text(bad)
+        failed = project.dvc("repro", check=False)
+        assert failed.returncode != 0 and said in failed.stderr, failed.stderr[-2000:]
+        assert _ran(failed) == set(), failed.stdout
+        assert {o: (project.path / o).read_bytes() for o in outputs} == good
+    params.write_text(text)
+    assert _ran(project.dvc("repro")) == set()  # the check passes: nothing else reruns
+    assert not [line for line in project.git("status", "--porcelain", "--untracked-files=all"
+                                             ).stdout.splitlines()
+                if not line.endswith((" dvc.lock", " params.yaml", " data/raw/mine.csv"))
+                and ".gitignore" not in line]  # what the pipeline writes: DVC's or ignored
     data.write_text(data.read_text() + '"unclosed quote,L1\n')
     failed = project.dvc("repro", check=False)
     assert failed.returncode != 0 and "error:" in failed.stderr
     assert not (project.path / "data" / "prepared").exists()  # DVC removed it before the run
-    assert (project.path / "cache" / "tiny" / "manifest.json").read_bytes() == good[outputs[-1]]
+    manifest = "cache/tiny/manifest.json"
+    assert (project.path / manifest).read_bytes() == good[manifest]
     project.dvc("checkout", "--force")
     assert {o: (project.path / o).read_bytes() for o in outputs} == good
 

@@ -61,7 +61,10 @@ def _params(entries: list[Any]) -> list[str]:
 def load(path: Path = ROOT / "dvc.yaml") -> list[Stage]:
     """The stages of dvc.yaml in order, each with the stages whose outputs it reads."""
     raw = yaml.safe_load(path.read_text())["stages"]
-    stages = [Stage(name, _paths(s.get("deps")), _params(s.get("params")),
+    # `check` (params.yaml checked whole before any stage) makes nothing a user changes: not drawn
+    checked = set(_paths(raw.pop("check", {}).get("outs")))
+    stages = [Stage(name, [d for d in _paths(s.get("deps")) if d not in checked],
+                    _params(s.get("params")),
                     _paths(s.get("outs")) + _paths(s.get("metrics")) + _paths(s.get("plots")))
               for name, s in raw.items()]
     for stage in stages:

@@ -87,6 +87,23 @@ def check_student(encoders: Any, names: set[str]) -> None:
                             "model folder (e.g. the export's encoder/, without its head)")
 
 
+def check_teacher(encoders: Any, teacher: str | None) -> None:
+    """A distillation's `teacher` must give other vectors than the student (`encoders.query`):
+    compared by content (`describe`: model files and settings), so a byte-identical copy of the
+    student's folder under another path is the student (`params` compares settings only). One
+    line naming the key; hashes the model files (no weights loaded)."""
+    if teacher is None or teacher == encoders.query:  # the same name: params refuses it
+        return
+    student = encoders.query
+    t_spec, s_spec = encoders.models[teacher], encoders.models[student]
+    if fingerprint(describe(teacher, t_spec)) != fingerprint(describe(student, s_spec)):
+        return
+    raise UserError(f"train.distill.teacher: '{teacher}' ({model_dir(teacher, t_spec)}) is the "
+                    f"student's model (encoders.query '{student}', {model_dir(student, s_spec)})"
+                    ": the same files and settings give the same vectors (nothing to learn); "
+                    "name another encoder")
+
+
 def _model_files(path: Path) -> list[Path]:
     """Files that define the model: top-level files of the directory, minus docs and dotfiles
     (an export folder: every file below it, its encoder's and head's included)."""

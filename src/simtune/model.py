@@ -9,8 +9,11 @@ Export directory layout (`simtune export`), format version 3:
   `normalize_output` is true when training compared vectors by angle (cosine distance, or
   arcface), so the output is L2-normalised: unit vectors, the same cosine ranking. `prompts`
   (null: none) are also in `config_sentence_transformers.json`, so `encode_query` /
-  `encode_document` of sentence-transformers put the same prompts before the texts. Read
-  through `simtune.model_files.ExportConfig`; its paths must stay inside the folder.
+  `encode_document` of sentence-transformers put the same prompts before the texts. `sha256`
+  (path -> sha256) covers every file of the head's two copies (`head/` and the `Dense` module
+  folders; `simtune.model_files.head_copies`), checked on every load (exports written before
+  it have none). Read through `simtune.model_files.ExportConfig`; its paths must stay inside
+  the folder.
 - `encoder/` — the Hugging Face model files (hard-linked where possible), the bundled `minilm`
   included, plus sentence-transformers' `sentence_bert_config.json` (`max_seq_length`).
 - `head/` — `model.safetensors` + `config.json` (see `simtune.heads`): what `load_model` reads.
@@ -142,6 +145,8 @@ def load_model(directory: str | Path, device: str = "auto", encoder: str | None 
                         "an export or a trained head folder)")
     model_files.contained(directory)  # after the named paths: their own message first
     head = heads.load(head_dir)  # before the encoder: a damaged head costs no model load
+    if config_path.exists():  # an export's head/ and Dense modules: unchanged since export
+        model_files.check_copies(directory, model_files.read(config_path, ExportConfig))
     encoder_model = FrozenEncoder(name, spec, resolve_device(device), key=key)
     encoder_model.as_role("document")  # its prompt too: refused now, not at the first encode
     if head.config["dim"] != encoder_model.dim:

@@ -17,10 +17,11 @@ inside the folder and their prompts are simtune.json's, so `SentenceTransformer(
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictBool, StrictInt, ValidationError
 
@@ -79,6 +80,9 @@ class ExportConfig(_File):
     head: str
     normalize_output: StrictBool = False
     sentence_transformers: Literal["plain", "trust_remote_code"] | None = None
+    # path inside the folder -> sha256 of every file of the head's two copies (`head_copies`);
+    # exports written before it have none (nothing to check)
+    sha256: dict[str, Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] | None = None
 
 
 class STModule(_File):
@@ -261,6 +265,57 @@ def _check_st_pooling(path: Path, spec: SavedEncoder) -> None:
     if pooling.include_prompt != include:
         raise UserError(f"{path}: include_prompt {pooling.include_prompt} is not simtune.json's "
                         f"{include}")
+
+
+def head_copies(folder: Path) -> list[str]:
+    """Paths (inside export `folder`, sorted) of every file of its head's two copies: `head/`,
+    which `load_model` runs, and the `Dense` module folders of `modules.json`, which
+    `SentenceTransformer(folder)` runs."""
+    folder = Path(folder)
+    modules = read(folder / "modules.json", STModules).root if _present(
+        folder / "modules.json") else []
+    dense = [m.path for m in modules if m.type.rsplit(".", 1)[-1] == "Dense" and m.path]
+    found = set()
+    for sub in ("head", *dense):
+        root = inside(folder, sub, f"{folder / 'modules.json'}: {sub}")
+        found |= {p.relative_to(folder).as_posix() for p in root.rglob("*") if p.is_file()}
+    return sorted(found)
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of the file at `path`, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_copies(folder: Path, config: ExportConfig) -> None:
+    """Every file of the head's two copies in export `folder` (`head_copies`) is the one its
+    simtune.json (`config`) records by sha256, and every one it records is there: a copy edited
+    after the export (the vectors of `load_model` and of `SentenceTransformer` would part) is
+    one `UserError` line naming the file. An export without hashes (older) is not checked."""
+    if config.sha256 is None:
+        return
+    folder = Path(folder)
+    config_path = folder / "simtune.json"
+    for rel in config.sha256:
+        inside(folder, rel, f"{config_path}: sha256")
+    for rel in head_copies(folder):
+        if rel not in config.sha256:
+            raise UserError(f"{folder / rel}: a copy of the head that {config_path} does not "
+                            "record (sha256); export again")
+    for rel in sorted(config.sha256):
+        if not (folder / rel).is_file():
+            raise UserError(f"{folder / rel}: missing ({config_path} records it); export again")
+    for rel, want in sorted(config.sha256.items()):
+        path = folder / rel
+        if sha256_file(path) != want:
+            raise UserError(f"{path}: changed since the export (its sha256 is not simtune.json's"
+                            "): the export's two copies of the head (head/ for simtune, the "
+                            "Dense modules for sentence-transformers) may no longer agree; "
+                            "export again")
 
 
 # what simtune runs of a sentence-transformers folder: its transformer, then its own pooling

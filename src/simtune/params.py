@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from simtune.errors import UserError
 
@@ -532,6 +540,19 @@ class SignificanceParams(Section):
         "(`reports/evaluate.json` `verdict`, evaluate's log, the model card)")
 
 
+# RRF's fused scores are sums of 1 / (k + rank) in float64: two items whose rank pairs differ
+# only in second order ((1, 4) against (2, 3): a gap of about 4 / k^3 in a score of about 2 / k)
+# stay apart while (k + corpus size)^2 < ~3e15; k <= 1e6 keeps every order exact up to ~5e7
+# items. Far above it, every rank weighs the same (1e17) or 1 / (k + rank) overflows (2^70).
+RRF_K_MAX = 1_000_000
+
+
+def rrf_k_bound() -> str:
+    """Why `evaluate.hybrid.rrf_k` is bounded, for the one-line refusal."""
+    return (f"at most {RRF_K_MAX}: above it, 1 / (k + rank) of neighbouring ranks round to one "
+            "float64 and the hybrid ranks by corpus order")
+
+
 class HybridParams(Section):
     """Reciprocal-rank fusion of BM25 and the trained model (evaluate's report, `simtune
     search`)."""
@@ -542,8 +563,16 @@ class HybridParams(Section):
     )
     rrf_k: int = Field(
         ge=0, description="the RRF constant k: an item's fused score is the sum over both full "
-        "rankings of 1 / (k + its rank); larger k flattens the weight of the top ranks"
+        f"rankings of 1 / (k + its rank); larger k flattens the weight of the top ranks (at most "
+        f"{RRF_K_MAX}: ranks stay apart in float64)"
     )
+
+    @field_validator("rrf_k")
+    @classmethod
+    def _ranks_distinguishable(cls, k: int) -> int:
+        if k > RRF_K_MAX:
+            raise ValueError(rrf_k_bound())
+        return k
 
 
 class EvaluateParams(Section):
@@ -892,6 +921,61 @@ def validate(raw: Any, source: str = "params.yaml") -> Params:
 
 def load(path: str | Path = "params.yaml") -> Params:
     """Read and validate `params.yaml`. Raises `UserError` (one line) on any problem."""
+    return validate(read_yaml(path), str(Path(path)))
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str, first: int, second: int) -> None:
+        super().__init__(f"key '{key}' is given twice (lines {first} and {second}); keep one")
+
+
+class _CheckedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last
+    silently, DVC calls the file corrupted): `lr: 0.005` then `lr: 0.5` must not train at 0.5
+    unseen. The key is named by its dotted path from the top."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        self._checked: set[int] = set()
+        self._check_duplicates(node, ())
+        return super().construct_document(node)
+
+    def _check_duplicates(self, node: yaml.Node, at: tuple[str, ...]) -> None:
+        if id(node) in self._checked:  # an alias: checked where its anchor is (no loop)
+            return
+        self._checked.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._check_duplicates(item, (*at, str(i)))
+        elif isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, value_node in node.value:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    continue  # a complex key: PyYAML's own error (unhashable) follows
+                key = self.construct_object(key_node)
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise _DuplicateKey(".".join((*at, str(key))), seen[key], line)
+                seen[key] = line
+                self._check_duplicates(value_node, (*at, str(key)))
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """`text` (a params file, named `source` in errors) as PyYAML's `safe_load` reads it;
+    `UserError` (one line naming `source`) for invalid YAML or a key given twice in a mapping
+    (at any depth, naming the key and both lines)."""
+    try:
+        return yaml.load(text, Loader=_CheckedLoader)  # a SafeLoader
+    except _DuplicateKey as e:
+        raise UserError(f"{source}: {e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UserError(f"{source}: invalid YAML{line}: {getattr(e, 'problem', e)}") from None
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The params file at `path` parsed (not validated: `load` does both) by `parse_yaml`;
+    `UserError` for a file that is missing or not UTF-8."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -899,13 +983,7 @@ def load(path: str | Path = "params.yaml") -> Params:
         raise UserError(f"{path}: params file not found") from None
     except UnicodeDecodeError as e:
         raise UserError(f"{path}: not valid UTF-8 at byte {e.start}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark is not None else ""
-        raise UserError(f"{path}: invalid YAML{line}: {getattr(e, 'problem', e)}") from None
-    return validate(raw, str(path))
+    return parse_yaml(text, str(path))
 
 
 def documented_keys(model: type[BaseModel] = Params, prefix: str = "") -> list[tuple[str, str]]:

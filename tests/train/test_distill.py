@@ -428,3 +428,39 @@ def test_probe_an_export_folder_as_the_student_is_refused_before_the_cache_fills
     assert not (tmp_path / "cache").exists()
     raw["encoders"]["models"]["tiny"]["model"] = str(teacher / "encoder")
     assert {r.view for r in fill(tmp_path, raw)} == {"tiny", "teacher"}
+
+
+def test_a_teacher_that_is_a_copy_of_the_students_folder_is_refused(tmp_path: Path,
+                                                                      tiny_bert: Path) -> None:
+    """A byte-identical copy of the student's model folder, with the student's settings, as
+    the teacher: other settings by path, one fingerprint (the same vectors, from one store
+    entry; train's loss was 0). Refused by content, in one line, before the cache fills; and
+    by train, over views filled before the check existed (issue 35 item 6)."""
+    import shutil
+
+    copy = tmp_path / "copy-of-student"
+    shutil.copytree(tiny_bert, copy)
+    raw = distill_raw(tmp_path, tiny_bert, copy)
+    want = (f"train.distill.teacher: 'teacher' ({copy}) is the student's model (encoders.query "
+            f"'tiny', {tiny_bert}): the same files and settings give the same vectors "
+            "(nothing to learn); name another encoder")
+    with pytest.raises(UserError) as e:
+        fill(tmp_path, raw)
+    assert str(e.value) == want
+    assert not (tmp_path / "cache").exists()
+    # a view of each filled (as before the check): train refuses them
+    p = P.validate(raw)
+    from simtune.cache import stage as cache
+
+    cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache)
+    cache.fill_encoder("teacher", p.encoders.models["teacher"],
+                       load_prepared(tmp_path / "prepared").text_map(),
+                       tmp_path / "cache" / "teacher", p.cache, cache.Dist())
+    with pytest.raises(UserError) as e:
+        train.run(p, tmp_path / "prepared", tmp_path / "cache", tmp_path / "head",
+                  tmp_path / "train.json", tmp_path / "live")
+    assert str(e.value) == want
+    assert not (tmp_path / "head").exists()
+    # another window makes another teacher (its vectors differ): accepted
+    raw["encoders"]["models"]["teacher"]["max_length"] = 8
+    assert {r.view for r in fill(tmp_path, raw)} == {"tiny", "teacher"}

@@ -40,6 +40,7 @@ from simtune.cache.formats import Format
 from simtune.encoders import (
     FrozenEncoder,
     check_student,
+    check_teacher,
     describe,
     fingerprint,
     prompt_of,
@@ -153,6 +154,7 @@ def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParam
     dist = dist or dist_from_env()
     needs = texts_per_encoder(prepared, encoders, teacher)
     check_student(encoders, {t.name for t in needs} - {teacher})
+    check_teacher(encoders, teacher)
     if prepared.kind == "groups":
         _unused_document_prompt(encoders)
     cutting.check_prompts([(t.name, encoders.models[t.name], t.role) for t in needs])

@@ -13,6 +13,7 @@ from simtune import heads, model_files
 from simtune.atomic import atomic_dir, write_json
 from simtune.encoders import model_dir
 from simtune.export import st_layout
+from simtune.export.destination import destination
 from simtune.export.model_card import CardInputs, render
 from simtune.model import FORMAT_VERSION, _trained_as, trained_encoder, training_meta
 from simtune.params import resolve_loss
@@ -28,8 +29,10 @@ _ST_FILES = ("modules.json", "config_sentence_transformers.json", "sentence_*_co
 
 def export(head_dir: Path, out: Path, card: CardInputs | None = None,
            encoder: str | None = None) -> bool:
-    """Write a self-contained servable model from a trained head directory (atomically), with
-    its model card (`card`: what it reports beyond the head; nothing more when None).
+    """Write a self-contained servable model from a trained head directory (atomically, into
+    `out` or the folder a link `out` leads to: new, empty or an earlier export, never another
+    folder; see `simtune.export.destination`), with its model card (`card`: what it reports
+    beyond the head; nothing more when None).
 
     `encoder`: the `model` of the encoder the params name (default: `card.params`' query
     encoder), needed when the head has no `encoder/` of its own and training.json names a
@@ -53,7 +56,9 @@ def export(head_dir: Path, out: Path, card: CardInputs | None = None,
     if card.params is not None:
         loss = card.params.train.loss
         similarity = "cosine" if loss.name == "arcface" else loss.distance
-    with atomic_dir(Path(out)) as tmp:
+    # before any work: never over a user's folder, a link, the inputs or a workspace's data
+    where = destination(Path(out), [head_dir, source])
+    with atomic_dir(where) as tmp:
         _copy_tree(source, tmp / "encoder")
         spec = {**meta.encoder.model_dump(), "model": "encoder"}
         shutil.copytree(head_dir, tmp / "head", ignore=shutil.ignore_patterns("encoder"))
@@ -61,7 +66,10 @@ def export(head_dir: Path, out: Path, card: CardInputs | None = None,
         write_json(tmp / "simtune.json", {
             "format_version": FORMAT_VERSION, "encoder_name": name, "encoder": spec,
             "head": "head", "normalize_output": normalize_output,
-            "sentence_transformers": "plain" if plain else "trust_remote_code"})
+            "sentence_transformers": "plain" if plain else "trust_remote_code",
+            # both copies of the head, checked whenever simtune reads the export back
+            "sha256": {rel: model_files.sha256_file(tmp / rel)
+                       for rel in model_files.head_copies(tmp)}})
         modules = [m["type"].rsplit(".", 1)[-1]
                    for m in json.loads((tmp / "modules.json").read_text())]
         (tmp / "README.md").write_text(render(meta.model_dump(), head.config, plain, modules, card),

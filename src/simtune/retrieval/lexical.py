@@ -28,6 +28,7 @@ import Stemmer
 import torch
 from bm25s.tokenization import Tokenized, Tokenizer
 
+from simtune.params import RRF_K_MAX, rrf_k_bound
 from simtune.retrieval.metrics import Ranker
 
 # bm25s sets its own logger to DEBUG: its per-index lines would reach every stage's log
@@ -104,6 +105,8 @@ def rrf(rankings: Sequence[torch.Tensor], k: int, n: int) -> torch.Tensor:
     at most once per row; -1: an empty place): item j gets sum_r 1 / (k + rank of j in r)."""
     if k < 0:
         raise ValueError(f"the RRF constant k must be >= 0, not {k}")
+    if k > RRF_K_MAX:  # params refuse it; a library caller too
+        raise ValueError(f"the RRF constant k: {k}: {rrf_k_bound()}")
     out = torch.zeros(len(rankings[0]) if rankings else 0, n, dtype=torch.float64)
     for r in rankings:
         weight = 1.0 / (k + torch.arange(1, r.shape[1] + 1, dtype=torch.float64))

@@ -15,7 +15,7 @@ import torch
 from simtune import examples
 from simtune import params as P
 from simtune.cache.views import open_pair
-from simtune.encoders import model_config
+from simtune.encoders import check_teacher, model_config
 from simtune.errors import UserError
 from simtune.examples import Data
 from simtune.negatives import mined
@@ -112,6 +112,7 @@ def _attach_teacher(p: Params, cache_dir: Path, examples_table: Any, data: Data,
 
     name = p.train.distill.teacher
     assert name is not None
+    check_teacher(p.encoders, name)  # views filled before the cache stage checked it
     table = open_cache(cache_dir, name, p.encoders.models[name], p.cache, placed=False)
     for split, rows in teacher_rows(examples_table, table).items():
         data.splits[split].tensors["t_rows"] = rows

@@ -193,7 +193,9 @@ def write_yaml(path: Path, values: dict[str, Any]) -> None:
     yaml.preserve_quotes = True
     yaml.representer.add_representer(  # ruamel writes null as nothing; keep the file's `null`
         type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null"))
-    raw = yaml.load(path.read_text(encoding="utf-8"))
+    before = path.read_text(encoding="utf-8")
+    P.parse_yaml(before, str(path))  # a key given twice: one line (ruamel raises its own error)
+    raw = yaml.load(before)
     for key, value in values.items():
         try:
             _set(raw, key, value)
@@ -202,7 +204,5 @@ def write_yaml(path: Path, values: dict[str, Any]) -> None:
     out = io.StringIO()
     yaml.dump(raw, out)
     text = out.getvalue()
-    import yaml as pyyaml
-
-    P.validate(pyyaml.safe_load(text), str(path))
+    P.validate(P.parse_yaml(text, str(path)), str(path))
     write_bytes(path, text.encode("utf-8"))
