@@ -283,6 +283,51 @@ def train_main(ws: Path, length: int, steps: int, mode: str, device: str = "cpu"
                       **read, **gpu, "peak_rss_gb": _status("VmHWM") / 1024}))
 
 
+def check_cost(n: int, length: int, device: str = "cpu") -> dict[str, float]:
+    """What checking the store shards' sha256 when training opens a layer view costs (issue 35
+    item 2), beside one training epoch over the same view, in this one process: the view opened
+    without the check, then with it (both after the files were read once: the page cache warm
+    for both), then one epoch of top-2 steps over every row (batch 64, as `train_main`)."""
+    from simtune.cache import reference
+    from simtune.encoders import model_dir
+    from simtune.train.losses import GroupLoss
+    from simtune.train.represent import CachedStates
+
+    work = Path(tempfile.mkdtemp(prefix="simtune-check-"))
+    try:
+        ws = synthetic_cache(list(texts(n, length)), length, work)
+        view, root = ws / "cache" / f"minilm@layer{6 - TOP}", work / "store"
+        reference.open_view(view, root).check_sums()  # the files read once: page cache warm
+        t0 = time.perf_counter()
+        table = reference.open_view(view, root, checksums=False)
+        open_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        reference.open_view(view, root, checksums=True)
+        checked_s = time.perf_counter() - t0
+        spec = spec_for(length)
+        rep = CachedStates(table, model_dir("minilm", spec), 6 - TOP, spec).to(device).train()
+        opt = torch.optim.AdamW(rep.parameters(), lr=1e-4)
+        loss_fn = GroupLoss("supcon", "cosine", 0.05, 0.2, "batch_hard", 20.0)
+        split = type("Split", (), {"tensors": {"rows": torch.arange(len(table))}})()
+        gen = torch.Generator().manual_seed(0)
+        t0 = time.perf_counter()
+        for idx in torch.randperm(len(table), generator=gen).split(BATCH):
+            labels = torch.randint(8, (len(idx),), generator=gen).to(device)
+            loss = loss_fn(rep(split, {"idx": idx}, "text"), labels)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        _sync(device)
+        epoch_s = time.perf_counter() - t0
+        gb = sum(f.stat().st_size for f in table.files) / 1e9
+        check_s = checked_s - open_s
+        return {"size": f"{n} x {length}", "shards GB": gb, "open s": open_s,
+                "open + check s": checked_s, "check GB/s": gb / max(check_s, 1e-9),
+                "epoch s": epoch_s, "check / epoch %": 100 * check_s / epoch_s}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def measure(n: int, length: int, fill_texts: int, steps: int, old: bool, old_fill: bool
             ) -> list[dict[str, Any]]:
     from simtune.cache import reference
@@ -424,6 +469,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu",
                     help="cuda: the device-dependent figures on the GPU (fill, reads, training "
                          "steps), kept in the results file beside the CPU rows")
+    ap.add_argument("--check-cost", action="store_true",
+                    help="only what the shards' sha256 check at a train's open costs beside "
+                         "one epoch (printed; the results file is not written)")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -431,6 +479,11 @@ def main() -> None:
         train_main(Path(ws), int(length), int(steps), mode, device)
         return
     torch.set_num_threads(os.cpu_count() or 1)
+    if args.check_cost:
+        rows = [check_cost(*(int(x) for x in size.lower().split("x")), args.device)
+                for size in args.sizes.split(",")]
+        print(table(rows, list(rows[0])), flush=True)
+        return
     if args.device != "cpu":
         gpu_main(args)
         return

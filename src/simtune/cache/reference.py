@@ -109,10 +109,13 @@ def write(view: Path, entry: Path, manifest: vectors.Manifest, ids: dict[str, li
     register(store_root, view, manifest.fingerprint)
 
 
-def open_view(view: Path, store_root: Path, fingerprint: str | None = None) -> states.StatesTable:
+def open_view(view: Path, store_root: Path, fingerprint: str | None = None,
+              checksums: bool = True) -> states.StatesTable:
     """The states of a layer view, read from the store entry it names (`states.StatesTable`,
     streamed). Its fingerprint must be `fingerprint` (the current settings), the entry present
-    with every row; otherwise a one-line `UserError` saying what to run. Registers the ref."""
+    with every row, and (`checksums`) every store shard it reads intact (sha256, hashed once
+    when opened: `StatesTable.check_sums`); otherwise a one-line `UserError` saying what to
+    run. Registers the ref."""
     ref = read(view)
     if ref is None:
         raise UserError(f"{view}: no layer cache here (run the cache stage)")
@@ -128,7 +131,8 @@ def open_view(view: Path, store_root: Path, fingerprint: str | None = None) -> s
     if (manifest.dtype, manifest.dim) != (ref.dtype, ref.dim):
         raise UserError(f"{entry}: holds {manifest.dtype} states of width {manifest.dim}, the "
                         f"view {view} says {ref.dtype}, {ref.dim}; {REFILL}")
-    return table.open_files()
+    table.open_files()
+    return table.check_sums() if checksums else table
 
 
 def _entry_manifest(view: Path, entry: Path) -> vectors.Manifest:
@@ -217,8 +221,8 @@ def verify(view: Path, store_root: Path, fingerprint: str | None) -> tuple[int, 
             problems.append(f"{Path(view) / REF_FILE}: filled with other encoder settings")
         wanted = set(pc.list_flatten(ref.hashes).to_pylist())
         problems += store.check_behind(store_root, ref, wanted)  # type: ignore[arg-type]
-        if not problems:
-            open_view(view, store_root)
+        if not problems:  # the shards were just re-hashed: not twice
+            open_view(view, store_root, checksums=False)
     except UserError as e:
         return 0, [str(e)]
     return ref.rows, problems

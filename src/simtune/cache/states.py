@@ -16,8 +16,10 @@ flat (sum T_i, H) tensor, e.g. on the GPU when it fits) for tables that should l
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -185,6 +187,29 @@ class StatesTable:
         for i in range(len(self.files)):
             self._fd(i)
         return self
+
+    def check_sums(self) -> StatesTable:
+        """Re-hash every shard file this table reads (sha256, streamed; several files at once:
+        hashlib releases the GIL) against the manifest: a shard rewritten with rows, hashes and
+        schema intact (negated states) or bit rot reads as valid states otherwise. One
+        `UserError` naming the first corrupt file. Open the files first (`open_files`): what is
+        checked is what is read."""
+        expected = {s.file: s.sha256 for s in self.manifest.shards}
+        with ThreadPoolExecutor(max(1, min(len(self.files), os.cpu_count() or 1))) as pool:
+            got = list(pool.map(self._sha256, range(len(self.files))))
+        for path, digest in zip(self.files, got, strict=True):
+            if expected.get(Path(path).name) != digest:
+                raise UserError(f"{path}: checksum mismatch (corrupted shard); run `simtune "
+                                "cache verify`, then `simtune cache` to repair it")
+        return self
+
+    def _sha256(self, i: int) -> str:
+        """sha256 of shard `i` read through its open descriptor (positional reads)."""
+        h, fd, at = hashlib.sha256(), self._fd(i), 0
+        while chunk := os.pread(fd, 1 << 22, at):
+            h.update(chunk)
+            at += len(chunk)
+        return h.hexdigest()
 
     def _read_into(self, out: np.ndarray, rows: np.ndarray) -> None:
         """Row `rows[j]`'s stored values into `out[j, :T]` (out: (B, >= T, H), stored dtype)."""
