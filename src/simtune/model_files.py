@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictBool, StrictInt, ValidationError
 
@@ -68,6 +68,9 @@ class TrainingMeta(_File):
     encoder: SavedEncoder
     normalize_output: StrictBool = False
     matryoshka_dims: list[StrictInt] = []
+    # the query view's settings as the cache describes them (`encoders.describe`: model files
+    # hashed), checked by evaluate and search against the cache's; heads before: None
+    encoder_description: dict[str, Any] | None = None
 
 
 class ExportConfig(_File):

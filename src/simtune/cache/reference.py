@@ -113,9 +113,9 @@ def open_view(view: Path, store_root: Path, fingerprint: str | None = None,
               checksums: bool = True) -> states.StatesTable:
     """The states of a layer view, read from the store entry it names (`states.StatesTable`,
     streamed). Its fingerprint must be `fingerprint` (the current settings), the entry present
-    with every row, and (`checksums`) every store shard it reads intact (sha256, hashed once
-    when opened: `StatesTable.check_sums`); otherwise a one-line `UserError` saying what to
-    run. Registers the ref."""
+    with every row, and (`checksums`) every store shard it reads intact (sha256, hashed in the
+    background from the open on; the first batch read waits for it: `StatesTable.check_sums`);
+    otherwise a one-line `UserError` saying what to run. Registers the ref."""
     ref = read(view)
     if ref is None:
         raise UserError(f"{view}: no layer cache here (run the cache stage)")
@@ -131,8 +131,7 @@ def open_view(view: Path, store_root: Path, fingerprint: str | None = None,
     if (manifest.dtype, manifest.dim) != (ref.dtype, ref.dim):
         raise UserError(f"{entry}: holds {manifest.dtype} states of width {manifest.dim}, the "
                         f"view {view} says {ref.dtype}, {ref.dim}; {REFILL}")
-    table.open_files()
-    return table.check_sums() if checksums else table
+    return table.check_sums(background=True) if checksums else table.open_files()
 
 
 def _entry_manifest(view: Path, entry: Path) -> vectors.Manifest:

@@ -23,6 +23,7 @@ import torch
 from simtune import heads
 from simtune import params as P
 from simtune.atomic import atomic_dir, write_json
+from simtune.encoders import describe
 from simtune.errors import UserError
 from simtune.examples import Data
 from simtune.params import Params, TrainParams
@@ -204,5 +205,7 @@ def save(module: SimilarityModule, loop: EpochLoop, p: Params, out: Path) -> Non
         meta = {"mode": p.train.mode, "kind": module.data.kind, "query_encoder": enc.query,
                 "document_encoder": enc.document,
                 "encoder": enc.models[enc.query].model_dump(), "normalize_output": angular,
-                "matryoshka_dims": loss.matryoshka_dims}  # evaluate scores each prefix too
+                "matryoshka_dims": loss.matryoshka_dims,  # evaluate scores each prefix too
+                # what evaluate and search check the cache against (`evaluate.trained_on`)
+                "encoder_description": describe(enc.query, enc.models[enc.query], role="query")}
         write_json(tmp / "training.json", meta)
