@@ -59,7 +59,8 @@ def verify(params: Path = PARAMS, prepared: Path = PREPARED, out: Path = OUT,
     if not out.is_dir():
         raise UserError(f"{out}: no cache here (run the cache stage)")
     results = lib.verify(prepared, out, p.encoders, p.cache, sample, seed,
-                         resolve_device(p.cache.device), layer_for(p.encoders, p.train))
+                         resolve_device(p.cache.device), layer_for(p.encoders, p.train),
+                         P.teacher_of(p.train))
     for r in results:
         status = "ok" if not r.problems else "FAILED"
         print(f"{r.encoder}: {status}: {r.rows} rows, {r.sampled} re-embedded, "

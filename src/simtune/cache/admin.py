@@ -31,17 +31,23 @@ class VerifyResult:
     max_abs_diff: float
 
 
+STALE = ("not a view of the current settings (left by earlier ones); the cache stage "
+         "removes it")
+
+
 def verify(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParams,
-           sample: int, seed: int, device: torch.device, layer: int | None = None
-           ) -> list[VerifyResult]:
+           sample: int, seed: int, device: torch.device, layer: int | None = None,
+           teacher: str | None = None) -> list[VerifyResult]:
     """Full check of every view under `out`: checksums, schema and rows, fingerprint against the
     current settings (each encoder's vectors and, with `layer`, the query encoder's layer
     states), the sha256 of the store shards behind it, and `sample` random cached texts
-    re-embedded and compared (pooled vectors only). A view under `out` the params do not name
-    gets the checks that need no settings."""
+    re-embedded and compared (pooled vectors only). A view under `out` the params do not
+    produce is a problem (`STALE`: the cache stage removes it), besides the checks that need no
+    settings; `teacher` (`train.distill.teacher`): its view is one the params produce."""
     prepared = load_prepared(prepared_dir)
     root = store.root(cp.store)
     results, seen = [], set()
+    produced = {t.view for t in texts_per_encoder(prepared, encoders, teacher)}
     for target, ids in texts_per_encoder(prepared, encoders).items():
         name, spec = target.name, encoders.models[target.name]
         fmts = [Format()] + ([Format(layer)] if layer is not None and name == encoders.query
@@ -59,6 +65,8 @@ def verify(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CachePar
                 (directory / vectors.MANIFEST).is_file() or reference.is_reference(directory)
         ):  # a dot name: a temp dir, not a view
             results.append(_verify_view(directory, root, None))
+            if directory.name not in produced:
+                results[-1].problems.insert(0, f"{directory}: {STALE}")
     return results
 
 

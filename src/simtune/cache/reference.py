@@ -190,6 +190,20 @@ def register(store_root: Path, view: Path, fingerprint: str) -> None:
         write_json(path, {"view": str(Path(view).resolve())})
 
 
+def unregister(store_root: Path, view: Path) -> None:
+    """Drop the refs of `view` (it is being removed), and the ref folders left empty."""
+    for old in (Path(store_root) / REFS).glob(f"*/{view_key(view)}.json"):
+        old.unlink(missing_ok=True)
+    prune_empty(store_root)
+
+
+def prune_empty(store_root: Path) -> None:
+    """Remove the ref folders `<root>/refs/<fingerprint>/` that hold no ref any more."""
+    for folder in (Path(store_root) / REFS).glob("*/"):
+        with contextlib.suppress(OSError):  # not empty (a ref written meanwhile): kept
+            folder.rmdir()
+
+
 def in_use(store_root: Path, prune: bool = True) -> set[str]:
     """Fingerprints some live view references: a ref whose view still names its entry.
     Refs of views gone or moved on are removed (`prune`)."""
@@ -205,6 +219,8 @@ def in_use(store_root: Path, prune: bool = True) -> set[str]:
             live.add(fp)
         elif prune:
             path.unlink(missing_ok=True)
+    if prune:
+        prune_empty(store_root)
     return live
 
 

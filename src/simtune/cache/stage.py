@@ -179,6 +179,8 @@ def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParam
                                     description=described[target.view, None],
                                     windows=windows))
         results[-1].cut = cut.report()
+    if dist.rank == 0:  # views of earlier settings go (their vectors stay in the store)
+        views.remove_stale(Path(out), {r.view for r in results}, store.root(cp.store))
     return results
 
 
