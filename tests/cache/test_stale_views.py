@@ -48,3 +48,49 @@ def test_probe_a_view_of_earlier_settings_is_named_by_verify_and_removed_by_the_
     shutil.rmtree(out / "tiny@layer0")  # gone by hand: gc prunes its ref and the empty folder
     admin.gc(p.encoders, p.cache, max_gb=1000)
     assert not (_refs() / new).exists()
+
+
+def test_probe_a_moved_project_keeps_its_layer_states_until_prune_missing(
+        tmp_path: Path, tiny_bert: Path) -> None:
+    """Item 8: refs hold the view's absolute path; after a project folder was renamed, `cache
+    gc` from another workspace dropped its layer states. A ref whose view's folder is missing
+    keeps its entry, gc lists it, `--prune-missing` drops it; the moved view still opens (and
+    renews its ref)."""
+    from typer.testing import CliRunner
+
+    from simtune import params as P
+    from stages import app
+    from tests.conftest import write_params
+
+    p = params(tiny_bert)
+    old = tmp_path / "project"
+    _fill(make_prepared(old, sentences(20)), old / "cache", p, layer=1)
+    used = reference.read(old / "cache" / "tiny@layer1").fingerprint
+    moved = tmp_path / "renamed"
+    old.rename(moved)
+    other = tmp_path / "other"  # another workspace, another layer
+    _fill(make_prepared(other, sentences(12, 40)), other / "cache", p, layer=0)
+    raw = P.Params.model_validate(p.model_dump()).model_dump()
+    raw["train"].update(mode="top_layers")
+    raw["train"]["encoder"]["top_layers"] = 2  # layer 0 of the 2-layer tiny BERT
+    params_file = write_params(other / "params.yaml", raw)
+    result = CliRunner().invoke(app, ["cache", "gc", "--params", str(params_file),
+                                      "--max-gb", "0"])
+    assert result.exit_code == 0, result.output
+    assert (f"  skip {old / 'cache' / 'tiny@layer1'}: a layer view's folder that is missing (a "
+            f"project moved, renamed or deleted): its ref keeps store entry {used} (`cache gc "
+            "--prune-missing` drops it); left alone") in result.output.splitlines()
+    assert f"drop {used}" not in result.output
+    # the moved project reads its states (and its ref now names where it is)
+    table = reference.open_view(moved / "cache" / "tiny@layer1", store.root(""))
+    assert len(table.batch(torch.arange(3))[0]) == 3
+    assert reference.missing(store.root("")) == [(old / "cache" / "tiny@layer1", used)]
+    result = CliRunner().invoke(app, ["cache", "gc", "--params", str(params_file),
+                                      "--max-gb", "0", "--prune-missing"])
+    assert result.exit_code == 0, result.output
+    assert reference.missing(store.root("")) == []
+    assert f"drop {used}" not in result.output  # the moved view's own ref keeps it
+    shutil.rmtree(moved)
+    result = CliRunner().invoke(app, ["cache", "gc", "--params", str(params_file),
+                                      "--max-gb", "0", "--prune-missing"])
+    assert f"drop {used}" in result.output

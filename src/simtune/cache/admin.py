@@ -115,13 +115,15 @@ def _compare(result: VerifyResult, directory: Path, prepared: Prepared, ids: pa.
 
 
 def gc(encoders: EncodersParams, cp: CacheParams, max_gb: float | None = None,
-       dry_run: bool = False, layer: int | None = None
+       dry_run: bool = False, layer: int | None = None, prune_missing: bool = False
        ) -> tuple[list[policy.Entry], list[policy.Entry], list[tuple[Path, str]]]:
     """Apply the store's size policy now: drop least-recently-used store entries until the store
     holds at most `max_gb` (default `cache.store_max_gb`; 0 keeps only the current settings).
     The entries of the current settings (each encoder's vectors; with `layer`, the query
     encoder's layer states) are always kept; what is not a store entry is never touched.
-    Returns (kept, dropped, skipped: (path, why))."""
+    A layer view whose folder is missing (a project moved or renamed) keeps its entry unless
+    `prune_missing`; each such view is listed in skipped. Returns (kept, dropped, skipped:
+    (path, why))."""
     root = store.root(cp.store)
     keep = set()
     for name in encoders.models:
@@ -133,7 +135,12 @@ def gc(encoders: EncodersParams, cp: CacheParams, max_gb: float | None = None,
         except UserError as e:  # a model that is gone cannot be in use
             log.warning("%s: its vectors are not protected from gc", e)
     budget = cp.store_max_gb if max_gb is None else max_gb
-    dropped = policy.evict(root, int(budget * 1e9), keep, dry_run=dry_run)
+    lost = reference.missing(root)
+    dropped = policy.evict(root, int(budget * 1e9), keep, dry_run=dry_run,
+                           prune_missing=prune_missing)
     gone = {e.fingerprint for e in dropped}
     kept = [e for e in policy.entries(root) if e.fingerprint not in gone]
-    return kept, dropped, policy.skipped(root)
+    return kept, dropped, policy.skipped(root) + [
+        (view, f"a layer view's folder that is missing (a project moved, renamed or deleted): "
+               f"its ref keeps store entry {fp} (`cache gc --prune-missing` drops it)")
+        for view, fp in ([] if prune_missing else lost)]

@@ -16,7 +16,9 @@ train keeps them open, so nothing it reads changes under it, not even an evictio
 
 The store keeps a *ref* per view, `<root>/refs/<fingerprint>/<key>.json` (key: hash of the
 view's path), written by the fill and by each open, dropped once that view names another entry
-or is gone: the size policy never drops an entry a live ref names.
+or is removed: the size policy never drops an entry a live ref names. A ref whose view's folder
+is gone altogether (a project moved or renamed: its path is not there) is kept, and said by
+`cache gc`, until `cache gc --prune-missing`; the moved view renews its ref at its next open.
 """
 
 from __future__ import annotations
@@ -204,19 +206,43 @@ def prune_empty(store_root: Path) -> None:
             folder.rmdir()
 
 
-def in_use(store_root: Path, prune: bool = True) -> set[str]:
-    """Fingerprints some live view references: a ref whose view still names its entry.
-    Refs of views gone or moved on are removed (`prune`)."""
+def _ref_state(path: Path) -> tuple[Path | None, str]:
+    """(the view a ref names, its state): `live` (it names the ref's entry), `missing` (its
+    folder's folder is gone: the project was moved, renamed or deleted; nothing here tells
+    which), `gone` (removed from a folder that is still there, or names another entry)."""
+    try:
+        view = Path(json.loads(path.read_text())["view"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, "gone"
+    try:  # the view's reference.json alone: which entry it names
+        alive = json.loads((view / REF_FILE).read_text())["fingerprint"] == path.parent.name
+    except (OSError, ValueError, KeyError, TypeError):
+        alive = False
+    if alive:
+        return view, "live"
+    return view, "missing" if not view.parent.exists() else "gone"
+
+
+def missing(store_root: Path) -> list[tuple[Path, str]]:
+    """(view, fingerprint) of every ref whose view's folder is gone (`_ref_state`)."""
+    out = []
+    for path in sorted((Path(store_root) / REFS).glob("*/*.json")):
+        view, state = _ref_state(path)
+        if state == "missing" and view is not None:
+            out.append((view, path.parent.name))
+    return out
+
+
+def in_use(store_root: Path, prune: bool = True, prune_missing: bool = False) -> set[str]:
+    """Fingerprints some view references: a ref whose view still names its entry, or whose
+    view's folder is gone (a project moved or renamed keeps its layer states: its ref is
+    renewed at its next open) unless `prune_missing`. Refs of views removed or moved on to
+    other settings are removed (`prune`), and so are missing ones with `prune_missing`."""
     live = set()
     for path in sorted((Path(store_root) / REFS).glob("*/*.json")):
-        fp = path.parent.name
-        try:  # the view's reference.json alone: which entry it names
-            view = Path(json.loads(path.read_text())["view"])
-            alive = json.loads((view / REF_FILE).read_text())["fingerprint"] == fp
-        except (OSError, ValueError, KeyError, TypeError):
-            alive = False
-        if alive:
-            live.add(fp)
+        _, state = _ref_state(path)
+        if state == "live" or (state == "missing" and not prune_missing):
+            live.add(path.parent.name)
         elif prune:
             path.unlink(missing_ok=True)
     if prune:
