@@ -94,3 +94,39 @@ def test_probe_a_moved_project_keeps_its_layer_states_until_prune_missing(
     result = CliRunner().invoke(app, ["cache", "gc", "--params", str(params_file),
                                       "--max-gb", "0", "--prune-missing"])
     assert f"drop {used}" in result.output
+
+
+def test_probe_verify_re_embeds_a_sample_of_layer_states(tmp_path: Path, tiny_bert: Path
+                                                         ) -> None:
+    """Item 10: `cache verify` said "0 re-embedded" for layer views. It re-embeds a sample of
+    layer states too and compares them within the storage dtype's tolerance; states that are
+    not the encoder's (checksums consistent) are a problem."""
+    import numpy as np
+
+    from simtune.cache import vectors
+    from simtune.cache.formats import Format
+
+    prepared = make_prepared(tmp_path, sentences(20))
+    p = params(tiny_bert, {"states_dtype": "float16"})
+    out = tmp_path / "cache"
+    _fill(prepared, out, p, layer=1)
+
+    def check() -> admin.VerifyResult:
+        results = admin.verify(prepared, out, p.encoders, p.cache, 8, 0, torch.device("cpu"),
+                               layer=1)
+        return {r.encoder: r for r in results}["tiny@layer1"]
+
+    r = check()
+    assert (r.problems, r.sampled) == ([], 8) and 0 < r.max_abs_diff < 5e-3
+    entry = store.fingerprint_dir(store.root(""), reference.read(out / "tiny@layer1").fingerprint)
+    manifest = vectors.read_manifest(entry)
+    fmt = Format(1)
+    for i, s in enumerate(manifest.shards):  # other states, written and listed as intact
+        rows = [-x for x in fmt.shard_rows(entry, s, manifest)]
+        ids = vectors.open_shard(entry, s, manifest).column("text_id").to_pylist()
+        manifest.shards[i] = fmt.write(entry, 0, ids, ids, [np.asarray(x) for x in rows],
+                                       manifest, name=s.file)
+    vectors.write_manifest(entry, manifest)
+    r = check()
+    assert len(r.problems) == 1 and r.problems[0].startswith(
+        f"{out / 'tiny@layer1'}: re-embedded layer states differ by ")

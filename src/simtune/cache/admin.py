@@ -41,9 +41,10 @@ def verify(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CachePar
     """Full check of every view under `out`: checksums, schema and rows, fingerprint against the
     current settings (each encoder's vectors and, with `layer`, the query encoder's layer
     states), the sha256 of the store shards behind it, and `sample` random cached texts
-    re-embedded and compared (pooled vectors only). A view under `out` the params do not
-    produce is a problem (`STALE`: the cache stage removes it), besides the checks that need no
-    settings; `teacher` (`train.distill.teacher`): its view is one the params produce."""
+    re-embedded and compared (pooled vectors and, of a layer view, token states). A view under
+    `out` the params do not produce is a problem (`STALE`: the cache stage removes it), besides
+    the checks that need no settings; `teacher` (`train.distill.teacher`): its view is one the
+    params produce."""
     prepared = load_prepared(prepared_dir)
     root = store.root(cp.store)
     results, seen = [], set()
@@ -60,6 +61,9 @@ def verify(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CachePar
             if fmt.layer is None and not results[-1].problems:
                 _compare(results[-1], Path(out) / label, prepared, ids, name, spec, target.role,
                          sample, seed, device)
+            elif not results[-1].problems:
+                _compare_states(results[-1], Path(out) / label, root, prepared, name, spec,
+                                target.role, fmt.layer, sample, seed, device)
     for directory in sorted(Path(out).iterdir()):
         if directory.name not in seen and not directory.name.startswith(".") and (
                 (directory / vectors.MANIFEST).is_file() or reference.is_reference(directory)
@@ -110,6 +114,42 @@ def _compare(result: VerifyResult, directory: Path, prepared: Prepared, ids: pa.
     tol = (1e-4 if spec.dtype == "float32" else 2e-3) * scale
     if diff > tol:
         result.problems.append(f"{directory}: re-embedded vectors differ by {diff:.3g} "
+                               f"(tolerance {tol:.3g})")
+    result.sampled, result.max_abs_diff = len(picked), diff
+
+
+def _compare_states(result: VerifyResult, view: Path, root: Path, prepared: Prepared,
+                    name: str, spec: EncoderParams, role: str, layer: int, sample: int,
+                    seed: int, device: torch.device) -> None:
+    """Re-embed the token states after layer `layer` of `sample` random texts of the layer
+    view (texts of one window: a window is the text itself) and compare them with the stored
+    ones (read from the store entry), within the tolerance of `states_dtype`."""
+    table = reference.open_view(view, root, checksums=False)  # the shards were just re-hashed
+    ref = reference.read(view)
+    assert ref is not None
+    texts = prepared.text_map(ref.ids)
+    single = [t for t, hs in zip(ref.ids.to_pylist(), ref.hashes.to_pylist(), strict=True)
+              if len(hs) == 1 and t in texts]
+    picked = random.Random(seed).sample(single, min(sample, len(single)))
+    if not picked:
+        return
+    encoder = FrozenEncoder(name, spec, device, role)
+    rows, _ = table.window_rows(table.index(picked))
+    stored = table.read(rows)
+    diff, scale = 0.0, 1.0
+    with torch.inference_mode():
+        for i in range(0, len(picked), 16):
+            chunk = picked[i:i + 16]
+            fresh = encoder.states(encoder.tokenize([texts[t] for t in chunk]), layer)
+            for f, s in zip(fresh, stored[i:i + 16], strict=True):
+                if f.shape != s.shape:
+                    diff = float("inf")
+                    continue
+                diff = max(diff, float(abs(f - s.astype("float32")).max()))
+                scale = max(scale, float(abs(f).max()))
+    tol = (1e-4 if spec.states_dtype == "float32" else 2e-3) * scale
+    if diff > tol:
+        result.problems.append(f"{view}: re-embedded layer states differ by {diff:.3g} "
                                f"(tolerance {tol:.3g})")
     result.sampled, result.max_abs_diff = len(picked), diff
 
