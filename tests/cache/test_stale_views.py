@@ -130,3 +130,38 @@ def test_probe_verify_re_embeds_a_sample_of_layer_states(tmp_path: Path, tiny_be
     r = check()
     assert len(r.problems) == 1 and r.problems[0].startswith(
         f"{out / 'tiny@layer1'}: re-embedded layer states differ by ")
+
+
+def test_probe_a_fresh_workspace_says_no_change_and_the_report_names_its_units(
+        tmp_path: Path, tiny_bert: Path, caplog) -> None:
+    """Item 14: a fresh workspace's first fill warned "encoder changed (...)" with another
+    workspace's settings; reports/cache.json counted windows in `cached`/`embedded` and texts
+    in `texts` without saying so."""
+    import json
+    import logging
+
+    long = [" ".join(sentences(6, 200 + i)) for i in range(4)]  # several windows of 16
+    prepared = make_prepared(tmp_path / "a", sentences(8) + long)
+    _fill(prepared, tmp_path / "a" / "cache", params(tiny_bert), layer=None)
+    p = params(tiny_bert, {"max_length": 16, "chunks": {"max": 8, "overlap": 4,
+                                                        "pool": "mean"}})
+    fresh = make_prepared(tmp_path / "b", sentences(8) + long)
+    with caplog.at_level(logging.INFO):
+        results = _fill(fresh, tmp_path / "b" / "cache", p, layer=None)
+    assert not [m for m in caplog.messages if "encoder changed" in m], caplog.messages
+    cache.write_report(tmp_path / "cache.json", results)
+    report = json.loads((tmp_path / "cache.json").read_text())["tiny"]
+    from simtune.cache import cutting
+    from simtune.prepare.prepared import load as load_prepared
+
+    cut, _ = cutting.split("tiny", p.encoders.models["tiny"], "query",
+                           load_prepared(fresh).text_map(), "tiny")
+    distinct = len({w for ws in cut.values() for w in ws})  # equal windows: embedded once
+    assert report["window"]["windows"] == sum(map(len, cut.values())) > distinct > 12
+    assert {k: report[k] for k in ("texts", "texts_cached", "windows_embedded")} == {
+        "texts": 12, "texts_cached": 0, "windows_embedded": distinct}
+    caplog.clear()
+    with caplog.at_level(logging.INFO):  # the same workspace, other settings: said
+        _fill(prepared, tmp_path / "a" / "cache", p, layer=None)
+    assert any("encoder changed (max_length: 32 -> 16; chunks: None -> " in m
+               for m in caplog.messages), caplog.messages

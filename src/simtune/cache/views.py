@@ -46,16 +46,14 @@ def view_name(name: str, spec: EncoderParams, role: str, layer: int | None = Non
 
 
 def say_what_changed(view: Path, root: Path, name: str, description: dict, fp: str) -> None:
-    """Log why the vectors are about to change encoder settings, against the view's settings,
-    or (the view is gone: DVC removes outputs before rerunning a stage) the store entry of this
-    encoder used last. Nothing is dropped: earlier settings' vectors stay in the store."""
+    """Log why the vectors are about to change encoder settings, against the settings of this
+    workspace's view (DVC keeps it: a `persist` output). No view here (a fresh workspace):
+    nothing changed here, whatever another workspace's store entries say. Nothing is dropped:
+    earlier settings' vectors stay in the store."""
     try:
         old = reference.read(view) or vectors.read_manifest(view)
     except UserError:
         old = None
-    if old is None:
-        last = [e for e in policy.entries(root) if e.encoder == name and e.fingerprint != fp]
-        old = vectors.read_manifest(last[-1].path) if last else None
     if old is not None and old.fingerprint != fp:
         log.warning("cache %s: encoder changed (%s); vectors under the previous settings stay "
                     "in the store", name, changes(old.description, description))

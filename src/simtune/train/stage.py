@@ -79,7 +79,12 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     pl.seed_everything(t.seed, workers=True, verbose=False)
     data = load_data(p, prepared_dir, cache_dir, negatives_dir=negatives_dir)
     check_trainable(data, t, t.devices * t.num_nodes)
-    if auto:  # once every check passed: a refused set-up stays one line
+    if t.objective == "distill":  # the distillation loss trains (train.loss: on labels only)
+        d = t.distill
+        log.info("loss: distill %s (%s)", d.loss,
+                 f"+ {d.label_weight:g} x {t.loss.name} on the labels" if d.label_weight
+                 else "labels unused: train.distill.label_weight 0")
+    elif auto:  # once every check passed: a refused set-up stays one line
         log.info("loss auto: %s (%s data)", t.loss.name, data.kind)
     resumes: list[Resume] = []
 
