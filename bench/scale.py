@@ -283,6 +283,63 @@ def train_main(ws: Path, length: int, steps: int, mode: str, device: str = "cpu"
                       **read, **gpu, "peak_rss_gb": _status("VmHWM") / 1024}))
 
 
+def check_cost(n: int, length: int, device: str = "cpu") -> dict[str, Any]:
+    """What checking the store shards' sha256 when training opens a layer view costs (issue 35
+    item 2), in this one process: the hash alone (`check_sums`, waited for), then twice the
+    way train goes (open the view, build the top-2 model, one epoch of steps over every row,
+    batch 64, as `train_main`), without the check and with it (hashed in the background from
+    the open on; the first batch waits for what is left). The files are read once first: the
+    page cache is warm for every timing."""
+    from simtune.cache import reference
+
+    work = Path(tempfile.mkdtemp(prefix="simtune-check-"))
+    try:
+        ws = synthetic_cache(list(texts(n, length)), length, work)
+        view, root = ws / "cache" / f"minilm@layer{6 - TOP}", work / "store"
+        table = reference.open_view(view, root, checksums=False)
+        gb = sum(f.stat().st_size for f in table.files) / 1e9
+        table.check_sums()  # the files read once: the page cache warm for every timing
+        t0 = time.perf_counter()
+        table.check_sums()
+        hash_s = time.perf_counter() - t0
+        epochs = {check: _open_and_epoch(view, root, length, check, device)
+                  for check in (False, True)}
+        return {"size": f"{n} x {length}", "shards GB": gb, "hash s": hash_s,
+                "hash GB/s": gb / max(hash_s, 1e-9), "epoch s, no check": epochs[False],
+                "epoch s, checked": epochs[True],
+                "cost % of an epoch": 100 * (epochs[True] - epochs[False]) / epochs[False],
+                "hash alone % of an epoch": 100 * hash_s / epochs[False]}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _open_and_epoch(view: Path, root: Path, length: int, check: bool, device: str) -> float:
+    """Seconds from opening the layer view (with or without the shard check) to the end of one
+    epoch of top-2 training steps over every row."""
+    from simtune.cache import reference
+    from simtune.encoders import model_dir
+    from simtune.train.losses import GroupLoss
+    from simtune.train.represent import CachedStates
+
+    gen = torch.Generator().manual_seed(0)
+    _sync(device)
+    t0 = time.perf_counter()
+    table = reference.open_view(view, root, checksums=check)
+    spec = spec_for(length)
+    rep = CachedStates(table, model_dir("minilm", spec), 6 - TOP, spec).to(device).train()
+    opt = torch.optim.AdamW(rep.parameters(), lr=1e-4)
+    loss_fn = GroupLoss("supcon", "cosine", 0.05, 0.2, "batch_hard", 20.0)
+    split = type("Split", (), {"tensors": {"rows": torch.arange(len(table))}})()
+    for idx in torch.randperm(len(table), generator=gen).split(BATCH):
+        labels = torch.randint(8, (len(idx),), generator=gen).to(device)
+        loss = loss_fn(rep(split, {"idx": idx}, "text"), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
 def measure(n: int, length: int, fill_texts: int, steps: int, old: bool, old_fill: bool
             ) -> list[dict[str, Any]]:
     from simtune.cache import reference
@@ -424,6 +481,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu",
                     help="cuda: the device-dependent figures on the GPU (fill, reads, training "
                          "steps), kept in the results file beside the CPU rows")
+    ap.add_argument("--check-cost", action="store_true",
+                    help="only what the shards' sha256 check at a train's open costs beside "
+                         "one epoch (printed; the results file is not written)")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -431,6 +491,11 @@ def main() -> None:
         train_main(Path(ws), int(length), int(steps), mode, device)
         return
     torch.set_num_threads(os.cpu_count() or 1)
+    if args.check_cost:
+        rows = [check_cost(*(int(x) for x in size.lower().split("x")), args.device)
+                for size in args.sizes.split(",")]
+        print(table(rows, list(rows[0])), flush=True)
+        return
     if args.device != "cpu":
         gpu_main(args)
         return

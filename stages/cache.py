@@ -59,7 +59,8 @@ def verify(params: Path = PARAMS, prepared: Path = PREPARED, out: Path = OUT,
     if not out.is_dir():
         raise UserError(f"{out}: no cache here (run the cache stage)")
     results = lib.verify(prepared, out, p.encoders, p.cache, sample, seed,
-                         resolve_device(p.cache.device), layer_for(p.encoders, p.train))
+                         resolve_device(p.cache.device), layer_for(p.encoders, p.train),
+                         P.teacher_of(p.train))
     for r in results:
         status = "ok" if not r.problems else "FAILED"
         print(f"{r.encoder}: {status}: {r.rows} rows, {r.sampled} re-embedded, "
@@ -75,7 +76,10 @@ def verify(params: Path = PARAMS, prepared: Path = PREPARED, out: Path = OUT,
 def gc(params: Path = PARAMS,
        max_gb: float = typer.Option(None, min=0, help="size bound for this run (default "
                                     "cache.store_max_gb; 0 keeps only the current settings)"),
-       dry_run: bool = typer.Option(False, "--dry-run", help="say what would go, drop nothing")
+       dry_run: bool = typer.Option(False, "--dry-run", help="say what would go, drop nothing"),
+       prune_missing: bool = typer.Option(
+           False, "--prune-missing", help="also drop the refs of layer views whose folder is "
+           "missing (a project moved, renamed or deleted; kept and listed otherwise)")
        ) -> None:
     """Bound the shared store: drop least recently used encoder settings, never the current,
     never anything that is not a store entry (listed as skipped), never through a symlink."""
@@ -89,7 +93,7 @@ def gc(params: Path = PARAMS,
         layer = layer_for(p.encoders, p.train)
     except UserError:  # the layer of a model that cannot load is not in use either
         layer = None
-    kept, dropped, skipped = lib.gc(p.encoders, p.cache, max_gb, dry_run, layer)
+    kept, dropped, skipped = lib.gc(p.encoders, p.cache, max_gb, dry_run, layer, prune_missing)
     print(f"store {store.root(p.cache.store)}: kept {len(kept)} encoder settings "
           f"({sum(e.bytes for e in kept) / 1e6:.1f} MB), "
           f"{'would drop' if dry_run else 'dropped'} {len(dropped)} "

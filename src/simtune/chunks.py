@@ -155,6 +155,11 @@ class Chunker:
                 cut.cut += end < len(enc.ids)
         return out
 
+    def _fits(self, window: str) -> bool:
+        """Whether `window`, tokenised alone with the prompt and special tokens, fits."""
+        return len(self.backend.encode(self.prompt + window, add_special_tokens=True).ids) <= (
+            self.spec.max_length)
+
     def _cut_one(self, text: str, offsets: list[tuple[int, int]]) -> tuple[list[str], int]:
         """(windows of one over-long text, tokens covered from the start). Windows of `body`
         tokens, each starting `body - overlap` tokens after the last. A window ends before a
@@ -173,6 +178,12 @@ class Chunker:
             end = min(n, start + self.body)
             if end < n:
                 end = word_start(end, start + self.body // 2)
+            # a window starting inside a word is tokenised alone otherwise than in the text
+            # (a `##` piece becomes a word start: often one token more): shrink it until it
+            # fits, at a word boundary where one is near, so the encoder truncates nothing and
+            # `end` counts only tokens a window holds
+            while end > start + 1 and not self._fits(text[offsets[start][0]:offsets[end - 1][1]]):
+                end = min(end - 1, word_start(end - 1, start + self.body // 2))
             windows.append(text[offsets[start][0]:offsets[end - 1][1]])
             if end >= n or len(windows) == self.max:
                 return windows, end

@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictBool, StrictInt, ValidationError
 
@@ -69,6 +69,9 @@ class TrainingMeta(_File):
     encoder: SavedEncoder
     normalize_output: StrictBool = False
     matryoshka_dims: list[StrictInt] = []
+    # the query view's settings as the cache describes them (`encoders.describe`: model files
+    # hashed), checked by evaluate and search against the cache's; heads before: None
+    encoder_description: dict[str, Any] | None = None
 
 
 class ExportConfig(_File):

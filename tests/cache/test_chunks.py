@@ -224,3 +224,52 @@ def test_the_bundled_minilm_chunks_a_long_text_at_word_boundaries() -> None:
     for w in windows:
         assert w.split()[0] in words or text.startswith(w)  # whole words only
         assert len(tok("query: " + w)["input_ids"]) <= 32
+
+
+def _random_long_words(seed: int) -> list[str]:
+    """Texts of random letter strings of 8-30 letters (each many WordPiece tokens) and texts
+    without a space: windows start inside words, where a piece re-tokenised alone differs."""
+    import random
+    import string
+
+    rng = random.Random(seed)
+
+    def word() -> str:
+        return "".join(rng.choices(string.ascii_lowercase, k=rng.randint(8, 30)))
+
+    return ([" ".join(word() for _ in range(rng.randint(5, 15))) for _ in range(60)]
+            + ["".join(word() for _ in range(6)) for _ in range(30)])
+
+
+@pytest.mark.parametrize(("mx", "prompt"), [(50, ""), (3, ""), (3, "query: ")])
+def test_probe_every_window_fits_exactly_and_the_cut_report_counts_what_none_holds(
+        mx: int, prompt: str) -> None:
+    """Issue 35 item 11: a window re-tokenised alone was max_length + 1 tokens (random long
+    words, spaceless texts, max_length 16): the encoder dropped its last token and the cut
+    report counted it as kept. Every window fits, and the report's dropped tokens are those
+    of each text past its last window's end, counted here from the text's own offsets."""
+    from simtune.encoders import model_dir
+
+    spec = params(Path(MINILM), {"max_length": 16, "chunks": {"max": mx, "overlap": 4,
+                                                              "pool": "mean"}}
+                  ).encoders.models["tiny"]
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir("minilm", spec))
+    texts = _random_long_words(0)
+    cut = Cut()
+    windows = Chunker(tok, spec, prompt).windows(texts, cut)
+    sizes = [len(tok(prompt + w)["input_ids"]) for ws in windows for w in ws]
+    assert max(sizes) <= 16 and len(sizes) == cut.windows
+    dropped = cut_texts = 0
+    for text, ws in zip(texts, windows, strict=True):
+        at = 0
+        for w in ws:  # each window a substring, in order
+            at = text.index(w, at)
+        offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)[
+            "offset_mapping"]
+        past = sum(1 for _, b in offsets if b > at + len(ws[-1]))
+        dropped, cut_texts = dropped + past, cut_texts + (past > 0)
+    assert (cut.dropped, cut.cut) == (dropped, cut_texts)
+    if mx == 50:
+        assert cut_texts == 0
+    else:
+        assert cut_texts > 40

@@ -198,3 +198,45 @@ def test_two_process_top_layers_fill_equals_one_process(tmp_path: Path, tiny_ber
     assert files == {"r0.arrow", "r1.arrow"}  # each rank embedded its share, once
     rows = torch.arange(len(a))
     assert torch.allclose(a.batch(rows)[0], b.batch(rows)[0], atol=1e-5)
+
+
+def _flip_signs(shard: Path, manifest: vectors.Manifest) -> None:
+    """Negate every stored state of `shard` in place: rows, hashes, schema and size intact."""
+    index = states.ShardIndex(shard.parent, next(s for s in manifest.shards
+                                                 if s.file == shard.name), manifest)
+    data = np.frombuffer(bytearray(shard.read_bytes()), dtype=np.uint8).copy()
+    for start, n in zip(index.start.tolist(), index.length.tolist(), strict=True):
+        values = data[start:start + n * manifest.dim * 2].view(np.uint16)
+        values ^= 0x8000  # the float16 sign bit
+    shard.write_bytes(data.tobytes())
+
+
+@pytest.mark.parametrize("damage", ["signs flipped", "64 bytes garbled"])
+def test_probe_a_corrupt_store_shard_is_refused_when_train_opens_it(
+        tmp_path: Path, filled: tuple[Path, object], damage: str) -> None:
+    """Issue 35 item 2: a store shard whose states were negated (rows, hashes and schema intact)
+    was trained on (loss 16.6, exit 0), one with 64 bytes garbled blamed on the learning rate.
+    Opening the view for training checks each shard's sha256: one line naming the file."""
+    _, p = filled
+    view = tmp_path / "cache" / VIEW
+    entry = _entry(view)
+    manifest = vectors.read_manifest(entry)
+    shard = entry / manifest.shards[1].file
+    before = shard.stat().st_size
+    if damage == "signs flipped":
+        _flip_signs(shard, manifest)
+    else:
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2:len(data) // 2 + 64] = bytes(range(64))
+        shard.write_bytes(bytes(data))
+    assert shard.stat().st_size == before
+    states.ShardIndex(entry, manifest.shards[1], manifest)  # rows and schema still read fine
+    # hashed in the background from the open on: the first read waits for it, and so on
+    table = views.open_states(tmp_path / "cache", "tiny", p.encoders.models["tiny"], 1, p.cache)
+    for _ in range(2):
+        with pytest.raises(UserError) as e:
+            table.batch(torch.arange(3))
+        assert str(e.value).startswith(f"{shard}: checksum mismatch (corrupted shard)")
+        assert "\n" not in str(e.value) and "learning rate" not in str(e.value)
+    with pytest.raises(UserError, match="checksum mismatch"):
+        table.resident("cpu")

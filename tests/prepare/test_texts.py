@@ -179,3 +179,34 @@ def test_probe_a_text_of_a_keyed_labelled_set_is_not_joined_again(tmp_path: Path
     ex = joined.examples.to_pydict()
     new = [t for t, s in zip(ex["text_id"], ex["split"], strict=True) if s == "unlabelled"]
     assert [joined.text_map()[t] for t in new] == [normalize("a text of its own")]
+
+
+def test_probe_a_case_or_unicode_variant_of_a_labelled_text_is_not_joined(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 35 item 5: upper-cased and zero-width-prefixed copies of test texts got in as
+    unlabelled texts (for an uncased encoder the test queries' very tokens: distillation trained
+    on them). A text is compared by its Unicode (NFKC), case-folded, zero-width-free key; what
+    is dropped so is counted and logged."""
+    import logging
+
+    labelled = labelled_set(tmp_path)
+    held = sentences(8)
+    variants = [held[6].upper(), "\u200b" + held[7], held[5].replace("a", "\uff41"),  # fullwidth
+                "\ufeff" + held[4].title() + "\u200d"]
+    new = sentences(2, 100)
+    # a case variant of a new text repeats it too
+    rows = [*variants, *new, new[0].upper()]
+    path = tmp_path / "texts.jsonl"
+    path.write_text("".join(json.dumps({"body": t}) + "\n" for t in rows))
+    with caplog.at_level(logging.INFO):
+        prepared = prepare.build(P.validate(texts_raw(path, labelled)).prepare)
+    assert prepared.unlabelled == 2
+    ex = prepared.examples.to_pydict()
+    joined = [prepared.text_map()[t] for t, s in zip(ex["text_id"], ex["split"], strict=True)
+              if s == "unlabelled"]
+    assert sorted(joined) == sorted(new)
+    r = prepared.report
+    assert (r["already_labelled"], r["duplicates"]) == (4, 1)
+    assert (r["already_labelled_folded"], r["duplicates_folded"]) == (4, 1)
+    assert any("4 texts already in" in m and "case, Unicode form or zero-width" in m
+               for m in caplog.messages), caplog.messages

@@ -151,14 +151,20 @@ def test_the_train_stage_with_gradcache_steps_as_without(
 
 
 def test_head_mode_distillation_lowers_the_loss_and_saves_a_normalised_model(
-        tmp_path: Path, tiny_bert: Path) -> None:
+        tmp_path: Path, tiny_bert: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
     raw = distill_raw(tmp_path, tiny_bert, n=80)
     raw["train"].update(max_epochs=6, patience=6, lr=0.01)
     fill(tmp_path, raw)
     p = P.load(tmp_path / "params.yaml")
     live = tmp_path / "live"
-    train.run(p, tmp_path / "prepared", tmp_path / "cache", tmp_path / "head",
-              tmp_path / "train.json", live)
+    with caplog.at_level(logging.INFO):
+        train.run(p, tmp_path / "prepared", tmp_path / "cache", tmp_path / "head",
+                  tmp_path / "train.json", live)
+    # issue 35 item 14: the log named `loss auto: supcon` while the distillation loss trained
+    assert not [m for m in caplog.messages if m.startswith("loss auto")], caplog.messages
+    assert "loss: distill mse (labels unused: train.distill.label_weight 0)" in caplog.messages
     curve = (live / "plots" / "metrics" / "train" / "loss.tsv").read_text().splitlines()[1:]
     losses = [float(line.split("\t")[-1]) for line in curve]
     assert len(losses) == 6

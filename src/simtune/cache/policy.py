@@ -112,14 +112,16 @@ def _remove(entry: Path) -> bool:
     return True
 
 
-def evict(store_root: Path, max_bytes: int, keep: set[str], dry_run: bool = False
-          ) -> list[Entry]:
+def evict(store_root: Path, max_bytes: int, keep: set[str], dry_run: bool = False,
+          prune_missing: bool = False) -> list[Entry]:
     """Drop least-recently-used store entries (never those in `keep`, never one being filled,
-    never anything but an entry: `entries`) until the store holds at most `max_bytes`.
-    Returns what was (or would be) dropped."""
+    never anything but an entry: `entries`, never one a layer view references, nor one whose
+    view's folder is missing unless `prune_missing`: `reference.in_use`) until the store holds
+    at most `max_bytes`. Returns what was (or would be) dropped."""
     found = entries(store_root)
     total = sum(e.bytes for e in found)
-    keep = keep | reference.in_use(store_root, prune=not dry_run)  # what layer views read
+    keep = keep | reference.in_use(store_root, prune=not dry_run,  # what layer views read
+                                   prune_missing=prune_missing)
     dropped = []
     for e in found:
         if total <= max_bytes:

@@ -16,7 +16,9 @@ train keeps them open, so nothing it reads changes under it, not even an evictio
 
 The store keeps a *ref* per view, `<root>/refs/<fingerprint>/<key>.json` (key: hash of the
 view's path), written by the fill and by each open, dropped once that view names another entry
-or is gone: the size policy never drops an entry a live ref names.
+or is removed: the size policy never drops an entry a live ref names. A ref whose view's folder
+is gone altogether (a project moved or renamed: its path is not there) is kept, and said by
+`cache gc`, until `cache gc --prune-missing`; the moved view renews its ref at its next open.
 """
 
 from __future__ import annotations
@@ -109,10 +111,13 @@ def write(view: Path, entry: Path, manifest: vectors.Manifest, ids: dict[str, li
     register(store_root, view, manifest.fingerprint)
 
 
-def open_view(view: Path, store_root: Path, fingerprint: str | None = None) -> states.StatesTable:
+def open_view(view: Path, store_root: Path, fingerprint: str | None = None,
+              checksums: bool = True) -> states.StatesTable:
     """The states of a layer view, read from the store entry it names (`states.StatesTable`,
     streamed). Its fingerprint must be `fingerprint` (the current settings), the entry present
-    with every row; otherwise a one-line `UserError` saying what to run. Registers the ref."""
+    with every row, and (`checksums`) every store shard it reads intact (sha256, hashed in the
+    background from the open on; the first batch read waits for it: `StatesTable.check_sums`);
+    otherwise a one-line `UserError` saying what to run. Registers the ref."""
     ref = read(view)
     if ref is None:
         raise UserError(f"{view}: no layer cache here (run the cache stage)")
@@ -128,7 +133,7 @@ def open_view(view: Path, store_root: Path, fingerprint: str | None = None) -> s
     if (manifest.dtype, manifest.dim) != (ref.dtype, ref.dim):
         raise UserError(f"{entry}: holds {manifest.dtype} states of width {manifest.dim}, the "
                         f"view {view} says {ref.dtype}, {ref.dim}; {REFILL}")
-    return table.open_files()
+    return table.check_sums(background=True) if checksums else table.open_files()
 
 
 def _entry_manifest(view: Path, entry: Path) -> vectors.Manifest:
@@ -187,21 +192,61 @@ def register(store_root: Path, view: Path, fingerprint: str) -> None:
         write_json(path, {"view": str(Path(view).resolve())})
 
 
-def in_use(store_root: Path, prune: bool = True) -> set[str]:
-    """Fingerprints some live view references: a ref whose view still names its entry.
-    Refs of views gone or moved on are removed (`prune`)."""
+def unregister(store_root: Path, view: Path) -> None:
+    """Drop the refs of `view` (it is being removed), and the ref folders left empty."""
+    for old in (Path(store_root) / REFS).glob(f"*/{view_key(view)}.json"):
+        old.unlink(missing_ok=True)
+    prune_empty(store_root)
+
+
+def prune_empty(store_root: Path) -> None:
+    """Remove the ref folders `<root>/refs/<fingerprint>/` that hold no ref any more."""
+    for folder in (Path(store_root) / REFS).glob("*/"):
+        with contextlib.suppress(OSError):  # not empty (a ref written meanwhile): kept
+            folder.rmdir()
+
+
+def _ref_state(path: Path) -> tuple[Path | None, str]:
+    """(the view a ref names, its state): `live` (it names the ref's entry), `missing` (its
+    folder's folder is gone: the project was moved, renamed or deleted; nothing here tells
+    which), `gone` (removed from a folder that is still there, or names another entry)."""
+    try:
+        view = Path(json.loads(path.read_text())["view"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, "gone"
+    try:  # the view's reference.json alone: which entry it names
+        alive = json.loads((view / REF_FILE).read_text())["fingerprint"] == path.parent.name
+    except (OSError, ValueError, KeyError, TypeError):
+        alive = False
+    if alive:
+        return view, "live"
+    return view, "missing" if not view.parent.exists() else "gone"
+
+
+def missing(store_root: Path) -> list[tuple[Path, str]]:
+    """(view, fingerprint) of every ref whose view's folder is gone (`_ref_state`)."""
+    out = []
+    for path in sorted((Path(store_root) / REFS).glob("*/*.json")):
+        view, state = _ref_state(path)
+        if state == "missing" and view is not None:
+            out.append((view, path.parent.name))
+    return out
+
+
+def in_use(store_root: Path, prune: bool = True, prune_missing: bool = False) -> set[str]:
+    """Fingerprints some view references: a ref whose view still names its entry, or whose
+    view's folder is gone (a project moved or renamed keeps its layer states: its ref is
+    renewed at its next open) unless `prune_missing`. Refs of views removed or moved on to
+    other settings are removed (`prune`), and so are missing ones with `prune_missing`."""
     live = set()
     for path in sorted((Path(store_root) / REFS).glob("*/*.json")):
-        fp = path.parent.name
-        try:  # the view's reference.json alone: which entry it names
-            view = Path(json.loads(path.read_text())["view"])
-            alive = json.loads((view / REF_FILE).read_text())["fingerprint"] == fp
-        except (OSError, ValueError, KeyError, TypeError):
-            alive = False
-        if alive:
-            live.add(fp)
+        _, state = _ref_state(path)
+        if state == "live" or (state == "missing" and not prune_missing):
+            live.add(path.parent.name)
         elif prune:
             path.unlink(missing_ok=True)
+    if prune:
+        prune_empty(store_root)
     return live
 
 
@@ -217,8 +262,8 @@ def verify(view: Path, store_root: Path, fingerprint: str | None) -> tuple[int, 
             problems.append(f"{Path(view) / REF_FILE}: filled with other encoder settings")
         wanted = set(pc.list_flatten(ref.hashes).to_pylist())
         problems += store.check_behind(store_root, ref, wanted)  # type: ignore[arg-type]
-        if not problems:
-            open_view(view, store_root)
+        if not problems:  # the shards were just re-hashed: not twice
+            open_view(view, store_root, checksums=False)
     except UserError as e:
         return 0, [str(e)]
     return ref.rows, problems

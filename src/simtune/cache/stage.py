@@ -91,9 +91,9 @@ def dist_from_env() -> Dist:
 @dataclass
 class FillResult:
     encoder: str
-    needed: int
-    cached: int
-    embedded: int  # by this rank
+    needed: int  # texts
+    cached: int  # texts whose every window was in the store
+    embedded: int  # windows embedded by this rank
     model_loaded: bool
     view: str = ""
     cut: dict | None = None  # `chunks.Cut.report()` of the vectors' view
@@ -181,13 +181,20 @@ def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParam
                                     description=described[target.view, None],
                                     windows=windows))
         results[-1].cut = cut.report()
+    if dist.rank == 0:  # views of earlier settings go (their vectors stay in the store)
+        views.remove_stale(Path(out), {r.view for r in results}, store.root(cp.store))
     return results
 
 
 def write_report(path: Path, results: list[FillResult]) -> None:
-    """`reports/cache.json`: per view, the texts it holds, how many were already cached, how
-    many this run embedded, and (vectors' views) what the window cuts (`chunks.Cut.report`)."""
-    write_json(path, {r.view: {"texts": r.needed, "cached": r.cached, "embedded": r.embedded,
+    """`reports/cache.json`: per view, the texts it holds (`texts`), how many of them had every
+    window in the store already (`texts_cached`), how many distinct windows this run embedded
+    (`windows_embedded`: a text that fits is one window, a long one with `chunks` several;
+    equal windows are embedded once),
+    and (vectors' views) what the window cuts (`window`: `chunks.Cut.report`, its `windows`
+    all of the view's windows)."""
+    write_json(path, {r.view: {"texts": r.needed, "texts_cached": r.cached,
+                               "windows_embedded": r.embedded,
                                **({"window": r.cut} if r.cut is not None else {})}
                       for r in results})
 

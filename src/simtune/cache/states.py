@@ -16,8 +16,10 @@ flat (sum T_i, H) tensor, e.g. on the GPU when it fits) for tables that should l
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +115,7 @@ class StatesTable:
         self.tok: torch.Tensor | None = None
         self._fds: dict[int, int] = {}
         self._pid = os.getpid()
+        self._checking: list[Future] = []  # shard hashes under way (`check_sums`)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -137,7 +140,8 @@ class StatesTable:
         return torch.zeros(len(texts), dtype=length.dtype).index_add(0, owner, length)
 
     def __getstate__(self) -> dict:  # a spawned process opens its own files
-        return {**self.__dict__, "_fds": {}}
+        self._checked()  # and gets a checked table
+        return {**self.__dict__, "_fds": {}, "_checking": []}
 
     def __del__(self) -> None:
         try:
@@ -186,6 +190,41 @@ class StatesTable:
             self._fd(i)
         return self
 
+    def check_sums(self, background: bool = False) -> StatesTable:
+        """Re-hash every shard file this table reads (sha256, streamed; several files at once:
+        hashlib releases the GIL) against the manifest: a shard rewritten with rows, hashes and
+        schema intact (negated states) or bit rot reads as valid states otherwise. One
+        `UserError` naming the first corrupt file. Opens the files first: what is checked is
+        what is read. `background`: hash in a thread while the caller goes on (a train builds
+        its model meanwhile); the first `batch` or `read` waits for it, so no row is ever
+        served unchecked."""
+        self.open_files()
+        pool = ThreadPoolExecutor(max(1, min(len(self.files), os.cpu_count() or 1)))
+        self._checking = [pool.submit(self._sha256, i) for i in range(len(self.files))]
+        pool.shutdown(wait=False)
+        if not background:
+            self._checked()
+        return self
+
+    def _checked(self) -> None:
+        """Wait for the shard checks `check_sums` started (if any); `UserError` on a mismatch."""
+        if not self._checking:
+            return
+        expected = {s.file: s.sha256 for s in self.manifest.shards}
+        got, self._checking = [f.result() for f in self._checking], []
+        for path, digest in zip(self.files, got, strict=True):
+            if expected.get(Path(path).name) != digest:
+                self._checking = [_failed(path)]  # every later read refuses too
+                self._checked()
+
+    def _sha256(self, i: int) -> str:
+        """sha256 of shard `i` read through its open descriptor (positional reads)."""
+        h, fd, at = hashlib.sha256(), self._fd(i), 0
+        while chunk := os.pread(fd, 1 << 22, at):
+            h.update(chunk)
+            at += len(chunk)
+        return h.hexdigest()
+
     def _read_into(self, out: np.ndarray, rows: np.ndarray) -> None:
         """Row `rows[j]`'s stored values into `out[j, :T]` (out: (B, >= T, H), stored dtype)."""
         for j, r in enumerate(rows.tolist()):
@@ -202,6 +241,7 @@ class StatesTable:
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B,) rows -> float32 states (B, T, H) padded with zeros to the batch's longest text,
         and the attention mask (B, T) (1 = real token), on `device`."""
+        self._checked()
         length = self.lengths(rows)
         width = int(length.max()) if len(rows) else 0
         pos = torch.arange(width, device=length.device)
@@ -220,6 +260,7 @@ class StatesTable:
 
     def read(self, rows: torch.Tensor) -> list[np.ndarray]:
         """The (T_i, H) stored-dtype values of each of `rows` (one read per row)."""
+        self._checked()
         out = []
         for r in rows.tolist():
             a = np.empty((1, int(self.length_np[r]), self.hidden), dtype=self.np_dtype)
@@ -255,6 +296,14 @@ class StatesTable:
         out.flat, out.tok = flat, tok[:-1].to(device)
         out.length = out.length.to(device)
         return out
+
+
+def _failed(path: Path) -> Future:
+    """A finished check whose result is the corrupt-shard error naming `path`."""
+    done: Future = Future()
+    done.set_exception(UserError(f"{path}: checksum mismatch (corrupted shard); run `simtune "
+                                 "cache verify`, then `simtune cache` to repair it"))
+    return done
 
 
 def from_shards(directory: Path, manifest: vectors.Manifest, indexes: list[ShardIndex]

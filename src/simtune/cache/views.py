@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -45,19 +46,43 @@ def view_name(name: str, spec: EncoderParams, role: str, layer: int | None = Non
 
 
 def say_what_changed(view: Path, root: Path, name: str, description: dict, fp: str) -> None:
-    """Log why the vectors are about to change encoder settings, against the view's settings,
-    or (the view is gone: DVC removes outputs before rerunning a stage) the store entry of this
-    encoder used last. Nothing is dropped: earlier settings' vectors stay in the store."""
+    """Log why the vectors are about to change encoder settings, against the settings of this
+    workspace's view (DVC keeps it: a `persist` output). No view here (a fresh workspace):
+    nothing changed here, whatever another workspace's store entries say. Nothing is dropped:
+    earlier settings' vectors stay in the store."""
     try:
         old = reference.read(view) or vectors.read_manifest(view)
     except UserError:
         old = None
-    if old is None:
-        last = [e for e in policy.entries(root) if e.encoder == name and e.fingerprint != fp]
-        old = vectors.read_manifest(last[-1].path) if last else None
     if old is not None and old.fingerprint != fp:
         log.warning("cache %s: encoder changed (%s); vectors under the previous settings stay "
                     "in the store", name, changes(old.description, description))
+
+
+VIEW_FILES = re.compile(r"manifest\.json|part-\d{5}\.arrow|reference\.json|rows\.arrow")
+
+
+def remove_stale(out: Path, produced: set[str], store_root: Path) -> list[str]:
+    """Remove the views under `out` that the current settings did not produce (`produced`:
+    their names), with their store refs: a view of earlier settings (another layer, another
+    encoder, head mode after top_layers) would otherwise stay, be read as current by nothing
+    but pin its store entry forever. Only a folder holding a view's files and nothing else is
+    removed (what simtune wrote); anything else is left alone. Returns the names removed."""
+    removed = []
+    for d in sorted(Path(out).iterdir()) if Path(out).is_dir() else []:
+        if d.name in produced or d.name.startswith(".") or d.is_symlink() or not d.is_dir():
+            continue
+        files = list(d.iterdir())
+        if not (reference.is_reference(d) or (d / vectors.MANIFEST).is_file()) or not all(
+                f.is_file() and not f.is_symlink() and VIEW_FILES.fullmatch(f.name)
+                for f in files):
+            continue
+        reference.unregister(store_root, d)
+        shutil.rmtree(d)
+        removed.append(d.name)
+        log.info("cache: removed %s: a view of earlier settings (the current ones do not "
+                 "produce it; its vectors stay in the store)", d)
+    return removed
 
 
 def import_view(view: Path, directory: Path, manifest: vectors.Manifest,

@@ -17,6 +17,7 @@ import torch
 from simtune import heads
 from simtune.cache.views import open_cache
 from simtune.errors import UserError
+from simtune.evaluate import trained_on
 from simtune.model import load_model
 from simtune.params import Params
 from simtune.prepare.prepared import load as load_prepared
@@ -62,6 +63,7 @@ def search(p: Params, query: str, k: int, head_dir: Path, prepared_dir: Path,
         raise UserError("--k must be at least 1")
     if not query.strip():  # as prepare drops empty texts: no vector means anything for it
         raise UserError("the query is empty (or only whitespace): give a text to search for")
+    trained_on.check(head_dir, p.encoders)  # the query cut as the corpus vectors were
     model = load_model(head_dir, p.cache.device,
                        encoder=p.encoders.models[p.encoders.query].model)
     prepared = load_prepared(prepared_dir)

@@ -32,7 +32,7 @@ from simtune import params as P
 from simtune.atomic import write_json
 from simtune.cache.views import open_pair
 from simtune.errors import UserError
-from simtune.evaluate import distill, lexical, report, runs
+from simtune.evaluate import distill, lexical, report, runs, trained_on
 from simtune.examples import Data
 from simtune.params import Params
 from simtune.prepare.prepared import load as load_prepared
@@ -82,6 +82,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
     """Evaluate trained vs baseline on the test split; write the headline metrics (`out`,
     returned), the Recall@k plot, the detail report (per test label, groups) and, given
     `run_files` (trained, baseline), both rankings as TREC run files."""
+    trained_on.check(head_dir, p.encoders)
     head = heads.load(head_dir)
     prepared = load_prepared(prepared_dir)
     q_table, d_table = open_pair(cache_dir, p.encoders, p.cache, prepared.kind, placed=False)

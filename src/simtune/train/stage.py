@@ -23,6 +23,7 @@ import torch
 from simtune import heads
 from simtune import params as P
 from simtune.atomic import atomic_dir, write_json
+from simtune.encoders import describe
 from simtune.errors import UserError
 from simtune.examples import Data
 from simtune.params import Params, TrainParams
@@ -79,7 +80,12 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     pl.seed_everything(t.seed, workers=True, verbose=False)
     data = load_data(p, prepared_dir, cache_dir, negatives_dir=negatives_dir)
     check_trainable(data, t, t.devices * t.num_nodes)
-    if auto:  # once every check passed: a refused set-up stays one line
+    if t.objective == "distill":  # the distillation loss trains (train.loss: on labels only)
+        d = t.distill
+        log.info("loss: distill %s (%s)", d.loss,
+                 f"+ {d.label_weight:g} x {t.loss.name} on the labels" if d.label_weight
+                 else "labels unused: train.distill.label_weight 0")
+    elif auto:  # once every check passed: a refused set-up stays one line
         log.info("loss auto: %s (%s data)", t.loss.name, data.kind)
     resumes: list[Resume] = []
 
@@ -206,5 +212,7 @@ def save(module: SimilarityModule, loop: EpochLoop, p: Params, out: Path) -> Non
         meta = {"mode": p.train.mode, "kind": module.data.kind, "query_encoder": enc.query,
                 "document_encoder": enc.document,
                 "encoder": enc.models[enc.query].model_dump(), "normalize_output": angular,
-                "matryoshka_dims": loss.matryoshka_dims}  # evaluate scores each prefix too
+                "matryoshka_dims": loss.matryoshka_dims,  # evaluate scores each prefix too
+                # what evaluate and search check the cache against (`evaluate.trained_on`)
+                "encoder_description": describe(enc.query, enc.models[enc.query], role="query")}
         write_json(tmp / "training.json", meta)
