@@ -68,6 +68,7 @@ class TrainingMeta(_File):
     encoder: SavedEncoder
     normalize_output: StrictBool = False
     matryoshka_dims: list[StrictInt] = []
+    head_side: Literal["both", "query"] = "both"  # query: documents keep the frozen vectors
 
 
 class ExportConfig(_File):
@@ -79,6 +80,7 @@ class ExportConfig(_File):
     head: str
     normalize_output: StrictBool = False
     sentence_transformers: Literal["plain", "trust_remote_code"] | None = None
+    head_side: Literal["both", "query"] = "both"  # query: documents keep the frozen vectors
 
 
 class STModule(_File):
