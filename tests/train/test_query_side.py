@@ -220,3 +220,44 @@ def test_an_index_of_the_frozen_vectors_answers_the_exports_queries_with_evaluat
     _, fi = flat.search(F.normalize(q, dim=-1).numpy(), 1)
     assert float((train["labels"][torch.as_tensor(fi[:, 0])] == test["labels"]).float().mean()
                  ) == pytest.approx(report["p@1"], abs=1e-6)
+
+
+def test_pairs_train_and_evaluate_queries_against_every_frozen_document(
+        tmp_path: Path, tiny_bert: Path) -> None:
+    """Pairs: head(test queries) rank every document's frozen cached vector (MRR@10 by brute
+    force), and the document vectors of the model are the frozen encoder's."""
+    import pyarrow.parquet as pq
+
+    from simtune.cache.views import open_cache
+    from simtune.evaluate import stage as evaluate
+    from tests.negatives.test_negatives import _pairs_project
+
+    head = {**repo_params()["train"]["head"], "side": "query", "dropout": 0.0}
+    params_file = _pairs_project(tmp_path, tiny_bert, hard_negatives=0, head=head,
+                                 max_epochs=3, lr=0.05)
+    out = CliRunner().invoke(app, stage_args(tmp_path, params_file))
+    assert out.exit_code == 0, out.output
+    p = P.load(params_file)
+    report = evaluate.run(p, tmp_path / "prepared", tmp_path / "cache", tmp_path / "head",
+                          tmp_path / "m.json", tmp_path / "r.json", tmp_path / "d.json")
+    assert report["head_side"] == "query"
+    ex = pq.read_table(tmp_path / "prepared" / "examples.parquet").to_pylist()
+    docs = list(dict.fromkeys(r["doc_id"] for r in ex))
+    test = [r for r in ex if r["split"] == "test"]
+    queries = list(dict.fromkeys(r["query_id"] for r in test))
+    table = open_cache(tmp_path / "cache", "tiny", p.encoders.models["tiny"], p.cache)
+    with torch.inference_mode():
+        q = heads.load(tmp_path / "head")(table.vectors[table.index(queries)].float())
+    d = table.vectors[table.index(docs)].float()
+    sims = F.normalize(q, dim=-1) @ F.normalize(d, dim=-1).T
+    rr = []
+    for i, qid in enumerate(queries):
+        relevant = {docs.index(r["doc_id"]) for r in test if r["query_id"] == qid}
+        ranked = sims[i].argsort(descending=True)[:10].tolist()
+        rr.append(next((1 / (k + 1) for k, j in enumerate(ranked) if j in relevant), 0.0))
+    assert report["trained"]["mrr@10"] == pytest.approx(sum(rr) / len(rr), abs=1e-9)
+    model = load_model(tmp_path / "head", encoder=p.encoders.models["tiny"].model)
+    texts = ["the river of the king", "a song of the war"]
+    frozen = FrozenEncoder("tiny", p.encoders.models["tiny"], torch.device("cpu"))
+    assert torch.equal(model.encode(texts, role="document"),
+                       frozen.as_role("document").encode(texts, 64))
