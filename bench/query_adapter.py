@@ -320,8 +320,10 @@ def target_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def share(x: float, frozen: float, sym: float) -> float | None:
+    """The row's lift over frozen as a share of the symmetric head's; None (n/a) where the
+    symmetric head did not beat frozen (no lift to share)."""
     lift = sym - frozen
-    return None if abs(lift) < 1e-12 else (x - frozen) / lift
+    return None if lift <= 1e-12 else (x - frozen) / lift
 
 
 def rendered(rows: list[dict[str, Any]]) -> str:
