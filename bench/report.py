@@ -24,9 +24,10 @@ AREAS = {"cache_fill": "Cache fill", "train_speed": "Training speed",
          "long_docs": "Long documents against the baselines",
          "distill": "Distillation against the peer",
          "small_data": "Small data against the frozen encoder", "noop": "Reruns",
+         "query_adapter": "Query-side head (keep your index)",
          "gpu": "GPU"}
 BENCHES = ("cache_fill", "train_speed", "eval_topk", "negatives", "layers", "layers_full",
-           "sweep", "scale", "long_docs", "distill", "small_data")
+           "sweep", "scale", "long_docs", "distill", "small_data", "query_adapter")
 # the page's columns: the peer's name and figure share one ("against"), so that the verdict fits
 COLUMNS = ["measure", "ours", "against", "ratio", "target", "met"]
 

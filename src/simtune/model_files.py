@@ -72,6 +72,7 @@ class TrainingMeta(_File):
     # the query view's settings as the cache describes them (`encoders.describe`: model files
     # hashed), checked by evaluate and search against the cache's; heads before: None
     encoder_description: dict[str, Any] | None = None
+    head_side: Literal["both", "query"] = "both"  # query: documents keep the frozen vectors
 
 
 class ExportConfig(_File):
@@ -86,6 +87,7 @@ class ExportConfig(_File):
     # path inside the folder -> sha256 of every file of the head's two copies (`head_copies`);
     # exports written before it have none (nothing to check)
     sha256: dict[str, Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] | None = None
+    head_side: Literal["both", "query"] = "both"  # query: documents keep the frozen vectors
 
 
 class STModule(_File):
@@ -272,12 +274,13 @@ def _check_st_pooling(path: Path, spec: SavedEncoder) -> None:
 
 def head_copies(folder: Path) -> list[str]:
     """Paths (inside export `folder`, sorted) of every file of its head's two copies: `head/`,
-    which `load_model` runs, and the `Dense` module folders of `modules.json`, which
-    `SentenceTransformer(folder)` runs."""
+    which `load_model` runs, and the `Dense` (and, for a query-side head, `Router`) module folders
+    of `modules.json`, which `SentenceTransformer(folder)` runs."""
     folder = Path(folder)
     modules = read(folder / "modules.json", STModules).root if _present(
         folder / "modules.json") else []
-    dense = [m.path for m in modules if m.type.rsplit(".", 1)[-1] == "Dense" and m.path]
+    dense = [m.path for m in modules
+             if m.type.rsplit(".", 1)[-1] in ("Dense", "Router") and m.path]
     found = set()
     for sub in ("head", *dense):
         root = inside(folder, sub, f"{folder / 'modules.json'}: {sub}")

@@ -295,6 +295,11 @@ class HeadParams(Section):
     )
     expansion: int = Field(gt=0, description="mlp: hidden width = expansion x embedding dim")
     dropout: Number = Field(ge=0, lt=1, description="mlp: dropout on the hidden layer")
+    side: Literal["both", "query"] = Field(
+        description="`both`: the head transforms every text; `query`: queries only (groups: the "
+        "texts as queries), documents keep the frozen encoder's vectors exactly (an index of "
+        "them stays valid; each step ranks a query against the frozen training corpus; head "
+        "mode, loss supcon or mnrl, cosine). See docs/keep-your-index.md")
 
 
 class LossParams(Section):
@@ -520,6 +525,28 @@ class TrainParams(Section):
         if self.m_per_label == 1:
             raise ValueError("m_per_label: 1 puts one example per label in a batch, so a batch "
                              "can never hold a positive; use 0 or >= 2")
+        return self
+
+    @model_validator(mode="after")
+    def _query_side(self) -> TrainParams:
+        """`head.side: query` trains a head over cached vectors against the frozen corpus
+        (`simtune.train.query_side`): what needs more is refused, naming the key."""
+        if self.head.side == "both":
+            return self
+        other = {"mode": (self.mode != "head", f"{self.mode} (the query side is a head over "
+                          "cached vectors; set train.mode: head)"),
+                 "objective": (self.objective != "similarity", f"{self.objective}"),
+                 "loss.name": (self.loss.name not in ("auto", "supcon", "mnrl"),
+                               f"{self.loss.name} (supcon, mnrl or auto)"),
+                 "loss.distance": (self.loss.distance != "cosine",
+                                   f"{self.loss.distance} (cosine)"),
+                 "loss.matryoshka_dims": (bool(self.loss.matryoshka_dims), "set []"),
+                 "hard_negatives": (self.hard_negatives > 0, f"{self.hard_negatives} (every step "
+                                    "already ranks the whole corpus; set 0)"),
+                 "gradcache.chunk_size": (self.gradcache.chunk_size > 0, "set 0")}
+        for key, (bad, why) in other.items():
+            if bad:
+                raise ValueError(f"head.side: query is not with {key}: {why}")
         return self
 
 

@@ -51,11 +51,12 @@ def lift(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
 
 
 def scored(data: Data, task: RetrievalTask, text_map: dict[str, str], trained: Scored,
-           trained_vectors: Vectors, p: EvaluateParams, ks: tuple[int, ...]
-           ) -> tuple[dict[str, Any], dict[str, Scored]]:
+           trained_vectors: Vectors, p: EvaluateParams, ks: tuple[int, ...],
+           corpus_vectors: Vectors | None = None) -> tuple[dict[str, Any], dict[str, Scored]]:
     """(the report's BM25 and hybrid parts, {"bm25": .., "hybrid": ..} each system scored):
     the hybrid only when `p.hybrid.enabled`, fusing the cosine ranking of `trained_vectors`
-    (`trained` scored them; memoise them to embed the test texts once)."""
+    (`trained` scored them; memoise them to embed the test texts once; `corpus_vectors`: the
+    corpus side's own, a query-side head's frozen documents)."""
     t_q = metrics.per_query(trained.ranked, ks)
     ranker = bm25(data, task, text_map)
     b = task.score_by(ranker, ks)
@@ -65,8 +66,8 @@ def scored(data: Data, task: RetrievalTask, text_map: dict[str, str], trained: S
                            "bm25_settings": lexical.SETTINGS}
     systems = {"bm25": b}
     if p.hybrid.enabled:
-        fused = lexical.hybrid([task.cosine(trained_vectors), ranker], len(task.corpus_items),
-                               p.hybrid.rrf_k)
+        fused = lexical.hybrid([task.cosine(trained_vectors, corpus_vectors), ranker],
+                               len(task.corpus_items), p.hybrid.rrf_k)
         h = task.score_by(fused, ks)
         out.update(hybrid=h.metrics, hybrid_lift=lift(h.metrics, trained.metrics),
                    hybrid_significance=paired(metrics.per_query(h.ranked, ks), t_q, p))

@@ -73,10 +73,10 @@ def search(p: Params, query: str, k: int, head_dir: Path, prepared_dir: Path,
         ids = sorted(set(prepared.examples.column("doc_id").to_pylist()))
     role = "document" if prepared.kind == "pairs" else "query"
     name = p.encoders.document if prepared.kind == "pairs" else p.encoders.query
-    corpus = _corpus_vectors(p, name, ids, head_dir, cache_dir, role)
+    corpus = _corpus_vectors(p, name, ids, head_dir, cache_dir, role, model.side)
     if corpus is None:
         log.info("embedding the corpus with the model (%d texts)", len(ids))
-        corpus = model.encode([texts[i] for i in ids], role=role, progress=True)
+        corpus = model.encode_corpus([texts[i] for i in ids], role=role, progress=True)
     if k > len(ids):
         log.warning("--k %d is more than the corpus (%d texts): showing all", k, len(ids))
         k = len(ids)
@@ -97,7 +97,7 @@ def search(p: Params, query: str, k: int, head_dir: Path, prepared_dir: Path,
 
 
 def _corpus_vectors(p: Params, name: str, ids: list[str], head_dir: Path,
-                    cache_dir: Path, role: str) -> torch.Tensor | None:
+                    cache_dir: Path, role: str, side: str = "both") -> torch.Tensor | None:
     if (head_dir / "encoder").is_dir():
         return None  # a fine-tuned encoder: the frozen cache does not apply
     try:
@@ -105,5 +105,7 @@ def _corpus_vectors(p: Params, name: str, ids: list[str], head_dir: Path,
     except UserError as e:
         log.info("not using the cache: %s", e)
         return None
-    head = heads.load(head_dir)
-    return head(table.vectors[table.index(ids).to(table.vectors.device)].float()).cpu()
+    vectors = table.vectors[table.index(ids).to(table.vectors.device)].float()
+    if side == "query":
+        return vectors.cpu()  # a query-side head: the corpus keeps the frozen cached vectors
+    return heads.load(head_dir)(vectors).cpu()

@@ -107,7 +107,10 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
         trained_vectors = report.remember(trained_vectors)
     if dims:
         baseline_vectors = report.remember(baseline_vectors)
-    t = task.score(by_rows(trained_vectors), ks, depth)
+    # a query-side head (train.head.side query): the corpus keeps the frozen cached vectors
+    side = _head_side(head_dir)
+    frozen_corpus = by_rows(baseline_vectors) if side == "query" else None
+    t = task.score(by_rows(trained_vectors), ks, depth, corpus_vectors=frozen_corpus)
     b = task.score(by_rows(baseline_vectors), ks, depth)
     sig = p.evaluate.significance
     t_q, b_q = metrics.per_query(t.ranked, ks), metrics.per_query(b.ranked, ks)
@@ -118,8 +121,10 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
               "queries": len(task.queries), "corpus": corpus_size,
               "queries_without_relevant": t.no_relevant}
     result["verdict"] = _verdict(result, sig)
+    if side == "query":
+        result["head_side"] = side
     lex, systems = lexical.scored(data, task, prepared.text_map(), t, by_rows(trained_vectors),
-                                  p.evaluate, ks)
+                                  p.evaluate, ks, frozen_corpus)
     result.update(lex)
     if P.teacher_of(p.train) is not None:
         result["distill"] = _distill(p, prepared, prepared_dir, cache_dir, head_dir, data,
@@ -252,6 +257,12 @@ def _matryoshka_dims(head_dir: Path) -> list[int]:
     """The prefixes the head was trained at (`train.loss.matryoshka_dims`; [] for none)."""
     from simtune.model import training_meta  # checked: a damaged file is one line
     return training_meta(head_dir).matryoshka_dims if (head_dir / "training.json").exists() else []
+
+
+def _head_side(head_dir: Path) -> str:
+    """The side the head transforms (`train.head.side`: both | query; training.json)."""
+    from simtune.model import training_meta
+    return training_meta(head_dir).head_side if (head_dir / "training.json").exists() else "both"
 
 
 def _lift(trained: dict[str, float], baseline: dict[str, float]) -> dict[str, float]:

@@ -204,6 +204,13 @@ def render(meta: dict[str, Any], head: dict[str, Any], plain: bool, modules: lis
     if not plain:
         lines += ["The head has no plain sentence-transformers form: loading it needs "
                   "`trust_remote_code=True` and simtune installed.", ""]
+    if meta.get("head_side") == "query":  # train.head.side: query (docs/keep-your-index.md)
+        lines += ["## Existing document vectors stay valid", "",
+                  "The head adapts queries only: `model.encode_query(...)` applies it, "
+                  "`model.encode_document(...)` gives the frozen base encoder's vectors bit for "
+                  "bit (a sentence-transformers `Router`). An index already built from the base "
+                  "encoder's document vectors stays valid: query it with `encode_query`, "
+                  "nothing is re-embedded.", ""]
     chunks = enc.get("chunks")
     if chunks and chunks["max"] > 1:
         lines += ["## Long texts", "", f"simtune sees a text longer than {enc['max_length']} "

@@ -108,14 +108,17 @@ def _write_dense(directory: Path, dense: Dense) -> None:
 
 
 def write(root: Path, spec: dict[str, Any], head: heads.Head, normalize_output: bool,
-          similarity: str | None) -> bool:
+          similarity: str | None, side: str = "both") -> bool:
     """Write `modules.json` and every module folder into export `root`, whose `encoder/` holds
     the Hugging Face model and `head/` simtune's head; True when it loads with plain
     `SentenceTransformer(root)`, False when the head needs `trust_remote_code=True`.
 
     `similarity` (`cosine` | `dot` | `euclidean`: `train.loss.distance`, the same names in
     sentence-transformers; None: unknown) becomes its `similarity_fn_name`; with
-    `normalize_output` that is `cosine` (a dot product of unit vectors)."""
+    `normalize_output` that is `cosine` (a dot product of unit vectors). `side` `query`
+    (`train.head.side`): the head and its `Normalize` sit in a `Router` (`query_side.write_router`)
+    on the `query` route, the `document` route is empty: `encode_document` gives the frozen
+    encoder's vectors."""
     modules: list[dict[str, Any]] = []
 
     def add(kind: str, path: str) -> Path:
@@ -143,12 +146,18 @@ def write(root: Path, spec: dict[str, Any], head: heads.Head, normalize_output: 
     if spec["normalize"]:
         add(ST + "Normalize", f"{len(modules)}_Normalize").mkdir()
     chain = dense_chain(head)
-    if chain is None:
-        add("simtune.st_module.HeadModule", "head")
-    for dense in chain or []:
-        _write_dense(add(ST + "Dense", f"{len(modules)}_Dense"), dense)
-    if normalize_output:
-        add(ST + "Normalize", f"{len(modules)}_Normalize").mkdir()
+    if side == "query":
+        from simtune.export.query_side import write_router
+
+        write_router(add(ST + "Router", f"{len(modules)}_Router"), chain, normalize_output,
+                     _write_dense)
+    else:
+        if chain is None:
+            add("simtune.st_module.HeadModule", "head")
+        for dense in chain or []:
+            _write_dense(add(ST + "Dense", f"{len(modules)}_Dense"), dense)
+        if normalize_output:
+            add(ST + "Normalize", f"{len(modules)}_Normalize").mkdir()
     write_json(root / "modules.json", modules)
     config: dict[str, Any] = {"model_type": "SentenceTransformer", "prompts": {},
                               "default_prompt_name": None}

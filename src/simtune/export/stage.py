@@ -62,14 +62,15 @@ def export(head_dir: Path, out: Path, card: CardInputs | None = None,
         _copy_tree(source, tmp / "encoder")
         spec = {**meta.encoder.model_dump(), "model": "encoder"}
         shutil.copytree(head_dir, tmp / "head", ignore=shutil.ignore_patterns("encoder"))
-        plain = st_layout.write(tmp, spec, head, normalize_output, similarity)
+        plain = st_layout.write(tmp, spec, head, normalize_output, similarity, meta.head_side)
         write_json(tmp / "simtune.json", {
             "format_version": FORMAT_VERSION, "encoder_name": name, "encoder": spec,
             "head": "head", "normalize_output": normalize_output,
             "sentence_transformers": "plain" if plain else "trust_remote_code",
             # both copies of the head, checked whenever simtune reads the export back
             "sha256": {rel: model_files.sha256_file(tmp / rel)
-                       for rel in model_files.head_copies(tmp)}})
+                       for rel in model_files.head_copies(tmp)},
+            **({"head_side": meta.head_side} if meta.head_side != "both" else {})})
         modules = [m["type"].rsplit(".", 1)[-1]
                    for m in json.loads((tmp / "modules.json").read_text())]
         (tmp / "README.md").write_text(render(meta.model_dump(), head.config, plain, modules, card),

@@ -114,17 +114,23 @@ class RetrievalTask:
         """What each query ranks: `corpus`, or the queries themselves (leave-one-out)."""
         return self.queries if self.corpus is None else self.corpus
 
-    def cosine(self, vectors: Vectors) -> metrics.Ranker:
-        """The exact cosine `metrics.Ranker` of the task's queries over its corpus items."""
+    def cosine(self, vectors: Vectors, corpus_vectors: Vectors | None = None
+               ) -> metrics.Ranker:
+        """The exact cosine `metrics.Ranker` of the task's queries over its corpus items;
+        `corpus_vectors` (None: `vectors`) gives the corpus side's vectors (a query-side head:
+        head(queries) against frozen documents; leave-one-out still leaves each query out)."""
         q = vectors(self.queries)
-        return metrics.cosine(q, q if self.corpus is None else vectors(self.corpus))
+        if corpus_vectors is None:
+            return metrics.cosine(q, q if self.corpus is None else vectors(self.corpus))
+        return metrics.cosine(q, corpus_vectors(self.corpus_items))
 
     def score(self, vectors: Vectors, ks: tuple[int, ...], depth: int = 0,
-              upto_r: bool = True) -> Scored:
+              upto_r: bool = True, corpus_vectors: Vectors | None = None) -> Scored:
         """The metrics of the vectors `vectors` gives (`metrics` module): `depth` > 0 keeps
         each query's top `depth` too (run files); `upto_r` False ranks down to max(ks, 10) only
-        and leaves MAP@R out (the other metrics are the same: the top-k is exact)."""
-        return self.score_by(self.cosine(vectors), ks, depth, upto_r)
+        and leaves MAP@R out (the other metrics are the same: the top-k is exact);
+        `corpus_vectors`: the corpus side's own vectors (`cosine`)."""
+        return self.score_by(self.cosine(vectors, corpus_vectors), ks, depth, upto_r)
 
     def score_by(self, ranker: metrics.Ranker, ks: tuple[int, ...], depth: int = 0,
                  upto_r: bool = True) -> Scored:

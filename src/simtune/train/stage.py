@@ -145,8 +145,10 @@ def fit(p: Params, data: Data, task: RetrievalTask, accelerator: str, live_dir: 
     `extra`: callbacks to run after the loop's, given the loop (the resumable checkpoint)."""
     t = p.train
     pl.seed_everything(t.seed, workers=True, verbose=False)
-    module = SimilarityModule(data, p)
-    validator = Validator(data, task, module.rep.embed_split, module.head, frozen(module.rep))
+    module_type, validator_type = _query_side_or(SimilarityModule, Validator, t)
+    module = module_type(data, p)
+    validator = validator_type(data, task, module.rep.embed_split, module.head,
+                               frozen(module.rep))
     loop = loop_type(Schedule(t.val_every, t.patience, t.max_epochs), validator, t.monitor,
                      live_dir)
     shown, bar = progress_callbacks(loop) if progress else ([], False)
@@ -165,6 +167,14 @@ def fit(p: Params, data: Data, task: RetrievalTask, accelerator: str, live_dir: 
         raise Diverged(diverged(t, trainer.current_epoch + 1, module._step,
                                 "the update overflows float32")) from None
     return module, loop, trainer, time.perf_counter() - start
+
+
+def _query_side_or(module: type, validator: type, t: TrainParams) -> tuple[type, type]:
+    """The module and validator classes of `train.head.side` (`simtune.train.query_side`)."""
+    if t.head.side == "both":
+        return module, validator
+    from simtune.train import query_side
+    return query_side.QuerySideModule, query_side.QuerySideValidator
 
 
 def report_of(loop: EpochLoop, total: float, n_train: int) -> dict[str, Any]:
@@ -215,4 +225,6 @@ def save(module: SimilarityModule, loop: EpochLoop, p: Params, out: Path) -> Non
                 "matryoshka_dims": loss.matryoshka_dims,  # evaluate scores each prefix too
                 # what evaluate and search check the cache against (`evaluate.trained_on`)
                 "encoder_description": describe(enc.query, enc.models[enc.query], role="query")}
+        if p.train.head.side != "both":  # the key only when set: `both` writes what it did
+            meta["head_side"] = p.train.head.side
         write_json(tmp / "training.json", meta)
