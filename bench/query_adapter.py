@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from bench.common import machine, table, write_results
 
@@ -56,7 +55,9 @@ LONG = ("bbc", "outlets")
 
 
 def base_params() -> dict[str, Any]:
-    return yaml.safe_load((ROOT / "params.yaml").read_text())
+    from simtune import params as P  # the checked reader: a key given twice is refused
+
+    return P.read_yaml(ROOT / "params.yaml")
 
 
 def set_params(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:

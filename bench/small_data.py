@@ -50,8 +50,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bench.common import machine, table, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,7 +123,9 @@ def write_data(rows: list[tuple[str, str]], kind: str, path: Path) -> Path:
 # --- params per run ----------------------------------------------------------------------------
 
 def base_params() -> dict[str, Any]:
-    return yaml.safe_load((ROOT / "params.yaml").read_text())
+    from simtune import params as P  # the checked reader: a key given twice is refused
+
+    return P.read_yaml(ROOT / "params.yaml")
 
 
 def run_params(raw: dict[str, Any], data: Path, kind: str, store: Path, seed: int,
