@@ -169,3 +169,17 @@ def test_the_faqs_wrong_loss_message_is_the_codes() -> None:
     with pytest.raises(UserError) as e:
         P.resolve_loss(t, "pairs")
     assert str(e.value) in _faq_blocks()
+
+
+def test_what_the_commands_call_a_dvc_metric_is_one_in_dvc_yaml() -> None:
+    """The commands page (each option's help) called reports/prepare.json a DVC metric; only
+    the files dvc.yaml lists under `metrics` are."""
+    from tests.test_cli import COMMANDS
+
+    metrics = {m if isinstance(m, str) else next(iter(m))
+               for stage in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].values()
+               for m in stage.get("metrics", [])}
+    assert metrics == {"reports/train_metrics.json", "reports/metrics.json"}
+    said = {str(p.default) for cmd in COMMANDS.values() for p in cmd.params
+            if "DVC metrics" in (getattr(p, "help", "") or "")}
+    assert said == metrics
