@@ -42,10 +42,15 @@ def compare(
     except FileNotFoundError:
         raise UserError(f"{params}: no such params file (run simtune compare in the "
                         "project's folder)") from None
+    from dvc.exceptions import DvcException
+
+    if not Path(".dvc").is_dir():
+        raise UserError(f"{Path.cwd()}: not a DVC project (no .dvc/ here): run simtune compare "
+                        "in the project's folder")
     try:
         records = dvc.api.exp_show(repo=".", revs=rev or None, num=num)
-    except Exception as err:  # DVC's own errors: not a repository, an unknown rev
-        raise UserError(f"dvc exp show: {str(err).splitlines()[0] if str(err) else err!r}"
+    except DvcException as err:  # an unknown rev, no commit yet: DVC's own one line
+        raise UserError(f"dvc exp show: {str(err).splitlines()[0] or type(err).__name__}"
                         ) from None
     width = width or shutil.get_terminal_size((120, 24)).columns
     for line in render(records, flat_keys(raw or {}), width):

@@ -108,3 +108,43 @@ def test_compare_after_a_temp_experiment_on_other_data_fits_120_columns(tmp_path
     assert (rows[name]["prepare.file.path"], rows[name]["train.lr"]) == ("data/raw/more.csv",
                                                                          "0.003")
     assert yaml.safe_load(params.read_text()) == raw  # --temp left params.yaml as it was
+
+
+def _page_example() -> tuple[list[dict[str, object]], list[str]]:
+    """The records behind docs/experiments.md's example (its figures are illustrative)."""
+    base = {"prepare.file.path": "data/raw/mine.csv", "train.lr": 0.005, "train.mode": "head",
+            "cache": HASH, "lift.p@1": 0.33}
+    rows = [("workspace", None, 0.78253, 0.81722, 57, 84.671),
+            ("baseline", "main", 0.78253, 0.81722, 57, 84.671),
+            ("branch_commit", "weeny-yegg", 0.73234, 0.77114, 20, 50.606),
+            ("branch_commit", "oaken-pail", 0.859, 0.886, 3, 412.5)]
+    records = [{**base, "typ": typ, "Experiment": name, "rev": "1bac24c",
+                "trained.p@1": p1, "trained.mrr@10": mrr, "kept_epoch": kept, "train_s": s}
+               for typ, name, p1, mrr, kept, s in rows]
+    records[2]["train.lr"] = 0.003
+    records[3].update({"train.mode": "top_layers", "prepare.file.path": "data/raw/more.csv"})
+    return records, ["prepare.file.path", "train.lr", "train.mode"]
+
+
+def test_the_experiments_page_shows_what_compare_prints() -> None:
+    """docs/experiments.md's example is `simtune compare --width 80`'s layout of its records."""
+    from tests.conftest import ROOT
+
+    page = (ROOT / "docs" / "experiments.md").read_text()
+    block = page.split("$ simtune compare --width 80\n", 1)[1].split("```", 1)[0]
+    assert block.rstrip("\n").splitlines() == render(*_page_example(), 80)
+
+
+def test_compare_outside_a_dvc_project_is_one_line(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from stages import app
+    from tests.conftest import ROOT
+
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["compare"])
+    assert result.exit_code == 1 and result.stderr.strip() == (
+        f"error: {tmp_path}: not a DVC project (no .dvc/ here): run simtune compare in the "
+        "project's folder")
