@@ -18,7 +18,7 @@ def compare(
     rev: list[str] = typer.Option(
         [], "--rev", help="commits (or branches) whose experiments to show, repeatable; "
         "default: the current commit's"),
-    num: int = typer.Option(1, "--num", "-n", min=1,
+    num: int = typer.Option(1, "--num", min=1,
                             help="also the experiments of this many commits back from each rev"),
     width: int = typer.Option(0, min=0, help="characters per line; 0: the terminal's width "
                               "($COLUMNS; 120 when not a terminal)"),
