@@ -183,3 +183,38 @@ def test_what_the_commands_call_a_dvc_metric_is_one_in_dvc_yaml() -> None:
     said = {str(p.default) for cmd in COMMANDS.values() for p in cmd.params
             if "DVC metrics" in (getattr(p, "help", "") or "")}
     assert said == metrics
+
+
+def test_the_faqs_layer_cache_messages_are_the_codes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both refusals of a too-large layer cache, as cache.views prints them, for the FAQ's
+    case: MiniLM (hidden 384, float16 states), a million texts of 16 tokens (~12.3 GB), a
+    limit of 8 GB, then no limit and 4.1 GB free in /home/me/.cache/simtune."""
+    from types import SimpleNamespace
+
+    from simtune import params as P
+    from simtune.cache import views
+    from simtune.cache.formats import Format
+    from simtune.errors import UserError
+
+    p = P.load(ROOT / "params.yaml")
+    spec = p.encoders.models["minilm"]
+    assert spec.states_dtype == "float16"
+    monkeypatch.setattr(views, "model_config", lambda name, spec: SimpleNamespace(
+        hidden_size=384))
+    monkeypatch.setattr(views, "model_dir", lambda name, spec: Path("minilm"))
+    monkeypatch.setattr(views, "load_tokenizer", lambda *a: lambda texts, **kw: {
+        "input_ids": [[0] * 16 for _ in texts]})
+    texts = {str(i): f"text {i}" for i in range(1_000_000)}
+    blocks = _faq_blocks()
+    with pytest.raises(UserError) as e:
+        views.check_layer_size("minilm", spec, texts, Format(4),
+                               p.cache.model_copy(update={"max_layer_gb": 8}), "query")
+    assert str(e.value) in blocks
+    monkeypatch.setattr(views.store, "root", lambda s: Path("/home/me/.cache/simtune"))
+    monkeypatch.setattr(views, "fingerprint", lambda d: "f" * 32)
+    monkeypatch.setattr(views, "describe", lambda *a, **kw: {})
+    monkeypatch.setattr(views, "_free_bytes", lambda root: int(4.1e9))
+    with pytest.raises(UserError) as e:
+        views.check_layer_size("minilm", spec, texts, Format(4),
+                               p.cache.model_copy(update={"max_layer_gb": None}), "query")
+    assert str(e.value) in blocks
