@@ -97,13 +97,14 @@ def test_compare_after_a_temp_experiment_on_other_data_fits_120_columns(tmp_path
     commit = next(c for c in shown if c.get("experiments"))
     (experiment,) = commit["experiments"]
     name = experiment["name"]
-    (branch,) = set(rows) - {"workspace", name}  # the commit's row, named by its branch
+    assert lines[1].startswith("workspace ") and name in rows, out
+    branch = lines[2].split()[0]  # the commit's row (named by its branch), after the workspace
     for row, data_ in ((branch, commit["data"]), (name, experiment["revs"][0]["data"])):
         p = data_["params"]["params.yaml"]["data"]
         trained = data_["metrics"]["reports/metrics.json"]["data"]["trained"]
-        assert rows[row]["train.lr"] == f"{p['train']['lr']:.6g}"
+        assert rows[row]["train.lr"] == f"{p['train']['lr']:.6g}", out
         assert rows[row]["prepare.file.path"] == p["prepare"]["file"]["path"]
-        assert rows[row]["trained.p@1"] == f"{trained['p@1']:.4f}"
+        assert rows[row]["trained.p@1"] == f"{trained['p@1']:.4f}", out
         assert rows[row]["trained.mrr@10"] == f"{trained['mrr@10']:.4f}"
     assert (rows[name]["prepare.file.path"], rows[name]["train.lr"]) == ("data/raw/more.csv",
                                                                          "0.003")
