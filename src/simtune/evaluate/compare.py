@@ -44,7 +44,7 @@ def _label(record: Mapping[str, Any]) -> str:
     """The row's name as `dvc exp show` gives it: the workspace, a commit (branch or short rev),
     or an experiment (its name, under its commit)."""
     name, rev = record.get("Experiment"), str(record.get("rev") or "")
-    if record.get("typ") == "workspace":
+    if "workspace" in (record.get("typ"), rev):  # dvc.api's workspace row: rev "workspace"
         return "workspace"
     if record.get("typ") in ("branch_commit", "branch_base"):
         return f"  {name or rev[:7]}"
