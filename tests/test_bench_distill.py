@@ -38,9 +38,11 @@ def test_the_distill_bench_runs_tiny(tmp_path: Path) -> None:
     assert rows["head-mse"]["baseline"] == rows["head-mse-extra"]["baseline"]
     assert rows["teacher"]["encode_per_s"] > 0 and rows["head-mse"]["encode_per_s"] > 0
     assert [r["measure"].split(" (")[0] for r in got["rows"]] == [
-        "distilled MiniLM", "encode texts/s, exported student vs exported teacher"]
+        "distilled MiniLM", "encode texts/s, exported student vs exported teacher",
+        "train s to the peer's P@1"]  # the peer's row adds its time-to-quality
     frozen, teacher = rows["head-mse"]["baseline"]["p@1"], rows["teacher"]["test"]["p@1"]
     share = (rows["head-mse"]["test"]["p@1"] - frozen) / (teacher - frozen)
     assert got["rows"][0]["ratio"] == f"{share:.2f} of the lift"
     table = got["table"].splitlines()
-    assert table[0].split("|")[1].strip() == "row" and len(table) == 2 + 4
+    # header, rule, the frozen encoder and one line per result (the peer's included)
+    assert table[0].split("|")[1].strip() == "row" and len(table) == 2 + 1 + len(rows)
