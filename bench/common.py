@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -87,8 +88,27 @@ class PeakAnon:
 OUT_ENV = "SIMTUNE_BENCH_OUT"
 
 
+def run_under(root: Path = HERE.parent) -> dict[str, Any]:
+    """What a bench ran under: the commit (and whether the tree differed from it) and every value
+    of params.yaml, flattened to dotted keys. The docs check a quoted bench's `params` against
+    today's (tests/test_figures.py, bench.report.settings_changed)."""
+    import yaml
+
+    from bench.report import flat
+
+    def git(*args: str) -> str:
+        proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                              check=False)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/*.json")
+    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(dirty),
+            "params": flat(yaml.safe_load((root / "params.yaml").read_text()))}
+
+
 def write_results(name: str, payload: dict[str, Any]) -> Path:
-    """Write `payload` to bench/<name>.json (or to `$SIMTUNE_BENCH_OUT`/<name>.json)."""
+    """Write `payload` to bench/<name>.json (or to `$SIMTUNE_BENCH_OUT`/<name>.json), with
+    `run_under`: the commit and the params.yaml values it ran under (see `run_under`)."""
     path = Path(os.environ.get(OUT_ENV) or HERE) / f"{name}.json"
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    path.write_text(json.dumps({**payload, "run_under": run_under()}, indent=2) + "\n")
     return path

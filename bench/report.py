@@ -101,6 +101,47 @@ def verdict(row: dict[str, Any]) -> str | None:
     return "met" if ok else "missed"
 
 
+# --- what a bench ran under, against today's params.yaml ---------------------------------------
+
+# the params.yaml sections a bench's figures depend on; a bench not named depends on every
+# section (it starts from params.yaml and changes a few keys). results.json's no-op rerun
+# depends on no value.
+DEPENDS: dict[str, tuple[str, ...]] = {"results": ()}
+
+
+def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A params tree as `{dotted key: value}` (an empty mapping is a value)."""
+    if isinstance(tree, dict) and tree:
+        return {k: v for key, sub in tree.items() for k, v in flat(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
+
+
+def settings_changed(name: str, results: dict[str, Any], today: dict[str, Any]
+                     ) -> list[tuple[str, Any, Any]] | None:
+    """`(key, then, now)` for each params.yaml value bench `name` ran under (`run_under`) that
+    differs today, within the sections it depends on; a key added since is no change (it was
+    not there to differ), a key removed since is (`now` None). None: the bench records nothing."""
+    entry = results if name == "results" else results.get(name, {})
+    record = entry.get("run_under") if isinstance(entry, dict) else None
+    if record is None:
+        return None
+    sections = DEPENDS.get(name)
+    now = flat(today)
+    return [(k, v, now.get(k)) for k, v in record["params"].items()
+            if (sections is None or k.split(".")[0] in sections) and now.get(k) != v]
+
+
+def settings_text(name: str, results: dict[str, Any], today: dict[str, Any]) -> str:
+    """In words, what bench `name` ran under that differs from today's params.yaml."""
+    changed = settings_changed(name, results, today)
+    if changed is None:
+        raise KeyError(f"bench/{name}.json records no run_under (rerun it)")
+    if not changed:
+        return "today's params.yaml"
+    return ", ".join(f"`{k}: {json.dumps(then)}` (now {json.dumps(now)})"
+                     for k, then, now in changed)
+
+
 # --- the figures, from bench/<name>.json --------------------------------------------------------
 
 def load(directory: Path = HERE) -> dict[str, Any]:

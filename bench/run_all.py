@@ -21,7 +21,7 @@ import time
 import torch
 
 from bench import report
-from bench.common import HERE, machine
+from bench.common import HERE, machine, run_under
 from bench.report import BENCHES
 
 ROOT = HERE.parent
@@ -63,6 +63,7 @@ def main() -> None:
         results[name] = json.loads((HERE / f"{name}.json").read_text())
     results["gpu"] = gpu(collect_only)
     results["noop_repro"] = noop_repro()
+    results["run_under"] = run_under()  # the no-op rerun's commit and params
     (HERE / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(report.summary(results))
     print(report.page(results))

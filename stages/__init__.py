@@ -18,7 +18,7 @@ from typer.core import TyperGroup
 # order; `search` and `sweep` are commands, not DVC stages
 COMMANDS = {"check": "check", "prepare": "prepare", "cache": "cache", "negatives": "negatives",
             "train": "train", "evaluate": "evaluate", "export": "export", "search": "search",
-            "sweep": "sweep"}
+            "sweep": "sweep", "compare": "compare"}
 
 
 class _LazyGroup(TyperGroup):
@@ -33,7 +33,16 @@ class _LazyGroup(TyperGroup):
         module = importlib.import_module(f"stages.{COMMANDS[cmd_name]}")
         command = typer.main.get_command(module.app)
         command.name = cmd_name
+        command.help = unwrap(command.help)
         return command
+
+
+def unwrap(doc: str | None) -> str | None:
+    """A docstring's paragraphs each on one line: the source's line breaks would otherwise
+    reach `--help`'s panels and break sentences mid-way; the terminal wraps them instead."""
+    if doc is None:
+        return None
+    return "\n\n".join(" ".join(p.split()) for p in doc.strip().split("\n\n"))
 
 
 app = typer.Typer(

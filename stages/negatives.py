@@ -18,7 +18,8 @@ def negatives(
     prepared: Path = dir_option("data/prepared", "prepared data directory"),
     cache: Path = dir_option("cache", "embedding cache root"),
     out: Path = dir_option("negatives", "output directory of the mined negatives"),
-    report: Path = file_option("reports/negatives.json", "counts and seconds (DVC metrics)"),
+    report: Path = file_option("reports/negatives.json",
+                               "counts and seconds (an output, not a DVC metric)"),
 ) -> None:
     """Mine each training query's top-ranked non-positive documents from the cache, skipping
     likely false negatives (groups data: an empty table)."""

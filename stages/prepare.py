@@ -16,7 +16,8 @@ app = typer.Typer(add_completion=False)
 def prepare(
     params: Path = file_option("params.yaml", "params file (its `prepare` section)"),
     out: Path = dir_option("data/prepared", "output directory of the tables"),
-    report: Path = file_option("reports/prepare.json", "counts report (DVC metrics)"),
+    report: Path = file_option("reports/prepare.json",
+                               "counts report (an output, not a DVC metric)"),
 ) -> None:
     """Load the data set (built-in or your file), split it, write data/prepared/."""
     from simtune import params as P

@@ -29,13 +29,13 @@ COVERAGE = {
     "mpnet": "run",
     "gpu": "parser only: needs a CUDA GPU (tests/test_gpu.py runs its paths on one)",
     "layers": "own test",
-    "distill": "own test",  # tiny, without its peer (`datasets` is .[bench]'s)
+    "distill": "own test",  # tiny, with its peer at one learning rate
     "layer_rows": "own test",  # bench.layers' child process: runs in test_bench_layers
     "long_docs": "own test",
     "scale": "own test",
     "small_data": "own test",  # the simtune rows always; SetFit where .[bench] installed it
-    "negatives": "parser only: trains four heads on MiniLM with params.yaml's schedules, and "
-                 "its peer needs `datasets` (.[bench]): minutes",
+    "negatives": "parser only: trains four heads on MiniLM with params.yaml's schedules: "
+                 "minutes",
     "sweep": "parser only: `dvc repro` and DVC queue grids on TREC in a git copy: minutes",
     "exp_queue": "parser only: six DVC experiments in a git copy: minutes",
     "train_speed": "parser only: TREC train stages of this tree and of an older commit: minutes",

@@ -9,6 +9,7 @@ is loaded (search's missing --prepared aside: it loads the tiny encoder first).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -54,13 +55,15 @@ PATHS = {
                   "--cache": "dir-opt"},
     ("sweep",): {"--params": "file-in", "--prepared": "dir-in", "--cache": "dir-in",
                  "--negatives": "dir-opt"},
+    ("compare",): {"--params": "file-in"},
 }
 # numeric options: values that must be refused (a seed may be any integer); flags need none
 INTS = {("cache", "verify"): {"--sample": ["-1", "abc"], "--seed": ["abc"]},
         ("search",): {"--k": ["0", "-1", "abc"]}, ("cache", "gc"): {"--max-gb": ["-1", "abc"]},
-        ("sweep",): {"--top": ["0", "-1", "abc"], "--trials": ["0", "-1", "abc"]}}
+        ("sweep",): {"--top": ["0", "-1", "abc"], "--trials": ["0", "-1", "abc"]},
+        ("compare",): {"--num": ["0", "-1", "abc"], "--width": ["-1", "abc"]}}
 # free-text options (a name): any string is valid there; an empty one is refused by the command
-NAMES = {("sweep",): {"--study"}}
+NAMES = {("sweep",): {"--study"}, ("compare",): {"--rev"}}
 ARGS = {("search",): ["what is the capital"]}  # required arguments
 
 
@@ -155,6 +158,27 @@ def test_bad_value_gives_one_line(workdir: Path, tmp_path: Path, monkeypatch: py
         assert result.exit_code == 1 and last.startswith("error: "), result.output
         assert bad in last, last  # it names the bad path
     assert (tmp_path / "a_file").is_file() and (tmp_path / "a_dir").is_dir()  # left as they were
+
+
+def test_help_panels_break_lines_only_where_the_width_does() -> None:
+    """Issue 36 item 8: a docstring's source line breaks reached `simtune --help`'s command
+    panel, cutting sentences mid-line; each entry is now filled to the panel's width."""
+    env = {**os.environ, "COLUMNS": "100", "TERM": "dumb"}
+    out = subprocess.run([sys.executable, "-m", "stages", "--help"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, check=True).stdout
+    panel = [line.strip("│").rstrip() for line in out.splitlines() if line.startswith("│ ")]
+    entries: list[list[str]] = []
+    for line in panel:
+        if line[1:2].strip():  # a command's name starts an entry
+            entries.append([line])
+        elif entries:
+            entries[-1].append(line)
+    assert {e[0].split()[0] for e in entries} >= {"prepare", "negatives", "train", "compare"}
+    inner = max(len(line) for line in panel)
+    for entry in entries:
+        for line, after in itertools.pairwise(entry):
+            # the next line's first word would not have fitted on this one
+            assert len(line) + 1 + len(after.split()[0]) > inner - 1, entry
 
 
 def test_unknown_command_and_option_are_usage_errors(workdir: Path,

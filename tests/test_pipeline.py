@@ -180,16 +180,6 @@ def test_plain_exp_show_lists_metrics_then_params_then_one_column_per_stage_pack
         "src/simtune/train/")]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "plain `dvc exp show` shows every leaf of params.yaml (DVC reads the default params "
-    "file whole, whatever the stages list; dvc/repo/params/show.py): 2 + 10 metrics + "
-    "~118 params + ~55 deps; at most 60 needs a params.yaml of ~30 leaves, against the rule "
-    "that every value lives there (issue 29 item 1, blocked on that decision)"))
-def test_plain_exp_show_fits_60_columns(two_experiments: tuple[DvcProject, bytes]) -> None:
-    columns = _plain_exp_show_columns(two_experiments[0])
-    assert len(columns) <= 60, f"{len(columns)} columns: {columns}"
-
-
 def test_dvc_plots_show_draws_titled_curves_offline(two_experiments: tuple[DvcProject, bytes]
                                                     ) -> None:
     # plain `dvc plots show`: the page is .dvc/plots/page.html (.dvc/config), scripts inlined

@@ -86,3 +86,13 @@ def write_page() -> None:
 
 if __name__ == "__main__":
     write_page()
+
+
+def test_series_at_one_value_stay_visible() -> None:
+    """Issue 36 item 11: P@1 drawn exactly under MRR@10 when both are 1.0. Each series has a
+    marker shape of its own, hollow, so a series under another still shows its marker."""
+    import json
+
+    lines = json.loads((PLOTS / "curves.json").read_text())["layer"][0]
+    assert lines["mark"]["type"] == "line" and lines["mark"]["point"]["filled"] is False
+    assert lines["encoding"]["shape"]["field"] == lines["encoding"]["color"]["field"] == "field"

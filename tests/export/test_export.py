@@ -203,6 +203,13 @@ def test_the_stage_writes_a_model_card_with_the_evaluated_metrics(tiny_bert: Pat
     assert "| mrr@10 | 0.8600 | 0.6000 | +0.2600 | 0.0123 |" in card
     assert "Test split: 16 queries against a corpus of 40." in card
     assert "80 distinct texts; examples: train 40, val 20, test 20." in card
+    # issue 36 item 10: the data sentence names the kind once, and the batch in force (40
+    # training examples: one batch of all of them) is listed, not params.yaml's 1024
+    assert ("## Data\n\nTREC question classification (fine labels, 50 classes); groups: texts "
+            "with the same label are similar. 80 distinct texts;") in card
+    assert ("| `train.batch_size` | 40 (params.yaml 1024: one batch of all 40 training "
+            "examples) |") in card
+    assert "-S train.batch_size=1024" in card  # the reproduction repeats params.yaml
     assert "| `train.head.type` | skip_connection |" in card
     # params.yaml's `auto` on the head's groups data: the card names the loss that ran
     assert P.load(params_file).train.loss.name == "auto"

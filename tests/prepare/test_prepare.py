@@ -208,6 +208,19 @@ def test_pairs_split_by_query_keeps_all_positives_together(tmp_path: Path,
     assert len(per_query) == 40 and set(per_query.values()) == {3}
 
 
+def test_prepare_on_pairs_says_what_an_empty_row_lacks(tmp_path: Path,
+                                                        params_raw: dict[str, Any],
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 36 item 9: pairs have no label, so the log does not say "(empty text or label)"."""
+    rows = [(f"query {i}", f"doc {i}") for i in range(30)] + [("query x", " ")]
+    path = _write(tmp_path / "p.csv", rows, header=("q", "d"))
+    raw = _file_params(params_raw, path, kind="pairs")
+    with caplog.at_level("INFO", logger="simtune.prepare"):
+        prepare.run(_params(raw), tmp_path / "out", tmp_path / "r.json")
+    assert "read 31 rows: 1 dropped (empty query or positive), 0 duplicates" in caplog.text
+    assert "label" not in caplog.text
+
+
 def test_pairs_score_column(tmp_path: Path, params_raw: dict[str, Any]) -> None:
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"q": f"q{i}", "d": f"d{i}", "s": i / 10}) + "\n"
@@ -261,10 +274,12 @@ def _bad_cases(tmp_path: Path) -> dict[str, tuple[Path, dict[str, Any], str]]:
         "unknown extension": (tmp_path / "data.xlsx", {},
                               "data.xlsx: unknown file extension '.xlsx'"),
         "missing column": (csv_path, {"columns": {"label": "category"}},
-                           "good.csv: missing column 'category' (the header has 2 columns)"),
+                           "good.csv: missing column 'category' (the header has 2 columns: "
+                           "'text', 'label')"),
         "missing column parquet": (_write(tmp_path / "g.parquet", good),
                                    {"columns": {"text": "body"}},
-                                   "g.parquet: missing column 'body' (the header has 2 columns)"),
+                                   "g.parquet: missing column 'body' (the header has 2 "
+                                   "columns: 'text', 'label')"),
         "missing key jsonl": (nolabel, {}, "nolabel.jsonl: line 2: missing key 'label'"),
         "no usable rows": (empty, {}, "empty.csv: no usable rows (2 read, 2 with an empty field)"),
         "malformed jsonl": (bad_json, {}, "bad.jsonl: line 2: invalid JSON"),
@@ -658,6 +673,21 @@ def test_text_map_is_every_text_or_the_given_ids() -> None:
     prepared = Prepared("groups", texts, pa.table({"x": [1]}), {})
     assert list(prepared.text_map().items()) == [("b", "bee"), ("a", "ay"), ("c", "sea")]
     assert prepared.text_map(pa.array(["c", "b", "zz"])) == {"b": "bee", "c": "sea"}
+
+
+def test_a_missing_label_column_lists_the_header_not_a_guess(tmp_path: Path,
+                                                            params_raw: dict[str, Any]) -> None:
+    """Issue 36 item 7: a missing label column named `text` as "the closest"; a header of
+    column names is listed instead, so the user sees which to set."""
+    path = tmp_path / "tickets.csv"
+    path.write_text("text,category,Ticket ID\nprinter jammed,hardware,1\n")
+    line = _one_line(tmp_path, _file_params(params_raw, path))
+    assert line == (f"error: {path}: missing column 'label' (the header has 3 columns: "
+                    "'text', 'category', 'Ticket ID')")
+    path.write_text("text,labl\nprinter jammed,hardware\n")
+    line = _one_line(tmp_path, _file_params(params_raw, path))
+    assert line.endswith("missing column 'label' (the header has 2 columns: 'text', 'labl')")
+    assert "closest" not in line
 
 
 # --- issue 19: what a data file may echo, which files are read, which keys pass --------------

@@ -289,7 +289,8 @@ EPOCH_LINE = re.compile(r"INFO simtune\.train\.epoch_log: epoch (\d+)/(\d+): tra
 def epoch_lines(output: str) -> list[tuple[int, int, float, float, float, int, float, float]]:
     """The per-epoch log lines of a non-terminal run's output, parsed: (k, N, loss, val, best,
     best epoch, training s, validation s); a line that starts as one but does not parse fails."""
-    lines = [line for line in output.splitlines() if "simtune.train.epoch_log: epoch " in line]
+    lines = [line for line in output.splitlines() if "simtune.train.epoch_log: epoch " in line
+             and ": batch " not in line]  # a long epoch's lines within it (test_epoch_log)
     assert all(EPOCH_LINE.fullmatch(line) for line in lines), lines
     return [(int(k), int(n), float(loss), float(val), float(best), int(j), float(tr), float(va))
             for k, n, loss, val, best, j, tr, va in (EPOCH_LINE.fullmatch(line).groups()

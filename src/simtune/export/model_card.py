@@ -116,7 +116,30 @@ def _dataset(p: Params | None, kind: str) -> str:
         return f"TREC question classification ({p.prepare.trec_labels} labels, {n} classes)"
     if p.prepare.source == "news_pairs":
         return "news article title -> body pairs"
-    return f"{Path(str(p.prepare.file.path)).name} ({kind})"
+    return Path(str(p.prepare.file.path)).name
+
+
+# the data sentence's words for each kind (what makes two texts similar)
+KINDS = {"groups": "groups: texts with the same label are similar",
+         "pairs": "pairs: each query with the documents relevant to it",
+         "texts": "texts without labels"}
+BATCH_KEYS = ("train.batch_size", "train.encoder.batch_size")
+
+
+def in_force(params: list[tuple[str, Any]], report: dict[str, Any] | None
+             ) -> list[tuple[str, str]]:
+    """(key, value as shown) of the params in force: a batch larger than the training examples
+    ran as one batch of all of them (the train stage's `fit_batch_size`, one process), so the
+    card shows the size used and the params.yaml value beside it."""
+    n = (report or {}).get("examples", {}).get("train")
+    out = []
+    for key, value in params:
+        if key in BATCH_KEYS and isinstance(n, int) and 0 < n < value:
+            out.append((key, f"{n} (params.yaml {value}: one batch of all {n} training "
+                             "examples)"))
+        else:
+            out.append((key, _show(value)))
+    return out
 
 
 def _front_matter(meta: dict[str, Any], head: dict[str, Any], title: str, dataset: str,
@@ -219,7 +242,7 @@ def render(meta: dict[str, Any], head: dict[str, Any], plain: bool, modules: lis
                   "truncates it instead. These lines give simtune's vector "
                   "(`simtune.load_model(...).encode` gives the same):", "", "```python",
                   recipe(enc).rstrip(), "```", ""]
-    lines += ["## Data", "", f"{dataset}, {meta['kind']}."]
+    lines += ["## Data", "", f"{dataset}; {KINDS.get(meta['kind'], meta['kind'])}."]
     if report is not None:
         ex = report.get("examples", {})
         lines[-1] += (f" {report.get('texts', '?')} distinct texts; examples: "
@@ -228,8 +251,9 @@ def render(meta: dict[str, Any], head: dict[str, Any], plain: bool, modules: lis
     lines.append("")
     params = key_params(p, meta["kind"]) if p is not None else []
     if params:
-        lines += ["## Training parameters", "", "| params.yaml key | value |", "|---|---|",
-                  *(f"| `{k}` | {_show(v)} |" for k, v in params), ""]
+        lines += ["## Training parameters", "", "The values in force when it trained:", "",
+                  "| params.yaml key | value |", "|---|---|",
+                  *(f"| `{k}` | {v} |" for k, v in in_force(params, report)), ""]
     lines += ["## Evaluation", ""]
     lines += _metrics_table(metrics) if metrics is not None else [
         "No evaluation report was available when this model was exported."]

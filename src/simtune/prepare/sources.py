@@ -13,6 +13,7 @@ import importlib.util
 import io
 import json
 import math
+import re
 import stat
 import zipfile
 from dataclasses import dataclass
@@ -148,16 +149,27 @@ def read_text(path: Path, missing: str) -> str:
         raise UserError(f"{path}: cannot read: {e.strerror}") from None
 
 
+# a header whose every name reads as a column name is listed when a column is missing; any other
+# (a symlink to a secret's first line, 50,000 columns) is only counted
+_NAME = re.compile(r"[A-Za-z_][\w .\-]{0,39}")
+_LISTED = 20
+
+
 def need_column(path: Path, col: str, header: list[str]) -> None:
-    """`UserError` when the parsed `header` lacks `col`. The header's own names are not listed:
-    the file may be anything that parses as a table (a symlink to a secret's first line), so
-    at most one name is echoed, the one closest to `col` (a typo), cut to 80 characters."""
+    """`UserError` when the parsed `header` lacks `col`. A header of at most 20 names that all
+    read as column names (letters, digits, `_ .-`, at most 40 characters) is listed, so the
+    user sees which name to set; any other is counted, not echoed (the file may be anything
+    that parses as a table: a symlink to a secret's first line), and at most the one name
+    closest to `col` (a typo) is named, cut to 80 characters."""
     if col in header:
         return
+    size = f"the header has {len(header)} column{'s' if len(header) != 1 else ''}"
+    if len(header) <= _LISTED and all(_NAME.fullmatch(h) for h in header):
+        raise UserError(f"{path}: missing column '{col}' ({size}: "
+                        f"{', '.join(echo(h) for h in header)})")
     close = difflib.get_close_matches(col, header, n=1, cutoff=0.6)
     hint = f"; the closest is {echo(close[0])}" if close else ""
-    raise UserError(f"{path}: missing column '{col}' (the header has {len(header)} "
-                    f"column{'s' if len(header) != 1 else ''}{hint})")
+    raise UserError(f"{path}: missing column '{col}' ({size}{hint})")
 
 
 def _decode(path: Path, data: bytes) -> str:

@@ -203,8 +203,11 @@ def run(p: PrepareParams, out: Path, report_path: Path) -> Prepared:
                         "the texts into another folder")
     prepared = build(p)
     r = prepared.report
-    log.info("read %d rows: %d dropped (empty text or label), %d duplicates%s",
-             r["rows"], r["dropped_empty"], r["duplicates"],
+    # what an empty row lacks, in the kind's own words (pairs have no label, texts no label)
+    empty = {"groups": "empty text or label", "pairs": "empty query or positive"}.get(
+        prepared.kind, "empty text")
+    log.info("read %d rows: %d dropped (%s), %d duplicates%s",
+             r["rows"], r["dropped_empty"], empty, r["duplicates"],
              f", {r['conflicting_labels']} texts dropped (one text, several labels)"
              if r.get("conflicting_labels") else "")
     if r.get("missing_labels"):

@@ -11,7 +11,12 @@ the first process only (DDP), after the epoch's validation:
     epoch 2/20: train loss 1.387, val mrr@10 0.6543 (best 0.6543 at epoch 2), 0.98 s training
     + 0.25 s validation
 
-(one line in the log). The seconds are the epoch's shares of the report's `seconds.train` and
+(one line in the log). Within an epoch longer than `EVERY_S` (a top_layers or full epoch runs the
+encoder's layers: minutes on CPU), a line every `EVERY_S` seconds too:
+
+    epoch 2/4: batch 31/67, 10 s into the epoch
+
+The seconds are the epoch's shares of the report's `seconds.train` and
 `seconds.validation` (the report's validation also counts the kept epoch's recomputation at the
 end). Never both bar and lines; neither where `fit` is asked for no progress (the sweep's trials).
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import Any
 
 import pytorch_lightning as pl
@@ -28,6 +34,7 @@ from pytorch_lightning.callbacks import RichProgressBar
 from simtune.train.epochs import EpochLoop
 
 log = logging.getLogger(__name__)
+EVERY_S = 10.0  # seconds between the lines within one epoch (not on a terminal: the bar there)
 
 
 def interactive() -> bool:
@@ -46,11 +53,25 @@ def progress_callbacks(loop: EpochLoop) -> tuple[list[pl.Callback], bool]:
 class EpochLog(pl.Callback):
     """One log line per epoch (the module's docstring), from `loop`'s record of the epoch."""
 
-    def __init__(self, loop: EpochLoop) -> None:
-        self.loop, self._validation_before = loop, 0.0
+    def __init__(self, loop: EpochLoop, every_s: float = EVERY_S) -> None:
+        self.loop, self._validation_before, self.every_s = loop, 0.0, every_s
+        self._epoch_start = self._last = time.perf_counter()
 
     def on_train_epoch_start(self, trainer: pl.Trainer, module: Any) -> None:
         self._validation_before = self.loop.validation_seconds  # restored when resumed
+        self._epoch_start = self._last = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        """A line every `every_s` seconds within a long epoch: which batch of how many."""
+        now, total = time.perf_counter(), trainer.num_training_batches
+        if (not trainer.is_global_zero or now - self._last < self.every_s
+                or batch_idx + 1 == total):  # the last batch: the epoch's own line follows
+            return
+        self._last = now
+        log.info("epoch %d/%d: batch %d/%s, %.0f s into the epoch", trainer.current_epoch + 1,
+                 trainer.max_epochs, batch_idx + 1,
+                 total if total != float("inf") else "?", now - self._epoch_start)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, module: Any) -> None:
         if not trainer.is_global_zero:

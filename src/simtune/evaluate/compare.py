@@ -1,0 +1,128 @@
+"""`simtune compare`: experiments side by side in a terminal's width.
+
+DVC's own `dvc exp show` lists every leaf of `params.yaml` and a 38-character hash per dependency,
+so even `--only-changed` hides the changed settings and the metrics behind `…` in 120 columns.
+This view keeps what a comparison needs: one row per experiment, the params whose values differ
+between the rows, and the trained model's headline metrics (`HEADLINE` of `reports/metrics.json`,
+then the kept epoch and the training seconds while they fit). The records are DVC's
+(`dvc.api.exp_show`); this module only picks and lays out columns, so it needs no DVC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+# the metrics shown, in order; the first two always, the rest while the table fits the width
+METRICS = ("trained.p@1", "trained.mrr@10", "kept_epoch", "train_s")
+ALWAYS = 2
+GAP = "  "
+MIN_CELL = 8  # a param column is cut to no fewer characters (then `…`)
+
+
+def flat_keys(tree: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted leaf keys of a params mapping (`{"train": {"lr": 1}}` -> `["train.lr"]`)."""
+    out: list[str] = []
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and value:
+            out += flat_keys(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}")
+    return out
+
+
+def _shown(value: Any, key: str = "") -> str:
+    """A cell: metrics of the model to 4 decimals (as DVC's table), other floats as written."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4f}" if key.startswith(("trained.", "lift.")) else f"{value:.6g}"
+    return str(value)
+
+
+def _label(record: Mapping[str, Any]) -> str:
+    """The row's name as `dvc exp show` gives it: the workspace, a commit (branch or short rev),
+    or an experiment (its name, under its commit)."""
+    name, rev = record.get("Experiment"), str(record.get("rev") or "")
+    if "workspace" in (record.get("typ"), rev):  # dvc.api's workspace row: rev "workspace"
+        return "workspace"
+    if record.get("typ") in ("branch_commit", "branch_base"):
+        return f"  {name or rev[:7]}"
+    return str(name or rev[:7] or "workspace")
+
+
+def changed_params(records: Sequence[Mapping[str, Any]], params: Iterable[str]) -> list[str]:
+    """The params (dotted keys, in `params` order) whose shown values differ between records."""
+    return [k for k in params if any(k in r for r in records)
+            and len({_shown(r.get(k)) for r in records}) > 1]
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
+
+    def line(cells: list[str]) -> str:
+        return GAP.join(c.rjust(w) if i in right else c.ljust(w)
+                        for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+
+    return [line(header), *(line(r) for r in rows)]
+
+
+def render(records: Sequence[Mapping[str, Any]], params: Iterable[str], width: int) -> list[str]:
+    """The comparison as lines of at most `width` characters.
+
+    `records`: DVC's experiment records (`dvc.api.exp_show`: one mapping per row, with
+    `Experiment`, `rev`, `typ` and one key per param and metric). `params`: the params' dotted
+    keys (those of `params.yaml`). The first table holds the experiment, the changed params that
+    fit and the metrics; params that do not fit follow in further tables, each again with the
+    experiment column, so nothing is hidden. A cell wider than its share is cut with `…`.
+    """
+    records = list(records)
+    labels = [_label(r) for r in records]
+    label_w = min(max(len(x) for x in ["Experiment", *labels]), max(width // 3, MIN_CELL))
+    labels = [_cut(x, label_w) for x in labels]
+    metrics = [m for m in METRICS if any(r.get(m) is not None for r in records)]
+    changed = changed_params(records, params)
+
+    def column(key: str) -> list[str]:
+        return [key, *(_shown(r.get(key), key) for r in records)]
+
+    def fits(cols: list[list[str]]) -> bool:
+        return sum(max(len(c) for c in col) + len(GAP) for col in cols) + label_w <= width
+
+    budget = max(MIN_CELL, width - label_w - len(GAP))
+    pending = [[_cut(c, budget) for c in column(k)] for k in changed]
+    must = [column(m) for m in metrics[:ALWAYS]]
+    optional = [column(m) for m in metrics[ALWAYS:]]
+    # the changed params first (the point of the view), the two headline metrics always, the
+    # kept epoch and the seconds while they fit
+    first: list[list[str]] = []
+    while pending and fits([*first, pending[0], *must]):
+        first.append(pending.pop(0))
+    if not first and pending:  # not one param fits beside the metrics: cut the first to fit
+        room = width - label_w - sum(max(len(c) for c in col) + len(GAP) for col in must)
+        if room - len(GAP) >= MIN_CELL:
+            first.append([_cut(c, room - len(GAP)) for c in pending.pop(0)])
+    first += must
+    while optional and fits([*first, optional[0]]):
+        first.append(optional.pop(0))
+    tables = [first]
+    while pending:
+        block = [pending.pop(0)]
+        while pending and fits([*block, pending[0]]):
+            block.append(pending.pop(0))
+        tables.append(block)
+    out: list[str] = []
+    for cols in tables:
+        header = ["Experiment", *(c[0] for c in cols)]
+        rows = [[label, *(c[i + 1] for c in cols)] for i, label in enumerate(labels)]
+        numeric = {j + 1 for j, c in enumerate(cols) if c[0] in METRICS}
+        if out:
+            out.append("")
+        out += [_cut(x, width) for x in _table(header, rows, numeric)]
+    if not changed:
+        out.append("(no param differs between these rows)")
+    return out

@@ -1,0 +1,57 @@
+"""`compare`: the experiments of this DVC repository side by side, in the terminal's width."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import typer
+
+from stages._common import file_option, user_errors
+
+app = typer.Typer(add_completion=False)
+
+
+@app.command("compare")
+@user_errors
+def compare(
+    rev: list[str] = typer.Option(
+        [], "--rev", help="commits (or branches) whose experiments to show, repeatable; "
+        "default: the current commit's"),
+    num: int = typer.Option(1, "--num", min=1,
+                            help="also the experiments of this many commits back from each rev"),
+    width: int = typer.Option(0, min=0, help="characters per line; 0: the terminal's width "
+                              "($COLUMNS; 120 when not a terminal)"),
+    params: Path = file_option("params.yaml", "params file (its keys are the param columns)"),
+) -> None:
+    """Experiments side by side: the params that differ between them and the trained model's
+    P@1 and MRR@10 (then the kept epoch and the training seconds while they fit).
+
+    The same records as `dvc exp show` (DVC's Python API), without its dependency hashes and
+    unchanged params, so the comparison fits the width; params that do not fit beside the
+    metrics follow in a further table. Experiments of an older commit: `--rev <commit>`.
+    """
+    import dvc.api
+    import yaml
+
+    from simtune.errors import UserError
+    from simtune.evaluate.compare import flat_keys, render
+
+    try:
+        raw = yaml.safe_load(params.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{params}: no such params file (run simtune compare in the "
+                        "project's folder)") from None
+    from dvc.exceptions import DvcException
+
+    if not Path(".dvc").is_dir():
+        raise UserError(f"{Path.cwd()}: not a DVC project (no .dvc/ here): run simtune compare "
+                        "in the project's folder")
+    try:
+        records = dvc.api.exp_show(repo=".", revs=rev or None, num=num)
+    except DvcException as err:  # an unknown rev, no commit yet: DVC's own one line
+        raise UserError(f"dvc exp show: {str(err).splitlines()[0] or type(err).__name__}"
+                        ) from None
+    width = width or shutil.get_terminal_size((120, 24)).columns
+    for line in render(records, flat_keys(raw or {}), width):
+        print(line)

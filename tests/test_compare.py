@@ -1,0 +1,151 @@
+"""`simtune compare`: experiments side by side within the terminal's width (issue 36 items 1-3)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from simtune.evaluate.compare import changed_params, flat_keys, render
+from tests.test_pipeline import _committed_baseline
+
+HASH = "0123456789abcdef0123456789abcdef.dir"
+
+
+def _records() -> list[dict[str, object]]:
+    base = {"train.lr": 0.005, "train.mode": "head", "prepare.file.path": "data/raw/mine.csv",
+            "train.batch_size": 1024, "cache": HASH, "models/head": HASH, "kept_epoch": 57,
+            "train_s": 84.671, "lift.p@1": 0.33}
+    return [
+        {**base, "Experiment": None, "rev": "workspace", "typ": "baseline",  # as dvc.api has it
+         "trained.p@1": 0.78253, "trained.mrr@10": 0.81722},
+        {**base, "Experiment": "main", "rev": "f3a16f9", "typ": "baseline",
+         "trained.p@1": 0.78253, "trained.mrr@10": 0.81722},
+        {**base, "Experiment": "weeny-yegg", "rev": "1bac24c", "typ": "branch_commit",
+         "train.lr": 0.003, "trained.p@1": 0.73234, "trained.mrr@10": 0.7711},
+        {**base, "Experiment": "oaken-pail", "rev": "9ab01cd", "typ": "branch_commit",
+         "train.mode": "top_layers", "prepare.file.path": "data/raw/tickets-2026-with-more.csv",
+         "trained.p@1": 0.859, "trained.mrr@10": 0.886},
+    ]
+
+
+def test_flat_keys_and_changed_params() -> None:
+    keys = flat_keys({"train": {"lr": 1, "head": {"type": "mlp"}}, "prepare": {"seed": 3}})
+    assert keys == ["train.lr", "train.head.type", "prepare.seed"]
+    keys = ["train.lr", "train.mode", "prepare.file.path", "train.batch_size"]
+    assert changed_params(_records(), keys) == ["train.lr", "train.mode", "prepare.file.path"]
+
+
+def test_render_keeps_changed_params_and_metrics_drops_hashes() -> None:
+    keys = ["prepare.file.path", "train.lr", "train.mode", "train.batch_size"]
+    lines = render(_records(), keys, 120)
+    assert max(map(len, lines)) <= 120
+    # the changed params first; the kept epoch fits too, the seconds no longer do
+    assert lines[0].split() == ["Experiment", "prepare.file.path", "train.lr", "train.mode",
+                                "trained.p@1", "trained.mrr@10", "kept_epoch"]
+    assert lines[1].split() == ["workspace", "data/raw/mine.csv", "0.005", "head", "0.7825",
+                                "0.8172", "57"]
+    assert lines[3].split() == ["weeny-yegg", "data/raw/mine.csv", "0.003", "head", "0.7323",
+                                "0.7711", "57"]
+    assert lines[4].split()[:4] == ["oaken-pail", "data/raw/tickets-2026-with-more.csv",
+                                    "0.005", "top_layers"]
+    wide = render(_records(), keys, 200)
+    assert wide[0].split()[-1] == "train_s" and wide[1].split()[-1] == "84.671"
+    text = "\n".join(lines)
+    assert HASH not in text and "batch_size" not in text and "lift" not in text
+
+
+def test_render_narrow_moves_params_to_a_further_table_hides_nothing() -> None:
+    keys = ["prepare.file.path", "train.lr", "train.mode"]
+    lines = render(_records(), keys, 60)
+    assert max(map(len, lines)) <= 60
+    blank = lines.index("")
+    first, second = lines[:blank], lines[blank + 1:]
+    assert "trained.p@1" in first[0] and "trained.mrr@10" in first[0]
+    assert "kept_epoch" not in first[0]  # the optional metrics go first
+    shown = " ".join(first[0].split() + second[0].split())
+    assert all(k in shown for k in keys), lines
+    assert second[0].split()[0] == "Experiment" and second[4].split()[0] == "oaken-pail"
+
+
+@pytest.mark.integration
+def test_compare_after_a_temp_experiment_on_other_data_fits_120_columns(tmp_path: Path) -> None:
+    """A committed run, then a --temp experiment that changes a param and the data file; the
+    documented comparison at 120 columns, no pager (the quickstart's own experiments, a param
+    and the mode, are compared in tests/test_readme.py: kept apart, each test stays cheap)."""
+    project, raw, params, data = _committed_baseline(tmp_path)
+    other = data.with_name("more.csv")
+    other.write_text(data.read_text() + "".join(
+        f'"an extra text number {i} about topic {i % 3}",L{i % 3}\n' for i in range(6)))
+    project.git("add", "-A")
+    project.git("commit", "-q", "-m", "more data")
+    project.dvc("exp", "run", "--temp", "-S", "train.lr=0.003",
+                "-S", "prepare.file.path=data/raw/more.csv")
+    # DVC's records of the experiment and its commit, to check the figures shown against
+    shown = json.loads(project.dvc("exp", "show", "--json").stdout)
+    project.env = {**project.env, "COLUMNS": "120"}
+    out = project.run(sys.executable, "-m", "stages", "compare").stdout
+    lines = out.splitlines()
+    assert lines and max(map(len, lines)) <= 120, out
+    header = lines[0].split()
+    assert header == ["Experiment", "prepare.file.path", "train.lr", "trained.p@1",
+                      "trained.mrr@10", "kept_epoch", "train_s"], out
+    rows = {line.split()[0]: dict(zip(header, line.split(), strict=True)) for line in lines[1:]}
+    commit = next(c for c in shown if c.get("experiments"))
+    (experiment,) = commit["experiments"]
+    name = experiment["name"]
+    assert lines[1].startswith("workspace ") and name in rows, out
+    branch = lines[2].split()[0]  # the commit's row (named by its branch), after the workspace
+    for row, data_ in ((branch, commit["data"]), (name, experiment["revs"][0]["data"])):
+        p = data_["params"]["params.yaml"]["data"]
+        trained = data_["metrics"]["reports/metrics.json"]["data"]["trained"]
+        assert rows[row]["train.lr"] == f"{p['train']['lr']:.6g}", out
+        assert rows[row]["prepare.file.path"] == p["prepare"]["file"]["path"]
+        assert rows[row]["trained.p@1"] == f"{trained['p@1']:.4f}", out
+        assert rows[row]["trained.mrr@10"] == f"{trained['mrr@10']:.4f}"
+    assert (rows[name]["prepare.file.path"], rows[name]["train.lr"]) == ("data/raw/more.csv",
+                                                                         "0.003")
+    assert yaml.safe_load(params.read_text()) == raw  # --temp left params.yaml as it was
+
+
+def _page_example() -> tuple[list[dict[str, object]], list[str]]:
+    """The records behind docs/experiments.md's example (its figures are illustrative)."""
+    base = {"prepare.file.path": "data/raw/mine.csv", "train.lr": 0.005, "train.mode": "head",
+            "cache": HASH, "lift.p@1": 0.33}
+    rows = [("workspace", None, 0.78253, 0.81722, 57, 84.671),
+            ("baseline", "main", 0.78253, 0.81722, 57, 84.671),
+            ("branch_commit", "weeny-yegg", 0.73234, 0.77114, 20, 50.606),
+            ("branch_commit", "oaken-pail", 0.859, 0.886, 3, 412.5)]
+    records = [{**base, "typ": typ, "Experiment": name, "rev": "1bac24c",
+                "trained.p@1": p1, "trained.mrr@10": mrr, "kept_epoch": kept, "train_s": s}
+               for typ, name, p1, mrr, kept, s in rows]
+    records[2]["train.lr"] = 0.003
+    records[3].update({"train.mode": "top_layers", "prepare.file.path": "data/raw/more.csv"})
+    return records, ["prepare.file.path", "train.lr", "train.mode"]
+
+
+def test_the_experiments_page_shows_what_compare_prints() -> None:
+    """docs/experiments.md's example is `simtune compare --width 80`'s layout of its records."""
+    from tests.conftest import ROOT
+
+    page = (ROOT / "docs" / "experiments.md").read_text()
+    block = page.split("$ simtune compare --width 80\n", 1)[1].split("```", 1)[0]
+    assert block.rstrip("\n").splitlines() == render(*_page_example(), 80)
+
+
+def test_compare_outside_a_dvc_project_is_one_line(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from stages import app
+    from tests.conftest import ROOT
+
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["compare"])
+    assert result.exit_code == 1 and result.stderr.strip() == (
+        f"error: {tmp_path}: not a DVC project (no .dvc/ here): run simtune compare in the "
+        "project's folder")

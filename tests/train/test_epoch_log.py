@@ -1,0 +1,46 @@
+"""Issue 36 item 6: a long epoch (top_layers: the encoder's layers run in the loop) says how far
+it is within the epoch, a line every ~10 s where no bar draws."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from simtune.train import epoch_log
+
+
+def _trainer(epoch: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(is_global_zero=True, current_epoch=epoch, max_epochs=4,
+                           num_training_batches=67)
+
+
+def test_a_long_epoch_logs_its_batches_every_interval(caplog: pytest.LogCaptureFixture,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter([0.0, 0.0, 4.0, 10.5, 15.0, 21.0, 29.0, 32.0])  # perf_counter at each call
+    monkeypatch.setattr(epoch_log.time, "perf_counter", lambda: next(clock))
+    log = epoch_log.EpochLog(SimpleNamespace(validation_seconds=0.0))  # t 0
+    trainer = _trainer()
+    with caplog.at_level(logging.INFO, logger="simtune.train.epoch_log"):
+        log.on_train_epoch_start(trainer, None)  # t 0
+        for batch in range(6):  # at t 4, 10.5, 15, 21, 29, 32
+            log.on_train_batch_end(trainer, None, None, None, batch)
+    assert caplog.messages == ["epoch 2/4: batch 2/67, 10 s into the epoch",
+                               "epoch 2/4: batch 4/67, 21 s into the epoch",
+                               "epoch 2/4: batch 6/67, 32 s into the epoch"]
+
+
+def test_a_short_epoch_or_another_rank_logs_nothing_within(
+        caplog: pytest.LogCaptureFixture) -> None:
+    log = epoch_log.EpochLog(SimpleNamespace(validation_seconds=0.0))
+    with caplog.at_level(logging.INFO, logger="simtune.train.epoch_log"):
+        log.on_train_epoch_start(_trainer(), None)
+        for batch in range(50):  # a head epoch: well under 10 s
+            log.on_train_batch_end(_trainer(), None, None, None, batch)
+        other = epoch_log.EpochLog(SimpleNamespace(validation_seconds=0.0), every_s=0.0)
+        rank1 = SimpleNamespace(**{**vars(_trainer()), "is_global_zero": False})
+        other.on_train_batch_end(rank1, None, None, None, 0)
+        other.on_train_batch_end(_trainer(), None, None, None, 66)  # the last: its line follows
+    assert caplog.messages == []
+    assert epoch_log.EVERY_S == 10.0
