@@ -228,3 +228,30 @@ def test_a_head_worse_than_identity_ships_the_frozen_encoders_vectors(
         model = st.SentenceTransformer(str(out), device="cpu")
         vectors.append(torch.as_tensor(model.encode(texts, convert_to_numpy=True)))
     assert torch.equal(vectors[0], vectors[1])
+
+
+def test_a_validation_split_too_small_for_the_lift_is_said(caplog: pytest.LogCaptureFixture
+                                                           ) -> None:
+    """4 validation queries, one better: lift +0.25 whose 95 % interval holds 0 (unresolved,
+    one warning line); 200 queries all better: resolved, no line."""
+    from simtune.train.stage import log_selection, val_lift
+
+    small = SimpleNamespace(best_epoch=3, per_query={0: torch.tensor([1.0, 0.0, 1.0, 0.0]),
+                                                     3: torch.tensor([1.0, 1.0, 1.0, 0.0])})
+    lift = val_lift(small, "mrr@10", 1000, 13)  # type: ignore[arg-type]
+    assert lift["lift"] == 0.25 and lift["queries"] == 4 and not lift["resolved"]
+    assert lift["ci95"][0] <= 0 < lift["ci95"][1]
+    report = {"val_lift": lift, "frozen_val": {"val/mrr@10": 0.5}, "selected": "trained",
+              "best_epoch": 3}
+    with caplog.at_level("WARNING", logger="simtune.train.stage"):
+        log_selection(report, "mrr@10")
+    assert caplog.messages == ["the validation split (4 queries) cannot tell the kept epoch 3 "
+                               "from the frozen encoder: val mrr@10 lift +0.2500, 95% interval "
+                               f"[{lift['ci95'][0]:+.4f}, {lift['ci95'][1]:+.4f}] holds 0"]
+    caplog.clear()
+    large = SimpleNamespace(best_epoch=3, per_query={0: torch.zeros(200), 3: torch.ones(200)})
+    lift = val_lift(large, "mrr@10", 1000, 13)  # type: ignore[arg-type]
+    assert lift["resolved"] and lift["ci95"] == [1.0, 1.0]
+    with caplog.at_level("WARNING", logger="simtune.train.stage"):
+        log_selection({**report, "val_lift": lift}, "mrr@10")
+    assert caplog.messages == []

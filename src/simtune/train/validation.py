@@ -145,9 +145,8 @@ class Validator:
 
     def __call__(self, full: bool = True) -> tuple[dict[str, float], bool]:
         """(metrics, whether every vector was finite); `full` False: ranked down to the top
-        max(ks, 10) only, every metric but MAP@R. The metrics hold `separation` too (every
-        time). `last`: the ranking's `Scored` (per-query metrics). Call it in eval mode,
-        without grad."""
+        max(ks, 10) only, every metric but MAP@R and the separation (`full`: both). `last`:
+        the ranking's `Scored` (per-query metrics). Call it in eval mode, without grad."""
         def embed(sp: Split, role: str) -> torch.Tensor:
             vectors = self.embed(sp, role)
             if not bool(torch.isfinite(vectors).all()):
@@ -163,7 +162,9 @@ class Validator:
             # Every process has the same weights, so all stop here together
             return {}, False
         self.last = task.score_by(metrics.cosine(q, q if c is None else c), KS, upto_r=full)
-        return {**self.last.metrics, "separation": separation(task, q, c)}, True
+        # the separation with MAP@R only: both break ties, and a tie computes every metric
+        extra = {"separation": separation(task, q, c)} if full else {}
+        return {**self.last.metrics, **extra}, True
 
 
 class _NotFinite(Exception):
