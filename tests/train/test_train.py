@@ -73,7 +73,7 @@ def test_train_saves_a_head_that_reloads_to_the_reported_metric(small: tuple[Pat
     assert report["full_validations"] >= 2
     assert report["selected"] == ("frozen" if report["best_epoch"] == 0 else "trained")
     assert set(report["best_val"]) == {f"val/{m}" for m in (
-        "p@1", "recall@1", "recall@5", "recall@10", "mrr@10", "ndcg@10", "map@r")}
+        "p@1", "recall@1", "recall@5", "recall@10", "mrr@10", "ndcg@10", "map@r", "separation")}
     head = heads.load(root / "head")
     p = P.load(params_file)
     data = load_data(p, root / "prepared", root / "cache")
