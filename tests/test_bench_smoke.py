@@ -39,6 +39,8 @@ COVERAGE = {
     "sweep": "parser only: `dvc repro` and DVC queue grids on TREC in a git copy: minutes",
     "exp_queue": "parser only: six DVC experiments in a git copy: minutes",
     "train_speed": "parser only: TREC train stages of this tree and of an older commit: minutes",
+    "selection_probe": "parser only: trains heads on subsets of the workspace's prepared data "
+                       "and cache (dvc repro), seeds x sizes x variants: minutes",
     "train_sweep": "parser only: reads the workspace's prepared TREC data and cache (dvc repro)",
     "run_all": "parser only: runs every bench and rewrites docs/benchmarks.md",
     "query_adapter": "run",

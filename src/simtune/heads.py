@@ -27,6 +27,28 @@ class Head(nn.Module):
         self.config = {"type": kind, "dim": dim, "expansion": expansion, "dropout": dropout,
                        "format_version": FORMAT_VERSION}
 
+    def identity_state(self) -> dict[str, torch.Tensor]:
+        """A state dict of this head (copies) under which it is exactly the identity: y == x
+        bit for bit (the train stage's epoch 0, the frozen encoder as a candidate). Its
+        parameters that a zero product cancels keep their values (a later load of a trained
+        state replaces them anyway)."""
+        state = {k: v.detach().clone() for k, v in self.state_dict().items()}
+        for name, value in self._identity.items():
+            if value == "eye":
+                state[name].copy_(torch.eye(len(state[name])))
+            else:
+                state[name].zero_()
+        return state
+
+    def at_identity(self) -> bool:
+        """Whether the head holds its `identity_state` exactly (a kept epoch 0): the export
+        then serves the frozen encoder's vectors, with no head module at all."""
+        want = self.identity_state()
+        return all(torch.equal(v, want[k]) for k, v in self.state_dict().items())
+
+    # the parameters `identity_state` sets: name -> "zero" | "eye" (the others are cancelled)
+    _identity: dict[str, str] = {}  # noqa: RUF012 (read only)
+
 
 class Identity(Head):
     """The frozen encoder itself: the baseline."""
@@ -38,11 +60,13 @@ class Identity(Head):
 class Linear(Head):
     """y = W x + b, W initialised to the identity."""
 
+    _identity = {"fc.weight": "eye", "fc.bias": "zero"}  # noqa: RUF012
+
     def __init__(self, *args: object) -> None:
         super().__init__(*args)  # type: ignore[arg-type]
         dim = self.config["dim"]
         self.fc = nn.Linear(dim, dim)
-        with torch.no_grad():
+        with torch.no_grad():  # W = I exactly: each output is x_i * 1 + sums of x_j * 0
             self.fc.weight.copy_(torch.eye(dim))
             self.fc.bias.zero_()
 
@@ -51,7 +75,10 @@ class Linear(Head):
 
 
 class SkipConnection(Head):
-    """y = x + sigmoid(g) * (W x + b): a gated residual; gates start at sigmoid(-4) = 0.018."""
+    """y = x + sigmoid(g) * (W x + b): a gated residual; gates start at sigmoid(-4) = 0.018
+    (near, not at, the identity: `identity_state` zeroes W and b)."""
+
+    _identity = {"fc.weight": "zero", "fc.bias": "zero"}  # noqa: RUF012
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)  # type: ignore[arg-type]
@@ -66,6 +93,8 @@ class SkipConnection(Head):
 class Gated(Head):
     """y = 2 sigmoid(g) * x: per-dimension gates that mute or amplify; the identity at init."""
 
+    _identity = {"gates": "zero"}  # noqa: RUF012
+
     def __init__(self, *args: object) -> None:
         super().__init__(*args)  # type: ignore[arg-type]
         self.gates = nn.Parameter(torch.zeros(self.config["dim"]))
@@ -76,6 +105,8 @@ class Gated(Head):
 
 class MLP(Head):
     """y = x + W2 dropout(gelu(W1 x)), hidden = expansion * dim; W2 = 0 so identity at init."""
+
+    _identity = {"net.3.weight": "zero", "net.3.bias": "zero"}  # noqa: RUF012
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)  # type: ignore[arg-type]

@@ -484,6 +484,12 @@ class TrainParams(Section):
                              "(0: plain shuffling)")
     lr: Number = Field(gt=0, description="AdamW learning rate of the head (and loss parameters)")
     weight_decay: Number = Field(ge=0, description="AdamW weight decay")
+    min_steps: int = Field(ge=0, description="optimizer steps an epoch gets at least: the batch "
+                           "(`batch_size`, or `encoder.batch_size`) shrinks to training "
+                           "examples // min_steps, not below `min_batch` (the train log says "
+                           "which batch and why); 0: the batch as set")
+    min_batch: int = Field(gt=1, description="the smallest batch `min_steps` shrinks to (a "
+                           "batch must hold positives for the loss)")
     max_epochs: int = Field(gt=0, description="upper bound on epochs")
     patience: int = Field(ge=0, description="epochs without a better validation metric before "
                           "stopping early")

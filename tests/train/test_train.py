@@ -61,18 +61,19 @@ def test_train_saves_a_head_that_reloads_to_the_reported_metric(small: tuple[Pat
                                                                 ) -> None:
     root, params_file = small
     report = _train(root, params_file)
-    assert 1 <= report["best_epoch"] <= report["epochs"] <= 3
+    assert 0 <= report["best_epoch"] <= report["epochs"] <= 3  # 0: the frozen encoder kept
     sec = report["seconds"]  # the time split adds up
     assert sec["train"] > 0 and sec["validation"] > 0
     assert sec["train"] + sec["validation"] <= sec["total"]
     assert sec["per_epoch_train"] * report["epochs"] == pytest.approx(sec["train"])
     assert sec["per_epoch_validation"] * report["epochs"] == pytest.approx(sec["validation"])
     assert report["samples_per_s"] == pytest.approx(40 * report["epochs"] / sec["train"])
-    # val_every 5 > max_epochs 3: every metric at epoch 3 (the last), and at the kept epoch
-    # when it is another one (the monitored metric only was computed there)
-    assert report["full_validations"] == 1 + (report["best_epoch"] != 3)
+    # val_every 5 > max_epochs 3: every metric at epoch 0 (the frozen encoder) and 3 (the
+    # last), and at the kept epoch or a tie when another (the monitored metric only there)
+    assert report["full_validations"] >= 2
+    assert report["selected"] == ("frozen" if report["best_epoch"] == 0 else "trained")
     assert set(report["best_val"]) == {f"val/{m}" for m in (
-        "p@1", "recall@1", "recall@5", "recall@10", "mrr@10", "ndcg@10", "map@r")}
+        "p@1", "recall@1", "recall@5", "recall@10", "mrr@10", "ndcg@10", "map@r", "separation")}
     head = heads.load(root / "head")
     p = P.load(params_file)
     data = load_data(p, root / "prepared", root / "cache")
@@ -111,18 +112,21 @@ def test_early_stopping_stops(small: tuple[Path, Path]) -> None:
     root, params_file = small
     _edit(params_file, lr=1e-12, max_epochs=20, patience=2, val_every=1)  # nothing can improve
     report = _train(root, params_file)
-    assert report["epochs"] == 3 and report["best_epoch"] == 1
+    # epochs 1 and 2 tie the frozen encoder (epoch 0, kept): patience 2 stops after epoch 2
+    assert report["epochs"] == 2 and report["best_epoch"] == 0
+    assert report["selected"] == "frozen" and report["val_lift"]["lift"] == 0
     assert report["full_validations"] == 3
 
 
 def test_early_stopping_counts_epochs_whatever_val_every(small: tuple[Path, Path]) -> None:
     """val_every 3: the monitored metric is still checked every epoch, so patience 2 stops at
-    epoch 3 again; every metric at epoch 3 and, at the end, at the kept epoch 1."""
+    epoch 2 again (epoch 0 kept: nothing trained beats it); every metric at epoch 0 and at
+    the tied epochs 1 and 2 (a tie is broken by MAP@R)."""
     root, params_file = small
     _edit(params_file, lr=1e-12, max_epochs=20, patience=2, val_every=3)
     report = _train(root, params_file)
-    assert report["epochs"] == 3 and report["best_epoch"] == 1
-    assert report["full_validations"] == 2 and "val/map@r" in report["best_val"]
+    assert report["epochs"] == 2 and report["best_epoch"] == 0
+    assert report["full_validations"] == 3 and "val/map@r" in report["best_val"]
 
 
 def test_gradcache_training_equals_plain_training(small: tuple[Path, Path]) -> None:
@@ -262,8 +266,9 @@ def test_training_curves_have_one_increasing_step_per_epoch(small: tuple[Path, P
         assert lines[0].split("\t") == ["step", name.rsplit("/", 1)[1]]
         return [(int(s), float(v)) for s, v in (line.split("\t") for line in lines[1:])]
 
-    for name in ("train/loss", "val/mrr@10", "val/p@1", "val/map@r"):
-        assert [step for step, _ in rows(name)] == [1, 2, 3, 4], name
+    assert [step for step, _ in rows("train/loss")] == [1, 2, 3, 4]
+    for name in ("val/mrr@10", "val/p@1", "val/map@r"):  # epoch 0: the frozen encoder
+        assert [step for step, _ in rows(name)] == [0, 1, 2, 3, 4], name
     val = dict(rows("val/mrr@10"))
     assert val[report["best_epoch"]] == pytest.approx(report["best_val"]["val/mrr@10"])
     assert max(val.values()) == pytest.approx(report["best_val"]["val/mrr@10"])
@@ -274,8 +279,8 @@ def test_training_curves_have_one_increasing_step_per_epoch(small: tuple[Path, P
     _edit(params_file, max_epochs=5, patience=10, val_every=2)  # map@r at 2, 4 and 5 only
     report = _train(root, params_file, "2")
     metrics_dir = root / "live2" / "plots" / "metrics"
-    assert [step for step, _ in rows("val/mrr@10")] == [1, 2, 3, 4, 5]
-    assert [step for step, _ in rows("val/map@r")] == [2, 4, 5]
+    assert [step for step, _ in rows("val/mrr@10")] == [0, 1, 2, 3, 4, 5]
+    assert {0, 2, 4, 5} <= {step for step, _ in rows("val/map@r")}  # and any tied epoch
     val = dict(rows("val/mrr@10"))
     assert max(val.values()) == pytest.approx(report["best_val"]["val/mrr@10"])
 
@@ -316,13 +321,13 @@ def test_a_non_terminal_run_logs_one_line_per_epoch_numbered_as_the_report(
         return [float(line.split("\t")[1])
                 for line in (curves / f"{name}.tsv").read_text().splitlines()[1:]]
 
-    loss, val = curve("train/loss"), curve("val/mrr@10")
+    loss, val = curve("train/loss"), curve("val/mrr@10")  # val[0]: epoch 0, the frozen one
     assert [x[2] for x in lines] == pytest.approx(loss, rel=1e-3)
     assert all(math.isfinite(x) and x > 0 for x in loss)
-    assert [x[3] for x in lines] == pytest.approx(val, abs=5e-5)
+    assert [x[3] for x in lines] == pytest.approx(val[1:], abs=5e-5)
     for k, *_, best, j, _, _ in lines:  # the best so far, as early stopping sees it
-        assert j == 1 + max(range(k), key=lambda i: (val[i], -i))
-        assert best == pytest.approx(val[j - 1], abs=5e-5)
+        assert j <= k and best == pytest.approx(max(val[: k + 1]), abs=5e-5)
+        assert best == pytest.approx(val[j], abs=5e-5)
     assert lines[-1][5] == report["best_epoch"]
     assert sum(x[6] for x in lines) == pytest.approx(report["seconds"]["train"], abs=0.01 * len(
         lines))
@@ -348,12 +353,18 @@ def test_a_terminal_gets_the_bar_numbered_as_the_report_and_no_lines(
 
 def test_stage_reduces_a_too_large_batch_and_trains(small: tuple[Path, Path]) -> None:
     root, params_file = small
-    _edit(params_file, batch_size=64, max_epochs=1)
+    _edit(params_file, batch_size=64, max_epochs=1, min_steps=0)
     result = CliRunner().invoke(app, stage_args(root, params_file))
     assert result.exit_code == 0, result.output
     assert ("train.batch_size 64 is more than the 40 training examples: using 40 (one batch "
             "per epoch)") in result.output
     assert json.loads((root / "train.json").read_text())["epochs"] == 1
+    _edit(params_file, min_steps=4, min_batch=8)  # issue 34: 40 // 4 = 10 per batch
+    result = CliRunner().invoke(app, stage_args(root, params_file))
+    assert result.exit_code == 0, result.output
+    assert ("train.batch_size 64 -> 10: 40 training examples, train.min_steps 4 steps per "
+            "epoch (not below train.min_batch 8), so 4 steps per epoch") in result.output
+    assert "is more than the 40 training examples" not in result.output
 
 
 # --- bad input: one line, before any training --------------------------------------------------
@@ -473,7 +484,7 @@ def test_weights_that_turn_non_finite_on_the_last_step_are_caught(small: tuple[P
     """One step per epoch and one epoch: the loss of that step is finite, the weights after it
     give inf/NaN vectors (lr 1e36); they are checked before they are kept as the best."""
     root, params_file = small
-    _edit(params_file, lr=1e36, max_epochs=1, batch_size=100000)  # clamped: 1 step
+    _edit(params_file, lr=1e36, max_epochs=1, batch_size=100000, min_steps=0)  # clamped: 1 step
     line = _diverged(root, params_file)
     assert line == ("error: train.lr: training diverged at epoch 1, step 1: the validation "
                     "vectors are no longer finite; the learning rate 1e+36 is likely too high; "
@@ -498,7 +509,7 @@ def test_item11_diverged_run_prints_no_warning(small: tuple[Path, Path]) -> None
     import warnings
 
     root, params_file = small
-    _edit(params_file, lr=1e36, max_epochs=1, batch_size=100000)
+    _edit(params_file, lr=1e36, max_epochs=1, batch_size=100000, min_steps=0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         line = _diverged(root, params_file)

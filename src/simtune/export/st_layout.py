@@ -87,8 +87,12 @@ RULES: dict[str, Callable[[dict[str, torch.Tensor], int], list[Dense]]] = {
 
 def dense_chain(head: heads.Head) -> list[Dense] | None:
     """The head as a chain of `Dense` modules (identity: empty), or None when its type has no
-    rule (then only `HeadModule` can serve it). The mlp's GELU must be the exact (erf) one."""
+    rule (then only `HeadModule` can serve it). The mlp's GELU must be the exact (erf) one.
+    A head at its identity state (a kept epoch 0) is the empty chain: the mlp's chain would
+    give x only to float rounding."""
     rule = RULES.get(head.config["type"])
+    if head.at_identity():  # the frozen encoder kept (epoch 0): its vectors, bit for bit
+        return []
     if rule is None:
         return None
     return rule(_params(head), head.config["dim"])

@@ -43,7 +43,7 @@ from simtune.train.epochs import EpochLoop
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2  # 2: the loop state holds train_cpu_seconds
+FORMAT_VERSION = 3  # 2: the loop state holds train_cpu_seconds; 3: epoch 0, selection keys
 FILE = "last.pt"
 
 

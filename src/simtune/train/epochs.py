@@ -6,12 +6,20 @@ the weights, validates (in eval mode, without gradients, in the precision plugin
 context: as Lightning's loop would; the monitored metric every epoch, every metric when
 `validation.Schedule.full`) and stops training early; at the end it computes every metric of
 the kept epoch from its kept weights when that epoch computed only the monitored one.
+
+Epoch 0 is the frozen encoder (the head at `heads.Head.identity_state`, the representation
+untouched), validated with every metric before the first training epoch: a candidate like any
+epoch, so a run whose training never beats it keeps epoch 0 and saves the frozen behaviour.
+The kept epoch is the best `validation.selection_key`: the monitored metric, a tie broken by
+MAP@R (computed, for this epoch and the kept one, whenever the monitored value ties), then by
+the separation (`validation.separation`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -21,8 +29,10 @@ import pytorch_lightning as pl
 import torch
 
 from simtune.atomic import write_json
-from simtune.train.validation import Schedule, Validator
+from simtune.retrieval import metrics
+from simtune.train.validation import KS, Schedule, Validator, selection_key
 
+log = logging.getLogger(__name__)
 KEPT = "kept_epoch.json"  # in the curves' directory: the kept epoch, for the plots
 
 
@@ -48,6 +58,9 @@ class EpochLoop(pl.Callback):
         self.train_cpu_seconds = 0.0
         self.validation_seconds = 0.0
         self.full_validations = 0  # validations that computed every metric
+        # epoch -> each validation query's monitored metric (Q,): epoch 0 and the kept epoch
+        # (the lift's interval on validation, `val_lift`)
+        self.per_query: dict[int, torch.Tensor] = {}
         self.train_loss: dict[int, float] = {}  # epoch -> its mean training loss (the curves)
         self._start = 0.0
         self.live_dir, self.live = live_dir, None  # a dvclive.Live on rank 0 while training
@@ -65,6 +78,37 @@ class EpochLoop(pl.Callback):
                 for epoch, scores in sorted(self.history.items()):
                     self._log(epoch, scores)
                 self.live.sync()
+        if 0 not in self.history:  # resumed: epoch 0 is in the checkpoint's history
+            self._frozen_epoch(trainer, module)
+
+    def _frozen_epoch(self, trainer: pl.Trainer, module: Any) -> None:
+        """Epoch 0: validate the head at its identity state (the rep is untouched before
+        training) with every metric, and record it as the first candidate."""
+        start, trained = time.perf_counter(), copy.deepcopy(module.head.state_dict())
+        identity = module.head.identity_state()
+        module.head.load_state_dict(identity)
+        try:
+            scores, finite = self._validate(trainer, module, True)
+        finally:
+            module.head.load_state_dict(trained)  # the init the optimizer starts from
+        module._stop_if(not finite, "the frozen encoder's validation vectors are not finite")
+        self.full_validations += 1
+        self.history[0] = scores
+        self.schedule.record(0, selection_key(scores, self.monitor))
+        self.state = {"head": identity, "rep": copy.deepcopy(module.rep.state_dict())}
+        self.per_query[0] = self._per_query()
+        self.validation_seconds += time.perf_counter() - start
+        if self.live is not None:
+            self._log(0, scores)
+            self.live.sync()
+        if trainer.is_global_zero:
+            log.info("epoch 0 (the frozen encoder, a candidate): val %s %.4f", self.monitor,
+                     scores[f"val/{self.monitor}"])
+
+    def _per_query(self) -> torch.Tensor:
+        """The last validation's monitored metric per query (Q,)."""
+        assert self.validator.last is not None
+        return metrics.per_query(self.validator.last.ranked, KS)[self.monitor].clone()
 
     def on_train_epoch_start(self, trainer: pl.Trainer, module: Any) -> None:
         self._start, self._cpu_start = time.perf_counter(), time.process_time()
@@ -81,11 +125,17 @@ class EpochLoop(pl.Callback):
         scores, finite = self._validate(trainer, module, full)
         self.full_validations += full
         module._stop_if(not finite, "the validation vectors are no longer finite")
+        if self.schedule.ties(scores[f"val/{self.monitor}"]) and "val/map@r" not in scores:
+            # a tie (a saturated metric): MAP@R of both epochs decides (`selection_key`)
+            self._complete_kept(trainer, module)  # first: `validator.last` is this epoch's
+            scores, _ = self._validate(trainer, module, True)
+            self.full_validations += 1
         self.history[epoch] = scores
-        better, stop = self.schedule.record(epoch, scores[f"val/{self.monitor}"])
+        better, stop = self.schedule.record(epoch, selection_key(scores, self.monitor))
         if better:
             self.state = {k: copy.deepcopy(m.state_dict()) for k, m in (
                 ("head", module.head), ("rep", module.rep))}
+            self.per_query = {0: self.per_query[0], epoch: self._per_query()}
         if trainer.strategy.reduce_boolean_decision(stop, all=False):
             trainer.should_stop = True
         self.validation_seconds += time.perf_counter() - start
@@ -103,15 +153,28 @@ class EpochLoop(pl.Callback):
         for name, value in sorted({**scores, **loss}.items()):
             self.live.log_metric(name, float(value))
 
+    def _complete_kept(self, trainer: pl.Trainer, module: Any, restore: bool = True) -> None:
+        """Every metric of the kept epoch from its kept weights, when it computed only the
+        monitored one; `restore`: the module's current weights are put back after."""
+        best = self.best_epoch
+        if "val/map@r" in self.history[best]:
+            return
+        current = ({k: copy.deepcopy(m.state_dict()) for k, m in (
+            ("head", module.head), ("rep", module.rep))} if restore else None)
+        module.head.load_state_dict(self.state["head"])
+        module.rep.load_state_dict(self.state["rep"])
+        self.history[best], _ = self._validate(trainer, module, True)
+        self.schedule.best_key = selection_key(self.history[best], self.monitor)
+        self.full_validations += 1
+        if current is not None:
+            module.head.load_state_dict(current["head"])
+            module.rep.load_state_dict(current["rep"])
+
     def on_train_end(self, trainer: pl.Trainer, module: Any) -> None:
         best = self.best_epoch
-        if best and "val/map@r" not in self.history[best]:
-            start = time.perf_counter()  # the kept epoch computed the top-10 metrics only
-            module.head.load_state_dict(self.state["head"])
-            module.rep.load_state_dict(self.state["rep"])
-            self.history[best], _ = self._validate(trainer, module, True)
-            self.full_validations += 1
-            self.validation_seconds += time.perf_counter() - start
+        start = time.perf_counter()  # the kept epoch may have computed the top-10 metrics only
+        self._complete_kept(trainer, module, restore=False)
+        self.validation_seconds += time.perf_counter() - start
         if self.live is not None:
             assert self.live_dir is not None
             write_json(self.live_dir / KEPT, [{"step": best, "kept_epoch": best}])
@@ -136,7 +199,8 @@ class EpochLoop(pl.Callback):
         history, kept weights, kept epoch and value (early stopping counts from it), training
         losses, seconds and the count of full validations."""
         return {"history": self.history, "state": self.state, "train_loss": self.train_loss,
-                "best": (self.schedule.best_epoch, self.schedule.best_value),
+                "best": (self.schedule.best_epoch, list(self.schedule.best_key)),
+                "per_query": self.per_query,
                 "train_seconds": self.train_seconds, "train_cpu_seconds": self.train_cpu_seconds,
                 "validation_seconds": self.validation_seconds,
                 "full_validations": self.full_validations}
@@ -144,7 +208,9 @@ class EpochLoop(pl.Callback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history, self.state = state["history"], state["state"]
         self.train_loss = state["train_loss"]
-        self.schedule.best_epoch, self.schedule.best_value = state["best"]
+        self.schedule.best_epoch, key = state["best"]
+        self.schedule.best_key = tuple(key)
+        self.per_query = dict(state["per_query"])
         self.train_seconds = list(state["train_seconds"])
         self.train_cpu_seconds = state["train_cpu_seconds"]
         self.validation_seconds = state["validation_seconds"]

@@ -35,6 +35,7 @@ from simtune.train.data import check_trainable, load_data
 from simtune.train.epoch_log import progress_callbacks
 from simtune.train.epochs import EpochLoop
 from simtune.train.module import Diverged, SimilarityModule, diverged, is_divergence
+from simtune.train.sampling import batch_for
 from simtune.train.validation import Schedule, Validator, frozen
 
 log = logging.getLogger(__name__)
@@ -102,11 +103,15 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     module, loop, trainer, seconds = fit(p, data, task, accelerator, live_dir, extra=resume)
     if trainer.global_rank != 0:
         return {}
-    result = {**report_of(loop, seconds, len(data.training)), **gain}
+    # epoch 0 (`frozen_val`) is the frozen encoder's validation; `gain` said whether it had room
+    result = {**report_of(loop, seconds, len(data.training), t.monitor,
+                          p.evaluate.significance.resamples, p.evaluate.significance.seed),
+              "nothing_to_gain": gain["nothing_to_gain"]}
     save(module, loop, p, out)
     write_json(report, result)
     for done in resumes:
         done.finish()
+    log_selection(result, t.monitor)
     sec = result["seconds"]
     log.info("trained %d epochs (best %d: val %s = %.4f), %.2f s/epoch training + %.2f "
              "s/epoch validation (%d of every metric)", result["epochs"], loop.best_epoch,
@@ -143,6 +148,7 @@ def fit(p: Params, data: Data, task: RetrievalTask, accelerator: str, live_dir: 
     the trainer and the seconds `trainer.fit` took; `progress`: each epoch's progress, numbered
     as the report numbers epochs (`epoch_log`: a bar on a terminal, else a log line per epoch);
     `extra`: callbacks to run after the loop's, given the loop (the resumable checkpoint)."""
+    p = fit_schedule(p, len(data.training), announce=progress)
     t = p.train
     pl.seed_everything(t.seed, workers=True, verbose=False)
     module_type, validator_type = _query_side_or(SimilarityModule, Validator, t)
@@ -177,24 +183,78 @@ def _query_side_or(module: type, validator: type, t: TrainParams) -> tuple[type,
     return query_side.QuerySideModule, query_side.QuerySideValidator
 
 
-def report_of(loop: EpochLoop, total: float, n_train: int) -> dict[str, Any]:
-    """`reports/train.json`: epochs, the kept epoch and its validation metrics, the
-    validations that computed every metric, and seconds: `total` (trainer.fit), `train` (the
-    training epochs), `validation` (every epoch's and the kept epoch's at the end),
-    `per_epoch_*` (each / epochs), `train_cpu` (the training epochs' CPU seconds, all threads
-    of this process); train + validation <= total (the rest: set-up, curves,
-    Lightning between epochs)."""
+def fit_schedule(p: Params, n: int, announce: bool = True) -> Params:
+    """`p` (effective params) with the batch size an epoch of `n` training examples trains
+    with (`sampling.batch_for`: `train.min_steps` steps or more), logged when it changes and
+    `announce`."""
+    t = p.train
+    batch, why = batch_for(n, t.batch_size, t.min_steps, t.min_batch)
+    if batch == t.batch_size:
+        return p
+    if announce:
+        key = "train.batch_size" if t.mode == "head" else "train.encoder.batch_size"
+        log.info("%s %d -> %d: %s, so %d steps per epoch", key, t.batch_size, batch, why,
+                 -(-n // batch))
+    return p.model_copy(update={"train": t.model_copy(update={"batch_size": batch})})
+
+
+def report_of(loop: EpochLoop, total: float, n_train: int, monitor: str = "mrr@10",
+              resamples: int = 10000, seed: int = 13) -> dict[str, Any]:
+    """`reports/train.json`: epochs, the kept epoch and its validation metrics, `selected`
+    ("frozen" when epoch 0, the frozen encoder, is kept: nothing trained beat it on
+    validation; else "trained"), `frozen_val` (epoch 0's validation metrics), `val_lift` (the
+    kept epoch's monitored metric minus the frozen encoder's on the validation queries, its
+    paired bootstrap 95 % interval (`resamples`, `seed`) and `resolved`: whether the interval
+    excludes 0, i.e. the split can tell a lift of that size from none), the validations that
+    computed every metric, and seconds: `total` (trainer.fit), `train` (the training epochs),
+    `validation` (every epoch's, epoch 0's and the kept epoch's at the end), `per_epoch_*`
+    (each / epochs), `train_cpu` (the training epochs' CPU seconds, all threads of this
+    process); train + validation <= total (the rest: set-up, curves, Lightning between
+    epochs)."""
     epochs = len(loop.train_seconds)
     train_s, val_s = sum(loop.train_seconds), loop.validation_seconds
     return {
         "epochs": epochs, "best_epoch": loop.best_epoch,
-        "best_val": loop.history[loop.best_epoch], "full_validations": loop.full_validations,
+        "selected": "frozen" if loop.best_epoch == 0 else "trained",
+        "best_val": loop.history[loop.best_epoch], "frozen_val": loop.history.get(0, {}),
+        "val_lift": val_lift(loop, monitor, resamples, seed),
+        "full_validations": loop.full_validations,
         "seconds": {"total": total, "train": train_s, "validation": val_s,
                     "per_epoch_train": train_s / max(epochs, 1),
                     "per_epoch_validation": val_s / max(epochs, 1),
                     "train_cpu": loop.train_cpu_seconds},
         "samples_per_s": epochs * n_train / max(train_s, 1e-9),
     }
+
+
+def val_lift(loop: EpochLoop, monitor: str, resamples: int, seed: int) -> dict[str, Any]:
+    """{metric, queries, lift, ci95, resolved} of the kept epoch over epoch 0 on the validation
+    queries (`report_of`); the kept epoch 0 has lift 0, interval [0, 0], resolved false."""
+    from simtune.retrieval.significance import bootstrap_ci
+
+    frozen_q = loop.per_query.get(0)
+    kept_q = loop.per_query.get(loop.best_epoch, frozen_q)
+    if frozen_q is None or kept_q is None:  # a loop that never validated epoch 0
+        return {}
+    diff = (kept_q.double() - frozen_q.double()).numpy()
+    lo, hi = bootstrap_ci(diff, resamples, seed)
+    return {"metric": monitor, "queries": len(diff), "lift": float(diff.mean()),
+            "ci95": [lo, hi], "resolved": bool(lo > 0 or hi < 0)}
+
+
+def log_selection(result: dict[str, Any], monitor: str) -> None:
+    """One line when the frozen encoder is kept; one when the validation split is too small
+    to tell the kept epoch's lift from none."""
+    lift, frozen_value = result["val_lift"], result["frozen_val"].get(f"val/{monitor}")
+    if result["selected"] == "frozen":
+        log.warning("no trained epoch beat the frozen encoder on validation (val %s %.4f at "
+                    "epoch 0): kept epoch 0, the head saved at identity (the frozen encoder's "
+                    "vectors)", monitor, frozen_value)
+    elif lift and not lift["resolved"]:
+        lo, hi = lift["ci95"]
+        log.warning("the validation split (%d queries) cannot tell the kept epoch %d from the "
+                    "frozen encoder: val %s lift %+.4f, 95%% interval [%+.4f, %+.4f] holds 0",
+                    lift["queries"], result["best_epoch"], monitor, lift["lift"], lo, hi)
 
 
 def headline(result: dict[str, Any]) -> dict[str, Any]:

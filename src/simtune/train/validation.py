@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from simtune.examples import Data, Split
-from simtune.retrieval.task import RetrievalTask, by_split
+from simtune.retrieval import metrics
+from simtune.retrieval.task import RetrievalTask, Scored, by_split
 
 KS = (1, 5, 10)  # validation's Recall@k cut-offs
 
@@ -28,26 +29,84 @@ KS = (1, 5, 10)  # validation's Recall@k cut-offs
 class Schedule:
     """Which epochs compute every metric, early stopping in epochs, the kept epoch.
 
-    Per epoch e (1-based): `full(e)`: whether every metric is computed (else only the
-    monitored one); `record(e, value)` -> (better, stop): `better` when the value beats every
-    earlier one (the epoch is then the kept one), `stop` when it does not and it comes
-    `patience` or more epochs after the kept one."""
+    Per epoch e (0: the frozen encoder, before training; then 1-based): `full(e)`: whether
+    every metric is computed (else only the monitored one); `record(e, key)` -> (better,
+    stop): `better` when the key (`selection_key`: the monitored value, then the tie-breakers)
+    beats every earlier one (the epoch is then the kept one; equal keys keep the earlier
+    epoch), `stop` when it does not and it comes `patience` or more epochs after the kept
+    one. `best_value`: the kept epoch's monitored value (the key's first element)."""
 
     def __init__(self, every: int, patience: int, max_epochs: int) -> None:
         if every < 1 or patience < 0 or max_epochs < 1:
             raise ValueError(f"bad schedule: every {every}, patience {patience}, "
                              f"max_epochs {max_epochs}")
         self.every, self.patience, self.max_epochs = every, patience, max_epochs
-        self.best_epoch, self.best_value = 0, -float("inf")
+        self.best_epoch, self.best_key = 0, (-float("inf"),)
+
+    @property
+    def best_value(self) -> float:
+        return self.best_key[0]
 
     def full(self, epoch: int) -> bool:
         return epoch % self.every == 0 or epoch == self.max_epochs
 
-    def record(self, epoch: int, value: float) -> tuple[bool, bool]:
-        if value > self.best_value:
-            self.best_epoch, self.best_value = epoch, value
+    def ties(self, value: float) -> bool:
+        """Whether a monitored `value` equals the kept epoch's (the tie-breakers decide)."""
+        return value == self.best_key[0]
+
+    def record(self, epoch: int, key: tuple[float, ...] | float) -> tuple[bool, bool]:
+        key = key if isinstance(key, tuple) else (key,)
+        if key > self.best_key:
+            self.best_epoch, self.best_key = epoch, key
             return True, False
         return False, epoch - self.best_epoch >= self.patience
+
+
+# after the monitored metric, in order: what breaks a tie (a small validation split saturates
+# rank metrics: MRR@10 reaches 1.0 after one step while MAP@R and the separation still rise)
+TIE_BREAKERS = ("map@r", "separation")
+
+
+def selection_key(scores: dict[str, float], monitor: str) -> tuple[float, ...]:
+    """(monitored value, then each of `TIE_BREAKERS` but the monitor) of validation `scores`
+    ("val/<name>"); a tie-breaker not computed (MAP@R of a top-10 validation) is -inf: it is
+    computed whenever the monitored value ties (`EpochLoop`), so only a strictly better
+    monitored value ever meets a missing one."""
+    names = [monitor, *(n for n in TIE_BREAKERS if n != monitor)]
+    key = [scores.get(f"val/{n}", -float("inf")) for n in names]
+    # the separation to 1e-6: float noise (an epoch that barely moved the weights) is a tie,
+    # which keeps the earlier epoch (the frozen encoder over a head that did not train)
+    key[-1] = round(key[-1], 6)
+    return tuple(key)
+
+
+def separation(task: RetrievalTask, q: torch.Tensor, c: torch.Tensor | None) -> float:
+    """The mean over queries of (mean cosine to its relevant items - mean cosine to every
+    item it ranks): a continuous score that never saturates, the last tie-breaker
+    (`TIE_BREAKERS`). `q` (Q, D) the queries' vectors, `c` (C, D) the corpus' (None: the
+    queries leave themselves out). O((Q + C) D): per-label sums of unit vectors (groups), or
+    one dot product per relevant pair (pairs). Queries without a relevant item count 0."""
+    q = torch.nn.functional.normalize(q.float(), dim=1)
+    loo = c is None
+    c = q if c is None else torch.nn.functional.normalize(c.float(), dim=1)
+    total = q @ c.sum(0)  # (Q,)
+    n_all = torch.full((len(q),), float(len(c) - loo))
+    if task.pairs is None:
+        assert task.q_labels is not None
+        c_labels = task.q_labels if task.c_labels is None else task.c_labels
+        n_labels = int(max(task.q_labels.max(), c_labels.max())) + 1
+        sums = torch.zeros(n_labels, c.shape[1]).index_add_(0, c_labels, c)
+        rel = (q * sums[task.q_labels]).sum(1)
+        n_rel = torch.bincount(c_labels, minlength=n_labels)[task.q_labels].float()
+        if loo:  # each query is in the corpus sums once, at cosine 1 to itself
+            rel, total, n_rel = rel - 1, total - 1, n_rel - 1
+    else:
+        qi, ci = task.pairs[:, 0], task.pairs[:, 1]
+        rel = torch.zeros(len(q)).index_add_(0, qi, (q[qi] * c[ci]).sum(1))
+        n_rel = torch.bincount(qi, minlength=len(q)).float()
+    has = n_rel > 0
+    gap = torch.where(has, rel / n_rel.clamp_min(1) - total / n_all.clamp_min(1), 0.0)
+    return float(gap.mean()) if len(gap) else 0.0
 
 
 def frozen(module: torch.nn.Module) -> bool:
@@ -66,6 +125,7 @@ class Validator:
         self.data, self.task, self.rep, self.head = data, task, rep, head
         self.rep_frozen, self._cache = rep_frozen, {}  # (split, role, "rep" | "out") -> vectors
         self._head_frozen = frozen(head)
+        self.last: Scored | None = None
 
     def embed(self, sp: Split, role: str) -> torch.Tensor:
         """(n, D) head outputs of a split's examples for `role`, from the caches when valid."""
@@ -85,20 +145,26 @@ class Validator:
 
     def __call__(self, full: bool = True) -> tuple[dict[str, float], bool]:
         """(metrics, whether every vector was finite); `full` False: ranked down to the top
-        max(ks, 10) only, every metric but MAP@R. Call it in eval mode, without grad."""
+        max(ks, 10) only, every metric but MAP@R and the separation (`full`: both). `last`:
+        the ranking's `Scored` (per-query metrics). Call it in eval mode, without grad."""
         def embed(sp: Split, role: str) -> torch.Tensor:
             vectors = self.embed(sp, role)
             if not bool(torch.isfinite(vectors).all()):
                 raise _NotFinite
             return vectors
 
+        vectors, task = by_split(self.data, embed), self.task
         try:
-            scored = self.task.score(by_split(self.data, embed), KS, upto_r=full)
+            q = vectors(task.queries)
+            c = None if task.corpus is None else vectors(task.corpus)
         except _NotFinite:
             # nothing to score (numpy would only warn about NaN): the caller stops the run.
             # Every process has the same weights, so all stop here together
             return {}, False
-        return scored.metrics, True
+        self.last = task.score_by(metrics.cosine(q, q if c is None else c), KS, upto_r=full)
+        # the separation with MAP@R only: both break ties, and a tie computes every metric
+        extra = {"separation": separation(task, q, c)} if full else {}
+        return {**self.last.metrics, **extra}, True
 
 
 class _NotFinite(Exception):
