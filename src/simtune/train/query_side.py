@@ -26,7 +26,7 @@ from simtune.examples import Data, Split
 from simtune.params import Params
 from simtune.retrieval.task import by_split
 from simtune.train.module import SimilarityModule
-from simtune.train.validation import KS, Validator
+from simtune.train.validation import KS, Validator, separation
 
 CANDIDATES = "corpus"  # "corpus" (the default, measured better) | "batch" (bench/query_adapter)
 CORPUS_SAMPLE = 65536  # corpus items a step ranks at most (a uniform sample above it)
@@ -160,6 +160,15 @@ class QuerySideValidator(Validator):
             finite[0] = finite[0] and bool(torch.isfinite(vectors).all())
             return vectors
 
-        q = by_split(self.data, embed)
-        scored = self.task.score(q, KS, upto_r=full, corpus_vectors=by_split(self.data, frozen))
-        return (scored.metrics, True) if finite[0] else ({}, False)
+        q, c = by_split(self.data, embed), by_split(self.data, frozen)
+        scored = self.task.score(q, KS, upto_r=full, corpus_vectors=c)
+        if not finite[0]:
+            return {}, False
+        self.last = scored  # the per-query metrics (`EpochLoop`: the lift over epoch 0)
+        if not full:
+            return scored.metrics, True
+        task = self.task  # the separation breaks ties (`selection_key`), as `Validator`'s
+        qv = q(task.queries)
+        sep = (separation(task, qv, c(task.corpus)) if task.corpus is not None
+               else separation(task, qv, None, loo_corpus=c(task.queries)))
+        return {**scored.metrics, "separation": sep}, True

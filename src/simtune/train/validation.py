@@ -80,29 +80,38 @@ def selection_key(scores: dict[str, float], monitor: str) -> tuple[float, ...]:
     return tuple(key)
 
 
-def separation(task: RetrievalTask, q: torch.Tensor, c: torch.Tensor | None) -> float:
+def separation(task: RetrievalTask, q: torch.Tensor, c: torch.Tensor | None,
+               loo_corpus: torch.Tensor | None = None) -> float:
     """The mean over queries of (mean cosine to its relevant items - mean cosine to every
     item it ranks): a continuous score that never saturates, the last tie-breaker
     (`TIE_BREAKERS`). `q` (Q, D) the queries' vectors, `c` (C, D) the corpus' (None: the
-    queries leave themselves out). O((Q + C) D): per-label sums of unit vectors (groups), or
-    one dot product per relevant pair (pairs). Queries without a relevant item count 0."""
+    queries leave themselves out; the corpus is then `loo_corpus` (Q, D), the queries' own
+    vectors on the corpus side (a query-side head: frozen), or `q` itself). O((Q + C) D):
+    per-label sums of unit vectors (groups), or one dot product per relevant pair (pairs).
+    Queries without a relevant item count 0."""
     q = torch.nn.functional.normalize(q.float(), dim=1)
     loo = c is None
-    c = q if c is None else torch.nn.functional.normalize(c.float(), dim=1)
+    if loo:
+        c = q if loo_corpus is None else torch.nn.functional.normalize(loo_corpus.float(), dim=1)
+    else:
+        c = torch.nn.functional.normalize(c.float(), dim=1)
+    own = (q * c).sum(1) if loo else None  # each query's cosine to its own corpus item
+    dev = q.device  # the task's labels and pairs live on the CPU, the vectors maybe not
     total = q @ c.sum(0)  # (Q,)
-    n_all = torch.full((len(q),), float(len(c) - loo))
+    n_all = torch.full((len(q),), float(len(c) - loo), device=dev)
     if task.pairs is None:
         assert task.q_labels is not None
-        c_labels = task.q_labels if task.c_labels is None else task.c_labels
-        n_labels = int(max(task.q_labels.max(), c_labels.max())) + 1
-        sums = torch.zeros(n_labels, c.shape[1]).index_add_(0, c_labels, c)
-        rel = (q * sums[task.q_labels]).sum(1)
-        n_rel = torch.bincount(c_labels, minlength=n_labels)[task.q_labels].float()
-        if loo:  # each query is in the corpus sums once, at cosine 1 to itself
-            rel, total, n_rel = rel - 1, total - 1, n_rel - 1
+        q_labels = task.q_labels.to(dev)
+        c_labels = q_labels if task.c_labels is None else task.c_labels.to(dev)
+        n_labels = int(max(q_labels.max(), c_labels.max())) + 1
+        sums = torch.zeros(n_labels, c.shape[1], device=dev).index_add_(0, c_labels, c)
+        rel = (q * sums[q_labels]).sum(1)
+        n_rel = torch.bincount(c_labels, minlength=n_labels)[q_labels].float()
+        if own is not None:  # each query is in the corpus sums once: take itself out
+            rel, total, n_rel = rel - own, total - own, n_rel - 1
     else:
-        qi, ci = task.pairs[:, 0], task.pairs[:, 1]
-        rel = torch.zeros(len(q)).index_add_(0, qi, (q[qi] * c[ci]).sum(1))
+        qi, ci = task.pairs[:, 0].to(dev), task.pairs[:, 1].to(dev)
+        rel = torch.zeros(len(q), device=dev).index_add_(0, qi, (q[qi] * c[ci]).sum(1))
         n_rel = torch.bincount(qi, minlength=len(q)).float()
     has = n_rel > 0
     gap = torch.where(has, rel / n_rel.clamp_min(1) - total / n_all.clamp_min(1), 0.0)
