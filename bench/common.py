@@ -92,9 +92,8 @@ def run_under(root: Path = HERE.parent) -> dict[str, Any]:
     """What a bench ran under: the commit (and whether the tree differed from it) and every value
     of params.yaml, flattened to dotted keys. The docs check a quoted bench's `params` against
     today's (tests/test_figures.py, bench.report.settings_changed)."""
-    import yaml
-
     from bench.report import flat
+    from simtune import params as P  # the checked reader: a key given twice is refused
 
     def git(*args: str) -> str:
         proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
@@ -103,7 +102,7 @@ def run_under(root: Path = HERE.parent) -> dict[str, Any]:
 
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/*.json")
     return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(dirty),
-            "params": flat(yaml.safe_load((root / "params.yaml").read_text()))}
+            "params": flat(P.read_yaml(root / "params.yaml"))}
 
 
 def write_results(name: str, payload: dict[str, Any]) -> Path:

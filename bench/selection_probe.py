@@ -93,7 +93,7 @@ def main() -> None:
     quiet_lightning()
     logging.basicConfig(level=logging.WARNING)
     root = a.project
-    raw = yaml.safe_load((a.params or root / "params.yaml").read_text())
+    raw = P.read_yaml(a.params or root / "params.yaml")
     rows = []
     sizes = [("per_label", n) for n in a.per_label] + [("pairs", n) for n in a.pairs]
     for assignment in a.set or [""]:

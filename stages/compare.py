@@ -32,16 +32,15 @@ def compare(
     metrics follow in a further table. Experiments of an older commit: `--rev <commit>`.
     """
     import dvc.api
-    import yaml
 
+    from simtune import params as P
     from simtune.errors import UserError
     from simtune.evaluate.compare import flat_keys, render
 
-    try:
-        raw = yaml.safe_load(params.read_text())
-    except FileNotFoundError:
+    if not params.is_file():
         raise UserError(f"{params}: no such params file (run simtune compare in the "
-                        "project's folder)") from None
+                        "project's folder)")
+    raw = P.read_yaml(params)  # a key given twice: one line naming it
     from dvc.exceptions import DvcException
 
     if not Path(".dvc").is_dir():

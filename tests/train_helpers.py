@@ -131,6 +131,9 @@ def trained_by_one_and_two_processes(root: Path, params_file: Path) -> tuple[Pat
     from stages import app
 
     raw = yaml.safe_load(params_file.read_text())
+    # the trained weights are compared (a kept epoch 0 would leave both at the start)
+    raw["train"]["frozen_candidate"] = False
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     result = CliRunner().invoke(app, stage_args(root, params_file, "one"))
     assert result.exit_code == 0, result.output
     proc = train_in_two_processes(root, params_file, raw)

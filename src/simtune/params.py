@@ -493,6 +493,11 @@ class TrainParams(Section):
     max_epochs: int = Field(gt=0, description="upper bound on epochs")
     patience: int = Field(ge=0, description="epochs without a better validation metric before "
                           "stopping early")
+    frozen_candidate: bool = Field(description="epoch 0, the frozen encoder (the head at "
+                                         "identity, the untouched layers), competes with the "
+                                         "trained epochs and is kept when none beats it on "
+                                         "validation; false: the best trained epoch is kept "
+                                         "even when worse (to compare training recipes)")
     val_every: int = Field(gt=0, description="every validation metric (the curves) every N "
                            "epochs and the last; the monitored one (early stopping, the kept "
                            "epoch) every epoch from the top 10 (map@r: every metric every "

@@ -300,7 +300,8 @@ def test_item10_verify_checks_the_top_layers_state_cache(tmp_path: Path,
     code, output = _cli("cache", "verify", *opts, "--sample", "4")
     assert code == 0, output
     assert "tiny: ok: 30 rows, 4 re-embedded" in output
-    assert "tiny@layer1: ok: 30 rows, 0 re-embedded" in output
+    # issue 35 item 10: a sample of the layer states is re-embedded too (float16 tolerance)
+    assert "tiny@layer1: ok: 30 rows, 4 re-embedded" in output
     # the view holds no states: the store shards it references are the ones checked
     entry = store.fingerprint_dir(store.root(""), reference.read(layer_view).fingerprint)
     shard = entry / vectors.read_manifest(entry).shards[0].file

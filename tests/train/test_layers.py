@@ -177,6 +177,7 @@ def _train_and_export(tmp_path: Path, model: Path, family: str, **encoder: objec
     is an ordinary one of its family whose layers k.. alone changed and that plain
     sentence-transformers gives the pipeline's vectors; returns the changed weights' names."""
     raw, params_file = project(tmp_path, model, mode="top_layers")
+    raw["train"]["frozen_candidate"] = False  # the trained layers are what is checked
     raw["train"]["encoder"].update({"top_layers": TOP, "lr": 0.003, "head_lr": 0.01,
                                     "batch_size": 8, "max_epochs": 1, "patience": 1, **encoder})
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))

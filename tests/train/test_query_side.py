@@ -255,7 +255,7 @@ def test_pairs_train_and_evaluate_queries_against_every_frozen_document(
         relevant = {docs.index(r["doc_id"]) for r in test if r["query_id"] == qid}
         ranked = sims[i].argsort(descending=True)[:10].tolist()
         rr.append(next((1 / (k + 1) for k, j in enumerate(ranked) if j in relevant), 0.0))
-    assert report["trained"]["mrr@10"] == pytest.approx(sum(rr) / len(rr), abs=1e-9)
+    assert report["trained"]["mrr@10"] == pytest.approx(sum(rr) / len(rr), abs=1e-6)  # fp32 mean
     model = load_model(tmp_path / "head", encoder=p.encoders.models["tiny"].model)
     texts = ["the river of the king", "a song of the war"]
     frozen = FrozenEncoder("tiny", p.encoders.models["tiny"], torch.device("cpu"))

@@ -255,3 +255,14 @@ def test_a_validation_split_too_small_for_the_lift_is_said(caplog: pytest.LogCap
     with caplog.at_level("WARNING", logger="simtune.train.stage"):
         log_selection({**report, "val_lift": lift}, "mrr@10")
     assert caplog.messages == []
+
+
+def test_with_frozen_candidate_off_the_best_trained_epoch_is_kept_even_below_epoch_0() -> None:
+    """`train.frozen_candidate: false`: epoch 0 is validated (the report's frozen_val) but never
+    kept; on, the same sequence keeps epoch 0."""
+    off = Schedule(1, 5, 3, frozen_candidate=False)
+    assert off.record(0, (0.9,)) == (False, False)
+    assert off.record(1, (0.5,)) == (True, False) and off.best_epoch == 1
+    on = Schedule(1, 5, 3)
+    assert on.record(0, (0.9,)) == (True, False)
+    assert on.record(1, (0.5,)) == (False, False) and on.best_epoch == 0

@@ -229,7 +229,7 @@ def test_the_best_trial_through_its_line_and_apply_reproduces_its_value(
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 3
     line = result.stdout.strip().splitlines()[-1]
     assert line == space.overrides({"train.max_epochs": 4, "train.patience": 3,
-                                    **study.best_trial.params})  # the fixed keys first
+                                    **study.best_trial.params}, temp=True)  # fixed keys first
     # the -S line applied to params.yaml as DVC does, then the train stage
     for key, value in space.parse_overrides(line).items():
         *parents, leaf = key.split(".")

@@ -4,7 +4,7 @@
 `query` route holds the head (its `Dense` modules, as `st_layout` writes them) and the output
 `Normalize`; its `document` route is empty, so `encode_document` gives the frozen encoder's
 vectors bit for bit (an index of them stays valid). `default_route` is `query`: a plain
-`encode` embeds as a query, as `simtune.Model.encode` does. The router's files are those
+`encode` embeds as a query, as `simtune.model.Model.encode` does. The router's files are those
 `Router.save` writes (sentence-transformers >= 5: `router_config.json` with `types`,
 `structure`, `parameters`; each module in a folder named by its id, inside the router's)."""
 

@@ -94,8 +94,8 @@ class EpochLoop(pl.Callback):
         module._stop_if(not finite, "the frozen encoder's validation vectors are not finite")
         self.full_validations += 1
         self.history[0] = scores
-        self.schedule.record(0, selection_key(scores, self.monitor))
-        self.state = {"head": identity, "rep": copy.deepcopy(module.rep.state_dict())}
+        if self.schedule.record(0, selection_key(scores, self.monitor))[0]:
+            self.state = {"head": identity, "rep": copy.deepcopy(module.rep.state_dict())}
         self.per_query[0] = self._per_query()
         self.validation_seconds += time.perf_counter() - start
         if self.live is not None:

@@ -155,8 +155,8 @@ def fit(p: Params, data: Data, task: RetrievalTask, accelerator: str, live_dir: 
     module = module_type(data, p)
     validator = validator_type(data, task, module.rep.embed_split, module.head,
                                frozen(module.rep))
-    loop = loop_type(Schedule(t.val_every, t.patience, t.max_epochs), validator, t.monitor,
-                     live_dir)
+    loop = loop_type(Schedule(t.val_every, t.patience, t.max_epochs, t.frozen_candidate),
+                     validator, t.monitor, live_dir)
     shown, bar = progress_callbacks(loop) if progress else ([], False)
     trainer = pl.Trainer(
         accelerator=accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,

@@ -34,14 +34,17 @@ class Schedule:
     stop): `better` when the key (`selection_key`: the monitored value, then the tie-breakers)
     beats every earlier one (the epoch is then the kept one; equal keys keep the earlier
     epoch), `stop` when it does not and it comes `patience` or more epochs after the kept
-    one. `best_value`: the kept epoch's monitored value (the key's first element)."""
+    one. `best_value`: the kept epoch's monitored value (the key's first element).
+    `frozen_candidate` False (`train.frozen_candidate`): epoch 0 is recorded but never kept."""
 
-    def __init__(self, every: int, patience: int, max_epochs: int) -> None:
+    def __init__(self, every: int, patience: int, max_epochs: int,
+                 frozen_candidate: bool = True) -> None:
         if every < 1 or patience < 0 or max_epochs < 1:
             raise ValueError(f"bad schedule: every {every}, patience {patience}, "
                              f"max_epochs {max_epochs}")
         self.every, self.patience, self.max_epochs = every, patience, max_epochs
         self.best_epoch, self.best_key = 0, (-float("inf"),)
+        self.frozen_candidate = frozen_candidate
 
     @property
     def best_value(self) -> float:
@@ -56,7 +59,7 @@ class Schedule:
 
     def record(self, epoch: int, key: tuple[float, ...] | float) -> tuple[bool, bool]:
         key = key if isinstance(key, tuple) else (key,)
-        if key > self.best_key:
+        if key > self.best_key and (epoch > 0 or self.frozen_candidate):
             self.best_epoch, self.best_key = epoch, key
             return True, False
         return False, epoch - self.best_epoch >= self.patience
