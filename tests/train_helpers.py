@@ -27,12 +27,15 @@ def train_raw(model: Path, data: Path, **train: Any) -> dict[str, Any]:
     return raw
 
 
-def project(root: Path, model: Path, n: int = 80, **train: Any) -> tuple[dict[str, Any], Path]:
-    """Write data, prepare it, fill the cache; returns (raw params, params file)."""
+def project(root: Path, model: Path, n: int = 80, rows: list[tuple[str, str]] | None = None,
+            **train: Any) -> tuple[dict[str, Any], Path]:
+    """Write data (`rows` (text, label), else `n` sentences in 4 labels), prepare it, fill the
+    cache; returns (raw params, params file)."""
     root.mkdir(parents=True, exist_ok=True)
     data = root / "data.jsonl"
-    data.write_text("".join(json.dumps({"text": t, "label": f"L{i % 4}"}) + "\n"
-                            for i, t in enumerate(sentences(n))))
+    rows = rows or [(t, f"L{i % 4}") for i, t in enumerate(sentences(n))]
+    data.write_text("".join(json.dumps({"text": t, "label": label}) + "\n"
+                            for t, label in rows))
     raw = train_raw(model, data, **train)
     p = P.validate(raw)
     write_prepared(prepare.build(p.prepare), root / "prepared", root / "prepare.json")

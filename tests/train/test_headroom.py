@@ -15,11 +15,13 @@ from typer.testing import CliRunner
 
 from simtune import params as P
 from simtune.examples import Data, Split
+from simtune.retrieval.metrics import HEADLINE
 from simtune.retrieval.task import retrieval_task
 from simtune.train import headroom
 from simtune.train.data import load_data
 from simtune.train.stage import validation_task
 from stages import app
+from tests.conftest import write_params
 
 
 def _split(labels: list[int], rows: list[int]) -> Split:
@@ -87,3 +89,38 @@ def test_the_train_report_records_it(tmp_path: Path, tiny_bert: Path) -> None:
     assert report["nothing_to_gain"] is False
     # epoch 0 of the loop is the frozen encoder: its validation equals the metrics recomputed here
     assert {m: report["frozen_val"][f"val/{m}"] for m in want} == pytest.approx(want, abs=1e-6)
+
+
+def test_nothing_to_gain_trains_no_epoch_and_keeps_the_frozen_encoder(
+        tmp_path: Path, tiny_bert: Path) -> None:
+    """Each label one word four times and a letter: the frozen tiny encoder ranks every
+    validation text's own label first (checked here from the cache), so the stage trains no
+    epoch, keeps epoch 0 and saves the head at identity; with `frozen_candidate` off it trains."""
+    from simtune import heads
+    from tests.train_helpers import project, stage_args
+
+    rows = [(f"{word} {word} {word} {word} {c}", word)
+            for word in ("city", "river", "song", "planet", "king", "water") for c in "abcdefgh"]
+    _, params_file = project(tmp_path, tiny_bert, rows=rows, max_epochs=3)
+    p = P.load(params_file)
+    data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
+    frozen = headroom.frozen_metrics(data, validation_task(data, p))
+    assert frozen is not None and {m: frozen[m] for m in HEADLINE} == dict.fromkeys(HEADLINE, 1.0)
+    result = CliRunner().invoke(app, stage_args(tmp_path, params_file))
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "train.json").read_text())
+    assert (report["epochs"], report["best_epoch"], report["selected"],
+            report["nothing_to_gain"]) == (0, 0, "frozen", True)
+    assert "better on validation: no training, the frozen encoder is kept (epoch 0)" in (
+        result.output)
+    head = heads.load(tmp_path / "head")
+    identity = head.identity_state()
+    assert all(torch.equal(v, identity[k]) for k, v in head.state_dict().items())
+
+    raw = P.read_yaml(params_file)
+    raw["train"]["frozen_candidate"] = False
+    write_params(params_file, raw)
+    result = CliRunner().invoke(app, stage_args(tmp_path, params_file))
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "train.json").read_text())
+    assert report["epochs"] >= 1 and report["best_epoch"] >= 1

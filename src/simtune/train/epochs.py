@@ -43,13 +43,16 @@ class EpochLoop(pl.Callback):
     one point per epoch at step = epoch number (1, 2, ...; the metrics other than the monitored
     one at the epochs that compute them), so x only increases, and at the end the kept epoch,
     `live_dir/kept_epoch.json` ([{"step": e, "kept_epoch": e}]: dvc.yaml's plots draw it as a
-    rule across each curve, `.dvc/plots/curves.json`). `history`: epoch -> its
+    rule across each curve, `.dvc/plots/curves.json`). `frozen_only`: stop after epoch 0 (the
+    frozen encoder, kept: no training epoch runs). `history`: epoch -> its
     validation metrics ("val/<name>"; without MAP@R where only the top 10 was ranked); the
     kept epoch's has every metric."""
 
     def __init__(self, schedule: Schedule, validator: Validator, monitor: str,
-                 live_dir: Path | None) -> None:
+                 live_dir: Path | None, frozen_only: bool = False) -> None:
         self.schedule, self.validator, self.monitor = schedule, validator, monitor
+        # nothing to gain (`headroom`): epoch 0 is validated and kept, no epoch trains
+        self.frozen_only = frozen_only
         self.history: dict[int, dict[str, float]] = {}
         self.state: Any = None
         self.train_seconds: list[float] = []
@@ -80,6 +83,8 @@ class EpochLoop(pl.Callback):
                 self.live.sync()
         if 0 not in self.history:  # resumed: epoch 0 is in the checkpoint's history
             self._frozen_epoch(trainer, module)
+        if self.frozen_only:  # Lightning checks `should_stop` before the first epoch starts
+            trainer.should_stop = True
 
     def _frozen_epoch(self, trainer: pl.Trainer, module: Any) -> None:
         """Epoch 0: validate the head at its identity state (the rep is untouched before

@@ -7,7 +7,8 @@ a better one: the train stage says so in one line and in `reports/train.json`
 frozen encoder's cached pooled vectors (one exact ranking of the validation queries); in full
 mode (no cache: the frozen vectors would need an encoder pass) it is not checked (`None`) and
 evaluate's verdict (better / no better / worse than the frozen encoder on test) says how the run
-did.
+did. With `train.frozen_candidate` on, nothing to gain means no training: the stage validates
+epoch 0 and keeps it (`epochs.EpochLoop`'s `frozen_only`).
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ def frozen_metrics(data: Data, task: RetrievalTask) -> dict[str, float] | None:
         return task.score(by_rows(vectors), (1, 5, 10)).metrics
 
 
-def check(data: Data, task: RetrievalTask) -> dict[str, Any]:
+def check(data: Data, task: RetrievalTask, skips: bool = False) -> dict[str, Any]:
     """`{"nothing_to_gain": bool | None, "frozen_val": {metric: value} | None}` for the
-    training report, logging a warning when there is nothing to gain (None: not checked)."""
+    training report, logging a warning when there is nothing to gain (None: not checked);
+    `skips`: the warning says no training runs (`train.frozen_candidate`: the train stage then
+    keeps epoch 0, the frozen encoder, without training)."""
     try:
         got = frozen_metrics(data, task)
     except ValueError:  # items without cache rows: not head-mode data
@@ -53,7 +56,8 @@ def check(data: Data, task: RetrievalTask) -> dict[str, Any]:
     if saturated:
         log.warning("nothing to gain: the frozen encoder already scores 1.0 on every "
                     "validation metric (%s, %d queries), so no trained model can be told "
-                    "better on validation; a larger or harder validation split could (see "
+                    "better on validation%s; a larger or harder validation split could (see "
                     "evaluate's verdict for the test split)", ", ".join(HEADLINE),
-                    len(task.queries))
+                    len(task.queries), ": no training, the frozen encoder is kept (epoch 0)"
+                    if skips else "")
     return {"nothing_to_gain": saturated, "frozen_val": frozen_val}

@@ -10,6 +10,7 @@ raised through Lightning, which re-raises it) before anything is saved.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -99,8 +100,12 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
         return resumes[-1:]
 
     task = validation_task(data, p)
-    gain = headroom.check(data, task)  # the frozen encoder at 1.0 on validation: said
-    module, loop, trainer, seconds = fit(p, data, task, accelerator, live_dir, extra=resume)
+    # the frozen encoder at 1.0 on validation: said, and (frozen_candidate) kept untrained
+    gain = headroom.check(data, task, t.frozen_candidate)
+    loop_type = (functools.partial(EpochLoop, frozen_only=True)
+                 if gain["nothing_to_gain"] and t.frozen_candidate else EpochLoop)
+    module, loop, trainer, seconds = fit(p, data, task, accelerator, live_dir, loop_type,
+                                         extra=resume)
     if trainer.global_rank != 0:
         return {}
     # epoch 0 (`frozen_val`) is the frozen encoder's validation; `gain` said whether it had room
@@ -246,6 +251,8 @@ def log_selection(result: dict[str, Any], monitor: str) -> None:
     """One line when the frozen encoder is kept; one when the validation split is too small
     to tell the kept epoch's lift from none."""
     lift, frozen_value = result["val_lift"], result["frozen_val"].get(f"val/{monitor}")
+    if result["selected"] == "frozen" and result["epochs"] == 0:
+        return  # nothing to gain: `headroom` said so, and no epoch trained
     if result["selected"] == "frozen":
         log.warning("no trained epoch beat the frozen encoder on validation (val %s %.4f at "
                     "epoch 0): kept epoch 0, the head saved at identity (the frozen encoder's "
