@@ -25,7 +25,8 @@ Each cell: mean ± sd over the seeds (sd: n - 1; "-" for one seed). A row that c
 
     python -m bench.small_data [--sets trec-coarse,trec-fine,bbc,outlets,news-pairs]
         [--sizes 8,16,32,64,128,all] [--pair-sizes 50,200,1000] [--seeds 5]
-        [--rows frozen,head,top2,setfit,logreg] [--setfit-max 64] [--setfit-sizes 8]
+        [--rows frozen,head,top2,setfit,logreg] [--top2-sizes 8,all] [--setfit-max 64]
+        [--setfit-sizes 8]
         [--setfit-seeds 5] [--cap 0] [--tiny]
 
 `--cap N`: `all` means at most N texts per label (pairs: N pairs), a reduced run. Prints a
@@ -282,7 +283,7 @@ class Bench:
                 run["head"] = pipeline(p, work / "prepared", work / "cache", work / "head")
             if "logreg" in rows and kind == "groups":
                 run["logreg"] = logreg(p, work / "prepared", work / "cache")
-            if "top2" in rows:
+            if "top2" in rows and (not self.args.top2_sizes or size in self.args.top2_sizes):
                 p2 = P.validate(run_params(self.raw, data, kind, self.store, seed, "top2",
                                            self.args))
                 run["top2"] = pipeline(p2, work / "prepared", work / "cache", work / "top2")
@@ -454,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--setfit-sizes", default="", help="SetFit only at these sizes")
     ap.add_argument("--setfit-seeds", type=int, default=5, help="SetFit only on the first "
                     "N seeds (its runs are the slow ones on a CPU)")
+    ap.add_argument("--top2-sizes", default="", help="the top2 row only at these sizes "
+                    "(`all` allowed; empty: every size)")
     ap.add_argument("--setfit-max-steps", type=int, default=0, help="bound SetFit's "
                     "contrastive steps (0: its default recipe; the smoke run's 2)")
     ap.add_argument("--cap", type=int, default=0, help="`all`: at most this many per label "
@@ -471,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rows, args.setfit_max_steps = "frozen,head,logreg,setfit", 2
     args.sizes, args.pair_sizes = _sizes(args.sizes), _sizes(args.pair_sizes)
     args.setfit_sizes = [s for s in _sizes(args.setfit_sizes) if s]
+    args.top2_sizes = _sizes(args.top2_sizes)
     args.rows = set(filter(None, args.rows.split(",")))
     if unknown := args.rows - set(ROWS):
         raise SystemExit(f"bench.small_data: unknown rows {sorted(unknown)} (known: "

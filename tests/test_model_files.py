@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from simtune import heads, model_files
 from simtune.encoders import FrozenEncoder, load_pretrained
-from simtune.errors import UserError
+from simtune.errors import UserError, echo
 from simtune.export.stage import export
 from simtune.model import load_model
 from simtune.params import EncoderParams
@@ -257,7 +257,7 @@ def test_item6_export_paths_outside_the_folder_are_refused(tiny_bert: Path,
     good = json.loads(config.read_text())
     cases = {  # edit -> the refused key and value
         "absolute encoder": ({"encoder": {**good["encoder"], "model": str(other)}},
-                             f"encoder.model: '{other}' must be a path inside {out}"),
+                             f"encoder.model: {echo(str(other))} must be a path inside {out}"),
         "encoder above": ({"encoder": {**good["encoder"], "model": "../other/encoder"}},
                           "encoder.model: '../other/encoder' leads outside"),
         "head above": ({"head": "../other/head"}, "head: '../other/head' leads outside"),
@@ -292,7 +292,7 @@ def test_item6_a_head_folder_follows_its_training_json_only_when_the_params_agre
         _edit_json(meta, encoder={**json.loads(meta.read_text())["encoder"], "model": planted})
         for call in (lambda: load_model(head, "cpu", encoder=str(tiny_bert)),
                      lambda: export(head, tmp_path / "export", encoder=str(tiny_bert))):
-            assert _error(call) == (f"{meta}: encoder.model {planted!r} is outside the head "
+            assert _error(call) == (f"{meta}: encoder.model {echo(planted)} is outside the head "
                                     f"folder and is not the encoder the params name "
                                     f"('{tiny_bert}')")
     assert not (tmp_path / "export").exists()
