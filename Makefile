@@ -60,13 +60,15 @@ run: install
 plots: install
 	PATH="$(BIN):$$PATH" dvc plots show
 
-# the tests, after the architecture's import rules (pyproject's importlinter contracts) and ruff;
+# the tests, after the architecture's import rules (pyproject's importlinter contracts) and ruff,
+# on a pytest-xdist worker per core (the long tests first, and the tests of one module-scoped
+# fixture on one worker: tests/conftest.py);
 # tests/test_docs.py builds the site with `mkdocs build --strict` (headless-browser checks run
 # where Debian's chromium is installed: `apt-get install chromium`, ~300 MB, not done here)
 test: install
 	$(BIN)/ruff check .
 	cd $(CURDIR) && $(BIN)/lint-imports
-	PATH="$(BIN):$$PATH" pytest -q
+	PATH="$(BIN):$$PATH" pytest -q -n auto --dist loadgroup
 
 # the documentation site, into site/: --strict fails on a broken link or anchor, a page missing
 # from the nav, or a params key without a description (the parameters page is generated)

@@ -30,6 +30,32 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["SIMTUNE_STORE"] = tempfile.mkdtemp(prefix="simtune-test-store-")
 
 
+# The longest tests (their files or node ids), started first: with `pytest -n` (`make test`)
+# each worker begins on one of them and the short ones fill in around them, rather than one
+# worker finishing alone on a long tail. Longest first, measured with `--durations`.
+FIRST = ("tests/test_bench_distill.py", "tests/test_pipeline.py", "tests/test_readme.py",
+         "tests/test_bench_layers.py", "tests/test_compare.py", "tests/test_bench_scale.py",
+         "tests/test_docs_site.py", "tests/test_docs.py::test_dvc_plots_show",
+         "tests/cache/test_cache.py::test_two_process", "tests/train/test_top_layers.py::test_ddp")
+
+
+def _rank(item: pytest.Item) -> int:
+    return next((i for i, p in enumerate(FIRST) if item.nodeid.startswith(p)), len(FIRST))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long tests first (`FIRST`, a stable sort: pytest's order otherwise), and with
+    pytest-xdist the tests that share a module-scoped fixture in one group (`--dist
+    loadgroup`: one worker builds it once, instead of each worker that gets one of them)."""
+    items.sort(key=_rank)
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        shared = sorted(name for name, defs in (info.name2fixturedefs.items() if info else ())
+                        if defs and defs[-1].scope == "module")
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(f"{item.path.name}:{'+'.join(shared)}"))
+
+
 @pytest.fixture(autouse=True)
 def _own_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test gets its own empty shared vector store (never the user's ~/.cache)."""
