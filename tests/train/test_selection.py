@@ -12,9 +12,10 @@ import torch
 
 from simtune import heads
 from simtune import params as P
+from simtune.examples import batch_for
 from simtune.retrieval.task import RetrievalTask
 from simtune.train.epochs import EpochLoop
-from simtune.train.sampling import EpochBatches, batch_for
+from simtune.train.sampling import EpochBatches
 from simtune.train.validation import Schedule, selection_key, separation
 
 

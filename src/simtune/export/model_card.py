@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from simtune.errors import UserError
+from simtune.examples import batch_for
 from simtune.export.long_texts import recipe
 from simtune.params import Params
 
@@ -29,11 +30,13 @@ HUB_IDS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}  # bundled encode
 LOSS_KEYS = {"supcon": ("temperature",), "triplet": ("margin", "mining"),
              "contrastive": ("margin",), "arcface": ("margin", "scale"),
              "mnrl": ("scale", "symmetric")}
-MODE_KEYS = {"head": ("lr", "batch_size", "max_epochs", "patience"),
+# min_steps and min_batch: with batch_size, what a small set's batch became (`train.sampling`)
+MODE_KEYS = {"head": ("lr", "batch_size", "min_steps", "min_batch", "max_epochs", "patience"),
              "top_layers": ("encoder.top_layers", "encoder.lr", "encoder.head_lr",
-                            "encoder.batch_size", "encoder.max_epochs", "encoder.patience"),
-             "full": ("encoder.lr", "encoder.head_lr", "encoder.batch_size",
-                      "encoder.max_epochs", "encoder.patience")}
+                            "encoder.batch_size", "min_steps", "min_batch",
+                            "encoder.max_epochs", "encoder.patience"),
+             "full": ("encoder.lr", "encoder.head_lr", "encoder.batch_size", "min_steps",
+                      "min_batch", "encoder.max_epochs", "encoder.patience")}
 MODES = {"head": "encoder frozen; the head trained on cached embeddings",
          "top_layers": "the encoder's top layers and the head trained (lower layers frozen)",
          "full": "the whole encoder fine-tuned with the head"}
@@ -85,10 +88,12 @@ def key_params(p: Params, kind: str) -> list[tuple[str, Any]]:
     if kind == "pairs" and p.encoders.document != p.encoders.query:
         keys.append("encoders.document")
     keys += ["train.mode", "train.head.type"]
+    keys += ["train.head.side"] * (p.train.head.side != "both")
     if p.train.head.type == "mlp":
         keys += ["train.head.expansion", "train.head.dropout"]
     keys += _loss_keys(p)
-    keys += [f"train.{k}" for k in MODE_KEYS[p.train.mode]] + ["train.seed"]
+    keys += [f"train.{k}" for k in MODE_KEYS[p.train.mode]]
+    keys += ["train.frozen_candidate", "train.seed"]
     return [(k, _value(p, k)) for k in keys]
 
 
@@ -128,15 +133,25 @@ BATCH_KEYS = ("train.batch_size", "train.encoder.batch_size")
 
 def in_force(params: list[tuple[str, Any]], report: dict[str, Any] | None
              ) -> list[tuple[str, str]]:
-    """(key, value as shown) of the params in force: a batch larger than the training examples
-    ran as one batch of all of them (the train stage's `fit_batch_size`, one process), so the
-    card shows the size used and the params.yaml value beside it."""
+    """(key, value as shown) of the params in force: the batch an epoch of the training
+    examples ran with (`examples.batch_for`: shrunk for `train.min_steps`; one batch of all
+    of them when larger, the train stage's `fit_batch_size`, one process), shown with the
+    params.yaml value beside it when they differ."""
     n = (report or {}).get("examples", {}).get("train")
+    given = dict(params)
+    steps, floor = given.get("train.min_steps", 0), given.get("train.min_batch", 1)
     out = []
     for key, value in params:
-        if key in BATCH_KEYS and isinstance(n, int) and 0 < n < value:
+        if key not in BATCH_KEYS or not isinstance(n, int) or n <= 0:
+            out.append((key, _show(value)))
+            continue
+        batch = batch_for(n, value, steps, floor)[0]
+        if batch >= n and value > n:
             out.append((key, f"{n} (params.yaml {value}: one batch of all {n} training "
                              "examples)"))
+        elif batch != value:
+            out.append((key, f"{batch} (params.yaml {value}: train.min_steps {steps} steps "
+                             f"per epoch over {n} training examples)"))
         else:
             out.append((key, _show(value)))
     return out

@@ -38,20 +38,6 @@ def fit_batch_size(epoch_size: int, batch_size: int, world: int, announce: bool 
     return whole
 
 
-def batch_for(n: int, batch_size: int, min_steps: int, min_batch: int) -> tuple[int, str]:
-    """(the batch size an epoch of `n` examples trains with, why): `batch_size`, shrunk to
-    n // `min_steps` so an epoch gets `min_steps` optimizer steps or more (a large batch over
-    a few hundred examples is one step per epoch: the head barely moves before early stopping
-    ends the run), not below `min_batch` (nor above `batch_size`); `min_steps` 0: as set."""
-    if min_steps == 0 or n // min_steps >= batch_size:
-        return batch_size, ""
-    batch = min(batch_size, max(min_batch, n // min_steps))
-    if batch == batch_size:
-        return batch, ""
-    return batch, (f"{n} training examples, train.min_steps {min_steps} steps per epoch "
-                   f"(not below train.min_batch {min_batch})")
-
-
 class EpochBatches(torch.utils.data.Sampler[list[int]]):
     """Yields lists of example indices; Lightning calls `set_epoch` before each epoch.
 

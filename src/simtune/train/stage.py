@@ -26,7 +26,7 @@ from simtune import params as P
 from simtune.atomic import atomic_dir, write_json
 from simtune.encoders import describe
 from simtune.errors import UserError
-from simtune.examples import Data
+from simtune.examples import Data, batch_for
 from simtune.params import Params, TrainParams
 from simtune.prepare.prepared import kind as prepared_kind
 from simtune.retrieval.task import RetrievalTask, retrieval_task
@@ -36,7 +36,6 @@ from simtune.train.data import check_trainable, load_data
 from simtune.train.epoch_log import progress_callbacks
 from simtune.train.epochs import EpochLoop
 from simtune.train.module import Diverged, SimilarityModule, diverged, is_divergence
-from simtune.train.sampling import batch_for
 from simtune.train.validation import Schedule, Validator, frozen
 
 log = logging.getLogger(__name__)
@@ -190,7 +189,7 @@ def _query_side_or(module: type, validator: type, t: TrainParams) -> tuple[type,
 
 def fit_schedule(p: Params, n: int, announce: bool = True) -> Params:
     """`p` (effective params) with the batch size an epoch of `n` training examples trains
-    with (`sampling.batch_for`: `train.min_steps` steps or more), logged when it changes and
+    with (`examples.batch_for`: `train.min_steps` steps or more), logged when it changes and
     `announce`."""
     t = p.train
     batch, why = batch_for(n, t.batch_size, t.min_steps, t.min_batch)
