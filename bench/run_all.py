@@ -29,7 +29,11 @@ ROOT = HERE.parent
 # stage's second thread spin-waits for a core the other stage holds (0.93 instead of 0.82)
 ARGS = {"train_speed": ["--threads", "1"],
         # our full fine-tuning and the peer again, alone: their seconds per epoch
-        "layers_full": ["--rows", "full,st", "--sets", "trec,news_pairs", "--name", "layers_full"]}
+        "layers_full": ["--rows", "full,st", "--sets", "trec,news_pairs", "--name", "layers_full"],
+        # the page's runs (hours at its defaults on 2 cores: 5 seeds, 6 sizes, SetFit to 64)
+        "small_data": ["--sizes", "8,32,all", "--seeds", "3", "--top2-sizes", "8,32",
+                       "--setfit-sizes", "32", "--setfit-seeds", "2"],
+        "query_adapter": ["--limit", "news_pairs=1500"]}
 MODULE = {"layers_full": "layers"}  # a results file written by another bench's script
 
 
