@@ -81,16 +81,20 @@ def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path
                ) -> Path:
     """The folder `name`, made by `build(folder)` once per test session, and once for all of
     pytest-xdist's workers (they share the parent of their base temp folders; a lock file
-    there makes the others wait for the first's build rather than do it again)."""
+    there makes the others wait for the first's build rather than do it again; the done
+    marker names the run, so a folder left by an earlier run under a fixed --basetemp is
+    rebuilt)."""
     root = factory.getbasetemp()
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent
     folder, done = root / name, root / f"{name}.done"
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
+        if not done.is_file() or done.read_text() != run or not folder.is_dir():
+            done.unlink(missing_ok=True)
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir()
             build(folder)
-            done.touch()
+            done.write_text(run)
     return folder
