@@ -105,6 +105,18 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def pipeline_baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding `project`: the small real-DVC project of tests/test_pipeline.py after
+    its first `dvc repro` (uncommitted), and `store`: the vectors that repro stored. Built once
+    per session (once for all pytest-xdist workers); each test takes its own copy of both
+    (`tests.test_pipeline._baseline_copy`) rather than running the same repro again."""
+    from tests.dvc_project import built_once
+    from tests.test_pipeline import build_baseline
+
+    return built_once(tmp_path_factory, "pipeline-baseline", build_baseline)
+
+
+@pytest.fixture(scope="session")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The documentation site as `mkdocs build --strict` makes it, built once per session for
     every test that reads its pages (a build takes ~30 s)."""

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import ROOT
 
@@ -25,11 +29,16 @@ def project_files() -> list[str]:
 class DvcProject:
     """A copy of the project in `path`, committed to a fresh git repository."""
 
-    def __init__(self, path: Path, clone_of: DvcProject | None = None) -> None:
+    def __init__(self, path: Path, clone_of: DvcProject | None = None,
+                 copy_of: Path | None = None) -> None:
         self.path = path
         self._environment(path)
         if clone_of is not None:  # a teammate's `git clone`
             self.run("git", "clone", "-q", str(clone_of.path), str(path), cwd=path.parent)
+            return
+        if copy_of is not None:  # the very folder, outputs, DVC cache and git history included
+            shutil.copytree(copy_of, path, symlinks=True,
+                            ignore=lambda d, _: ["tmp"] if Path(d) == copy_of / ".dvc" else [])
             return
         for rel in project_files():
             dest = path / rel
@@ -66,3 +75,26 @@ class DvcProject:
 
     def dvc(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.run(sys.executable, "-m", "dvc", *args, check=check)
+
+
+def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]
+               ) -> Path:
+    """The folder `name`, made by `build(folder)` once per test session, and once for all of
+    pytest-xdist's workers (they share the parent of their base temp folders; a lock file
+    there makes the others wait for the first's build rather than do it again; the done
+    marker names the run, so a folder left by an earlier run under a fixed --basetemp is
+    rebuilt)."""
+    root = factory.getbasetemp()
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file() or done.read_text() != run or not folder.is_dir():
+            done.unlink(missing_ok=True)
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            done.write_text(run)
+    return folder

@@ -72,11 +72,12 @@ def test_render_narrow_moves_params_to_a_further_table_hides_nothing() -> None:
 
 
 @pytest.mark.integration
-def test_compare_after_a_temp_experiment_on_other_data_fits_120_columns(tmp_path: Path) -> None:
+def test_compare_after_a_temp_experiment_on_other_data_fits_120_columns(
+        pipeline_baseline: Path, tmp_path: Path) -> None:
     """A committed run, then a --temp experiment that changes a param and the data file; the
     documented comparison at 120 columns, no pager (the quickstart's own experiments, a param
     and the mode, are compared in tests/test_readme.py: kept apart, each test stays cheap)."""
-    project, raw, params, data = _committed_baseline(tmp_path)
+    project, raw, params, data = _committed_baseline(pipeline_baseline, tmp_path)
     other = data.with_name("more.csv")
     other.write_text(data.read_text() + "".join(
         f'"an extra text number {i} about topic {i % 3}",L{i % 3}\n' for i in range(6)))

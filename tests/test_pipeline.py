@@ -8,7 +8,9 @@ DVC; the data is a small CSV in data/raw/ and the encoder a tiny random BERT, so
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,32 @@ def _small_project(tmp_path: Path) -> tuple[DvcProject, dict[str, Any], Path, Pa
     return project, raw, params, data
 
 
+def build_baseline(folder: Path) -> None:
+    """Into `folder`, `project`: the small project (one epoch) after its first `dvc repro`,
+    not committed, and `store`: the vector store that repro filled (the `pipeline_baseline`
+    fixture of tests/conftest.py builds it once per session)."""
+    project, raw, params, _ = _small_project(folder)
+    project.env["SIMTUNE_STORE"] = str(folder / "store")
+    raw["train"]["max_epochs"] = 1
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+    first = project.dvc("repro")
+    assert _ran(first) == set(STAGES) and any((folder / "store" / "vectors").iterdir())
+
+
+def _baseline_copy(baseline: Path, tmp_path: Path, store: Path | None = None
+                   ) -> tuple[DvcProject, dict[str, Any], Path, Path]:
+    """A copy of `baseline` in `tmp_path` / project, as if this test had run the repro itself:
+    the project folder (outputs, dvc.lock, DVC cache, git history) and, into `store` (this
+    test's own `$SIMTUNE_STORE` unless given), the vectors that repro stored."""
+    store = store or Path(os.environ["SIMTUNE_STORE"])
+    shutil.copytree(baseline / "store", store, symlinks=True)
+    project = DvcProject(tmp_path / "project", copy_of=baseline / "project")
+    project.env["SIMTUNE_STORE"] = str(store)
+    params = project.path / "params.yaml"
+    return (project, yaml.safe_load(params.read_text()), params,
+            project.path / "data" / "raw" / "mine.csv")
+
+
 def test_the_edit_rerun_loop(tmp_path: Path) -> None:
     project, raw, params, data = _small_project(tmp_path)
     first = project.dvc("repro")
@@ -97,12 +125,13 @@ def test_the_edit_rerun_loop(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def two_experiments(tmp_path_factory: pytest.TempPathFactory) -> tuple[DvcProject, bytes]:
-    """A small project run, rerun with the same params, committed, then two experiments
-    (`dvc exp run -S train.lr=...`): shared by the tests that read what DVC shows of it.
-    Returns it and reports/evaluate.json's bytes after the first run."""
-    project, *_ = _small_project(tmp_path_factory.mktemp("experiments"))
-    project.dvc("repro")
+def two_experiments(tmp_path_factory: pytest.TempPathFactory, pipeline_baseline: Path
+                    ) -> tuple[DvcProject, bytes]:
+    """A small project run (the baseline's copy), rerun with the same params, committed, then
+    two experiments (`dvc exp run -S train.lr=...`): shared by the tests that read what DVC
+    shows of it. Returns it and reports/evaluate.json's bytes after the first run."""
+    folder = tmp_path_factory.mktemp("experiments")
+    project, *_ = _baseline_copy(pipeline_baseline, folder, folder / "store")
     before = (project.path / "reports" / "evaluate.json").read_bytes()
     project.dvc("repro", "-f", "train", "evaluate")  # same params again
     assert (project.path / "reports" / "evaluate.json").read_bytes() == before
@@ -220,20 +249,19 @@ def _nothing_embedded(text: str) -> bool:
     return all(said.endswith(" 0 to embed") for said in _embedded(text))
 
 
-def _committed_baseline(tmp_path: Path) -> tuple[DvcProject, dict[str, Any], Path, Path]:
-    project, raw, params, data = _small_project(tmp_path)
-    raw["train"]["max_epochs"] = 1
-    params.write_text(yaml.safe_dump(raw, sort_keys=False))
-    project.dvc("repro")
+def _committed_baseline(baseline: Path, tmp_path: Path
+                        ) -> tuple[DvcProject, dict[str, Any], Path, Path]:
+    project, raw, params, data = _baseline_copy(baseline, tmp_path)
     project.git("add", "-A")
     project.git("commit", "-q", "-m", "baseline run")
     return project, raw, params, data
 
 
-def test_a_queued_grid_and_a_temp_experiment_embed_nothing(tmp_path: Path) -> None:
+def test_a_queued_grid_and_a_temp_experiment_embed_nothing(
+        pipeline_baseline: Path, tmp_path: Path) -> None:
     import time
 
-    project, *_ = _committed_baseline(tmp_path)
+    project, *_ = _committed_baseline(pipeline_baseline, tmp_path)
     project.dvc("exp", "run", "--queue", "-S", "train.lr=0.001,0.003,0.01",
                 "-S", "train.head.type=mlp,skip_connection")
     project.dvc("queue", "start", "-j", "2")
@@ -262,10 +290,9 @@ def test_a_queued_grid_and_a_temp_experiment_embed_nothing(tmp_path: Path) -> No
     assert _nothing_embedded(temp.stdout + temp.stderr)
 
 
-def test_settings_round_trip_checkout_and_a_teammates_clone(tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch
-                                                            ) -> None:
-    project, raw, params, _ = _committed_baseline(tmp_path)
+def test_settings_round_trip_checkout_and_a_teammates_clone(
+        pipeline_baseline: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    project, raw, params, _ = _committed_baseline(pipeline_baseline, tmp_path)
     first = json.loads((project.path / "cache" / "tiny" / "manifest.json").read_text())
     raw["encoders"]["models"]["tiny"]["max_length"] = 16
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -298,9 +325,9 @@ def test_settings_round_trip_checkout_and_a_teammates_clone(tmp_path: Path,
     assert _embedded(grown.stderr) == ["60 cached, 3 to embed"], grown.stderr[-3000:]
 
 
-def test_a_failing_stage_loses_nothing_dvc_checkout_restores(tmp_path: Path) -> None:
-    project, _, params, data = _small_project(tmp_path)
-    project.dvc("repro")
+def test_a_failing_stage_loses_nothing_dvc_checkout_restores(
+        pipeline_baseline: Path, tmp_path: Path) -> None:
+    project, _, params, data = _baseline_copy(pipeline_baseline, tmp_path)
     outputs = ("data/prepared/texts.parquet", "reports/prepare.json", "reports/metrics.json",
                "reports/train.json", "models/head/config.json", "cache/tiny/manifest.json",
                "models/export/simtune.json")
@@ -334,9 +361,9 @@ def test_a_failing_stage_loses_nothing_dvc_checkout_restores(tmp_path: Path) -> 
     assert {o: (project.path / o).read_bytes() for o in outputs} == good
 
 
-def test_a_stage_reruns_for_its_own_code_only(tmp_path: Path) -> None:
-    project, *_ = _small_project(tmp_path)
-    project.dvc("repro")
+def test_a_stage_reruns_for_its_own_code_only(pipeline_baseline: Path, tmp_path: Path
+                                              ) -> None:
+    project, *_ = _baseline_copy(pipeline_baseline, tmp_path)
     project.git("add", "-A")
     project.git("commit", "-q", "-m", "baseline run")
 
