@@ -204,12 +204,12 @@ def test_the_stage_writes_a_model_card_with_the_evaluated_metrics(tiny_bert: Pat
     assert "Test split: 16 queries against a corpus of 40." in card
     assert "80 distinct texts; examples: train 40, val 20, test 20." in card
     # issue 36 item 10: the data sentence names the kind once, and the batch in force is
-    # listed, not params.yaml's 1024: 40 training examples, train.min_steps 2 -> 20, raised to
+    # listed, not params.yaml's 1024: 40 training examples, train.min_steps 4 -> 10, raised to
     # train.min_batch 32 (the train stage's `examples.batch_for`: steps of 32 and 8)
     assert ("## Data\n\nTREC question classification (fine labels, 50 classes); groups: texts "
             "with the same label are similar. 80 distinct texts;") in card
-    assert ("| `train.batch_size` | 32 (params.yaml 1024: train.min_steps 2 steps per epoch "
-            "over 40 training examples) |") in card
+    assert ("| `train.batch_size` | 32 (params.yaml 1024: 2 steps an epoch over 40 training "
+            "examples; train.min_steps 4, min_batch 32) |") in card
     assert "-S train.batch_size=1024" in card  # the reproduction repeats params.yaml
     assert "| `train.head.type` | skip_connection |" in card
     # params.yaml's `auto` on the head's groups data: the card names the loss that ran
@@ -306,7 +306,7 @@ def test_the_card_shows_the_batch_each_size_of_data_trained_with() -> None:
         return dict(in_force(keys, {"examples": {"train": n}}))["train.batch_size"]
 
     assert shown(20) == "20 (params.yaml 1024: one batch of all 20 training examples)"
-    assert shown(300) == ("150 (params.yaml 1024: train.min_steps 2 steps per epoch over 300 "
-                          "training examples)")
+    assert shown(300) == ("150 (params.yaml 1024: 2 steps an epoch over 300 training "
+                          "examples; train.min_steps 2, min_batch 32)")
     assert shown(4306) == "1024"
     assert shown(300, steps=0) == "300 (params.yaml 1024: one batch of all 300 training examples)"

@@ -150,8 +150,9 @@ def in_force(params: list[tuple[str, Any]], report: dict[str, Any] | None
             out.append((key, f"{n} (params.yaml {value}: one batch of all {n} training "
                              "examples)"))
         elif batch != value:
-            out.append((key, f"{batch} (params.yaml {value}: train.min_steps {steps} steps "
-                             f"per epoch over {n} training examples)"))
+            out.append((key, f"{batch} (params.yaml {value}: {-(-n // batch)} steps an epoch "
+                             f"over {n} training examples; train.min_steps {steps}, "
+                             f"min_batch {floor})"))
         else:
             out.append((key, _show(value)))
     return out
