@@ -400,10 +400,10 @@ def summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if p1 or acc:
                 out.append({"set": name, "size": size, "row": row, "p@1": mean_sd(p1),
                             "accuracy": mean_sd(acc), "seconds": mean_sd(sec)})
-            if row == "frozen" and p1:  # the binomial standard error of the mean P@1
-                q = [r["head"]["queries"] for r in mine if r.get("head")]
+            q = [r["head"].get("queries") for r in mine if r.get("head")]
+            if row == "frozen" and p1 and all(q):  # the binomial standard error of the mean
                 out[-1]["test_se"] = math.sqrt(sum(
-                    x * (1 - x) / max(n, 1) for x, n in zip(p1, q, strict=True))) / len(p1)
+                    x * (1 - x) / n for x, n in zip(p1, q, strict=True))) / len(p1)
     return out
 
 

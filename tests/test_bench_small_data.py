@@ -33,9 +33,10 @@ def test_a_subset_keeps_size_over_the_train_fraction_per_label_seeded() -> None:
 
 def test_the_summary_is_the_mean_and_sd_over_seeds_by_hand() -> None:
     """Head P@1 0.5 and 0.7 over two seeds: mean 0.6, sd sqrt(0.02) (n - 1); frozen 0.6 both:
-    sd 0, so the target is a lift of at least 0."""
+    sd 0 over the seeds, so the target's standard error is the test draw's: 10 queries a seed,
+    sqrt(0.6 * 0.4 / 10 * 2) / 2 = 0.1095; without the query counts, a lift of at least 0."""
     runs = [{"set": "s", "size": 8, "seed": k, "head": {
-        "trained": t, "frozen": 0.6, "fill_s": 1.0, "seconds": 2.0 * k}}
+        "trained": t, "frozen": 0.6, "fill_s": 1.0, "seconds": 2.0 * k, "queries": 10}}
         for k, t in ((1, 0.5), (2, 0.7))]
     summed = small_data.summary(runs)
     head = next(s for s in summed if s["row"] == "head")
@@ -44,8 +45,12 @@ def test_the_summary_is_the_mean_and_sd_over_seeds_by_hand() -> None:
     assert head["seconds"] == {"mean": 3.0, "sd": pytest.approx(2 ** 0.5), "n": 2}
     [row] = small_data.headline(summed)
     assert (row["ours"], row["peer"], row["ratio"]) == (pytest.approx(0.6), 0.6, "+0.000")
-    assert row["target"] == ">= 0 (1 SE of frozen)"  # sd 0: the lift itself must be >= 0
+    assert row["target"] == ">= -0.110 (1 SE of frozen)"
     assert "| s   | 8    | head   | 0.600 ± 0.141 |" in small_data.rendered(summed)
+    for r in runs:
+        del r["head"]["queries"]
+    [row] = small_data.headline(small_data.summary(runs))
+    assert row["target"] == ">= 0 (1 SE of frozen)"  # sd 0: the lift itself must be >= 0
 
 
 def test_tiny_run(tiny_bert: Path, tmp_path: Path) -> None:
