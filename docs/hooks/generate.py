@@ -281,12 +281,13 @@ def bench_page(markdown: str) -> str:
     report = _report()
     results = report.load()
     tables = {f"<!-- generated:bench-table {name} -->": results[name]["table"]
-              for name in ("train_sweep",) if name in results}
+              for name in ("train_sweep", "query_adapter") if name in results}
     for marker, table in tables.items():
         # the sweep's settings are all train.* keys: named without the prefix, wrapped at commas
         table = table.replace(",train.", ", ").replace("| train.", "| ").replace(
             "| setting ", "| `train.` setting ")
-        markdown = markdown.replace(marker, report.narrow(table))
+        # the query-side bench's tables are one per set, each under its bold set name
+        markdown = markdown.replace(marker, table if "**" in table else report.narrow(table))
     if "long_docs" in results:
         markdown = markdown.replace("<!-- generated:bench-long-sets -->",
                                     report.long_sets(results["long_docs"]))
