@@ -30,7 +30,7 @@ HUB_IDS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}  # bundled encode
 LOSS_KEYS = {"supcon": ("temperature",), "triplet": ("margin", "mining"),
              "contrastive": ("margin",), "arcface": ("margin", "scale"),
              "mnrl": ("scale", "symmetric")}
-# min_steps and min_batch: with batch_size, what a small set's batch became (`train.sampling`)
+# min_steps and min_batch: with batch_size, what a small set's batch became (`examples.batch_for`)
 MODE_KEYS = {"head": ("lr", "batch_size", "min_steps", "min_batch", "max_epochs", "patience"),
              "top_layers": ("encoder.top_layers", "encoder.lr", "encoder.head_lr",
                             "encoder.batch_size", "min_steps", "min_batch",
