@@ -52,6 +52,24 @@ def test_a_saturated_monitor_is_broken_by_map_at_r_then_the_separation() -> None
     assert s.best_epoch == 4 and s.best_value == 1.0
 
 
+def test_the_separation_alone_never_displaces_the_frozen_encoder() -> None:
+    """Epoch 0 (frozen) yields to a better rank metric only; between trained epochs the
+    separation still breaks a tie. With `frozen_candidate` off it decides as before."""
+    history = [(0.98, 0.96, 0.55), (0.98, 0.96, 0.58), (0.98, 0.96, 0.60)]
+    s = Schedule(5, 10, 20)
+    for epoch, (mrr, map_r, sep) in enumerate(history):
+        s.record(epoch, selection_key(_scores(mrr, map_r, sep), "mrr@10"))
+    assert s.best_epoch == 0  # the 25 pairs of news-pairs 200, seed 3: epoch 1 had lost 0.12
+    history += [(0.98, 0.97, 0.40), (0.98, 0.97, 0.45)]  # MAP@R beats frozen; then a tie
+    for epoch, (mrr, map_r, sep) in list(enumerate(history))[3:]:
+        s.record(epoch, selection_key(_scores(mrr, map_r, sep), "mrr@10"))
+    assert s.best_epoch == 4 and s.best_key == (0.98, 0.97, 0.45)
+    off = Schedule(5, 10, 20, frozen_candidate=False)
+    for epoch, (mrr, map_r, sep) in enumerate(history[:3]):
+        off.record(epoch, selection_key(_scores(mrr, map_r, sep), "mrr@10"))
+    assert off.best_epoch == 2
+
+
 def test_a_monitored_map_at_r_is_broken_by_the_separation() -> None:
     key = selection_key(_scores(1.0, 1.0, 0.25), "map@r")
     assert key == (1.0, 0.25)

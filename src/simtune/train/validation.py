@@ -33,7 +33,8 @@ class Schedule:
     every metric is computed (else only the monitored one); `record(e, key)` -> (better,
     stop): `better` when the key (`selection_key`: the monitored value, then the tie-breakers)
     beats every earlier one (the epoch is then the kept one; equal keys keep the earlier
-    epoch), `stop` when it does not and it comes `patience` or more epochs after the kept
+    epoch; the frozen encoder yields to a better rank metric only, never to the separation
+    alone), `stop` when it does not and it comes `patience` or more epochs after the kept
     one. `best_value`: the kept epoch's monitored value (the key's first element).
     `frozen_candidate` False (`train.frozen_candidate`): epoch 0 is recorded but never kept."""
 
@@ -59,10 +60,20 @@ class Schedule:
 
     def record(self, epoch: int, key: tuple[float, ...] | float) -> tuple[bool, bool]:
         key = key if isinstance(key, tuple) else (key,)
-        if key > self.best_key and (epoch > 0 or self.frozen_candidate):
+        if (key > self.best_key and (epoch > 0 or self.frozen_candidate)
+                and not self._separation_over_frozen(key)):
             self.best_epoch, self.best_key = epoch, key
             return True, False
         return False, epoch - self.best_epoch >= self.patience
+
+    def _separation_over_frozen(self, key: tuple[float, ...]) -> bool:
+        """Whether `key` beats the kept frozen encoder (epoch 0) by the separation alone (the
+        last tie-breaker), every rank metric equal. Training raises the separation by
+        construction (the losses pull relevant pairs together), so it breaks ties between
+        trained epochs but is no evidence against the frozen encoder: on 25 validation pairs
+        that all rank alike, epoch 1 displaced it that way and lost 0.12 test P@1."""
+        return (self.best_epoch == 0 and self.frozen_candidate and len(key) > 1
+                and key[:-1] == self.best_key[:-1])
 
 
 # after the monitored metric, in order: what breaks a tie (a small validation split saturates
