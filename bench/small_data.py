@@ -27,7 +27,7 @@ Each cell: mean ± sd over the seeds (sd: n - 1; "-" for one seed). A row that c
         [--sizes 8,16,32,64,128,all] [--pair-sizes 50,200,1000] [--seeds 5]
         [--rows frozen,head,top2,setfit,logreg] [--top2-sizes 8,all] [--setfit-max 64]
         [--setfit-sizes 8]
-        [--setfit-seeds 5] [--cap 0] [--tiny]
+        [--setfit-seeds 5] [--cap 0] [--set train.KEY=VALUE ...] [--tiny]
 
 `--cap N`: `all` means at most N texts per label (pairs: N pairs), a reduced run. Prints a
 Markdown table and writes bench/small_data.json (the arguments, params.yaml's train section,
@@ -152,7 +152,23 @@ def run_params(raw: dict[str, Any], data: Path, kind: str, store: Path, seed: in
         t["encoder"]["top_layers"] = 2
     else:
         t["mode"] = "head"
+    for key, value in getattr(args, "set", None) or []:  # `--set`: every row but frozen's
+        *path, last = key.split(".")
+        node = p
+        for part in path:
+            node = node[part]
+        node[last] = value
     return p
+
+
+def _override(text: str) -> tuple[str, Any]:
+    """`--set train.mode=full` -> ("train.mode", "full"); the value read as YAML."""
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--set {text!r}: expected KEY=VALUE")
+    return key, yaml.safe_load(value)
 
 
 def git_commit() -> dict[str, Any]:
@@ -472,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="encoder window in tokens (0: params.yaml's)")
     ap.add_argument("--tiny", action="store_true", help="a smoke run: TREC coarse at 8 per "
                     "label, one seed, 3 head epochs, 2 SetFit steps, frozen/head/logreg/setfit")
+    ap.add_argument("--set", action="append", type=_override, metavar="KEY=VALUE",
+                    help="a params.yaml key for the trained rows (repeatable), e.g. "
+                    "train.mode=full: a switch measured against the same subsets")
     ap.add_argument("--keep", default="", help="keep the workspace in this folder")
     ap.add_argument("--out", default="", help="results file path (instead of bench/'s)")
     args = ap.parse_args(argv)

@@ -53,6 +53,26 @@ def test_the_summary_is_the_mean_and_sd_over_seeds_by_hand() -> None:
     assert row["target"] == ">= 0 (1 SE of frozen)"  # sd 0: the lift itself must be >= 0
 
 
+def test_set_overrides_the_trained_rows_params_and_reads_yaml_values(tmp_path: Path) -> None:
+    """`--set train.mode=full --set train.encoder.top_layers=3` reach both trained rows'
+    params; a value is YAML (3 an int, `false` a bool); a text without `=` is refused."""
+    import argparse
+
+    args = argparse.Namespace(
+        model="", max_length=0, set=[small_data._override("train.mode=full"),
+                                     small_data._override("train.encoder.top_layers=3"),
+                                     small_data._override("train.frozen_candidate=false")])
+    raw = small_data.base_params()
+    for mode in ("head", "top2"):
+        t = small_data.run_params(raw, tmp_path / "d.jsonl", "groups", tmp_path, 1, mode,
+                                  args)["train"]
+        assert (t["mode"], t["encoder"]["top_layers"], t["frozen_candidate"]) == ("full", 3,
+                                                                                    False)
+    assert raw["train"]["mode"] == "head"  # params.yaml's own copy untouched
+    with pytest.raises(argparse.ArgumentTypeError, match="KEY=VALUE"):
+        small_data._override("train.mode")
+
+
 def test_tiny_run(tiny_bert: Path, tmp_path: Path) -> None:
     out = tmp_path / "small_data.json"
     setfit = importlib.util.find_spec("setfit") is not None
