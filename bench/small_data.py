@@ -24,7 +24,7 @@ Each cell: mean ± sd over the seeds (sd: n - 1; "-" for one seed). A row that c
 (SetFit not installed, a long-docs set's package missing) is named in `skipped`.
 
     python -m bench.small_data [--sets trec-coarse,trec-fine,bbc,outlets,news-pairs]
-        [--sizes 8,16,32,64,128,all] [--pair-sizes 50,200,1000] [--seeds 5]
+        [--sizes 8,16,32,64,128,all] [--pair-sizes 50,200,1000] [--seeds 5] [--from-seed 1]
         [--rows frozen,head,top2,setfit,logreg] [--top2-sizes 8,all] [--setfit-max 64]
         [--setfit-sizes 8]
         [--setfit-seeds 5] [--cap 0] [--set train.KEY=VALUE ...] [--tiny]
@@ -471,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="8,16,32,64,128,all", help="training examples per label")
     ap.add_argument("--pair-sizes", default="50,200,1000", help="pairs sets: training pairs")
     ap.add_argument("--seeds", type=int, default=5, help="random subsets per size")
+    ap.add_argument("--from-seed", type=int, default=1, help="the first seed (a run that "
+                    "adds seeds to an earlier one: the same seed, the same subset)")
     ap.add_argument("--rows", default=",".join(ROWS), help="rows, comma-separated")
     ap.add_argument("--setfit-max", type=int, default=64,
                     help="SetFit only up to this many per label")
@@ -522,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             recs = records(name)
             for size in bench.sizes(name):
-                for seed in range(1, args.seeds + 1):
+                for seed in range(args.from_seed, args.seeds + 1):
                     bench.one(name, recs, size, seed)
         bench.setfit_pass()
         payload = bench.save(complete=True)
