@@ -62,7 +62,7 @@ plots: install
 
 # the tests, after the architecture's import rules (pyproject's importlinter contracts) and ruff,
 # on a pytest-xdist worker per core (the long tests first, and the tests of one module-scoped
-# fixture on one worker: tests/conftest.py);
+# fixture marked for one worker: tests/conftest.py, which says why the marks do not hold yet);
 # tests/test_docs.py builds the site with `mkdocs build --strict` (headless-browser checks run
 # where Debian's chromium is installed: `apt-get install chromium`, ~300 MB, not done here)
 test: install

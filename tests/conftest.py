@@ -46,7 +46,10 @@ def _rank(item: pytest.Item) -> int:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The long tests first (`FIRST`, a stable sort: pytest's order otherwise), and with
     pytest-xdist the tests that share a module-scoped fixture in one group (`--dist
-    loadgroup`: one worker builds it once, instead of each worker that gets one of them)."""
+    loadgroup`: one worker builds it once, instead of each worker that gets one of them).
+    Under pytest 9.2 with pytest-xdist 3.8 the groups do not reach the scheduler (xdist
+    writes the group into `_nodeid`, which pytest 9.2 no longer reads:
+    pytest-dev/pytest-xdist#1386), so each worker still builds its own copy."""
     items.sort(key=_rank)
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
