@@ -156,8 +156,11 @@ def run_params(raw: dict[str, Any], data: Path, kind: str, store: Path, seed: in
         *path, last = key.split(".")
         node = p
         for part in path:
+            if not isinstance(node.get(part), dict):
+                raise SystemExit(f"bench.small_data: --set {key}: params.yaml has no section "
+                                 f"'{part}' there")
             node = node[part]
-        node[last] = value
+        node[last] = value  # a key params.yaml lacks: the schema refuses it, naming it
     return p
 
 

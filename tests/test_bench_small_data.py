@@ -71,6 +71,10 @@ def test_set_overrides_the_trained_rows_params_and_reads_yaml_values(tmp_path: P
     assert raw["train"]["mode"] == "head"  # params.yaml's own copy untouched
     with pytest.raises(argparse.ArgumentTypeError, match="KEY=VALUE"):
         small_data._override("train.mode")
+    args.set = [small_data._override("train.nothing.here=1")]
+    with pytest.raises(SystemExit, match=re.escape("--set train.nothing.here: params.yaml "
+                                                   "has no section 'nothing'")):
+        small_data.run_params(raw, tmp_path / "d.jsonl", "groups", tmp_path, 1, "head", args)
 
 
 def test_tiny_run(tiny_bert: Path, tmp_path: Path) -> None:
