@@ -152,7 +152,7 @@ def run_params(raw: dict[str, Any], data: Path, kind: str, store: Path, seed: in
         t["encoder"]["top_layers"] = 2
     else:
         t["mode"] = "head"
-    for key, value in getattr(args, "set", None) or []:  # `--set`: every row but frozen's
+    for key, value in getattr(args, "set", None) or []:  # `--set` (an encoder key: frozen too)
         *path, last = key.split(".")
         node = p
         for part in path:
