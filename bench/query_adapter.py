@@ -18,6 +18,9 @@ functions, one params dict per row) in a temporary workspace over params.yaml's 
                    (train.monitor), then scored by evaluate as a query-side linear head
   sym-top2         the symmetric top_layers mode (`train.mode: top_layers`, params.yaml's
                    `train.encoder` schedule and top layers): the other side re-embedded too
+  query-top2       a query tower: `train.head.side: query` in top_layers mode (the same
+                   schedule): the top layers and the head train for the queries alone,
+                   documents keep the frozen vectors
 
 Columns: P@1, MRR@10, nDCG@10 (test split; groups: test texts against train texts, relevant =
 same label; pairs: every document), train s (trainer.fit, or the adapter's loop, validation
@@ -52,7 +55,9 @@ from bench.common import machine, table, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("p@1", "mrr@10", "ndcg@10")
-ROWS = ("sym-mlp", "query-linear", "query-mlp", "query-mlp-batch", "chroma", "sym-top2")
+ROWS = ("sym-mlp", "query-linear", "query-mlp", "query-mlp-batch", "chroma", "sym-top2",
+        "query-top2")
+TOP = ("sym-top2", "query-top2")  # the rows in top_layers mode
 LONG = ("bbc", "outlets")
 
 
@@ -128,7 +133,7 @@ def row_params(raw: dict[str, Any], row: str, args: argparse.Namespace) -> dict[
         t["head"]["side"] = "query"
     if row in ("query-linear", "chroma"):
         t["head"]["type"] = "linear"
-    if row == "sym-top2":
+    if row in TOP:
         t["mode"] = "top_layers"
         if args.max_epochs:
             e = t["encoder"]
@@ -189,7 +194,7 @@ class Bench:
         if row == "chroma":
             seconds = chroma_adapter(p, prepared, cache_dir, out / "model", self.args)
         else:
-            if row == "sym-top2":  # the states below the top layers, once (not train seconds)
+            if row in TOP:  # the states below the top layers, once (not train seconds)
                 from simtune.cache import stage as cache
                 from simtune.cache.views import layer_for
                 cache.fill(prepared, cache_dir, p.encoders, p.cache,

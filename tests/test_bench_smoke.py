@@ -170,11 +170,12 @@ def test_query_adapter_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:
     from bench.long_data import installed
 
     got = _bench(tmp_path, "query_adapter", "--tiny", "--limit", "60", "--sets",
-                 "trec,news_pairs,bbc", "--rows", "sym-mlp,query-mlp,chroma,sym-top2",
+                 "trec,news_pairs,bbc", "--rows", "sym-mlp,query-mlp,chroma,sym-top2,query-top2",
                  "--model", str(tiny_bert), "--max-length", "32", "--name", "query_adapter")
     for name in ("trec", "news_pairs"):
         rows = {r["row"]: r for r in got["results"] if r["set"] == name}
-        assert set(rows) == {"frozen", "bm25", "sym-mlp", "query-mlp", "chroma", "sym-top2"}
+        assert set(rows) == {"frozen", "bm25", "sym-mlp", "query-mlp", "chroma", "sym-top2",
+                             "query-top2"}
         assert all(0 <= r[m] <= 1 for r in rows.values() for m in ("p@1", "mrr@10", "ndcg@10"))
         assert rows["query-mlp"]["train_s"] > 0 and rows["frozen"]["train_s"] == 0
     assert "share_of_symmetric_lift" in got["summary"]["trec"]

@@ -21,10 +21,10 @@ import torch
 
 from simtune.chunks import Chunker, chunked, pool_windows
 from simtune.errors import UserError
-from simtune.model_files import check_st_chain
 from simtune.params import EncoderParams
 from simtune.pretrained import check_positions, load_pretrained
 from simtune.progress import Progress
+from simtune.st_files import check_st_chain
 from simtune.tokens import fast_path
 
 log = logging.getLogger(__name__)

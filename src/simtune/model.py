@@ -11,7 +11,7 @@ Export directory layout (`simtune export`), format version 3:
   (null: none) are also in `config_sentence_transformers.json`, so `encode_query` /
   `encode_document` of sentence-transformers put the same prompts before the texts. `sha256`
   (path -> sha256) covers every file of the head's two copies (`head/` and the `Dense` module
-  folders; `simtune.model_files.head_copies`), checked on every load (exports written before
+  folders; `simtune.st_files.head_copies`), checked on every load (exports written before
   it have none). Read through `simtune.model_files.ExportConfig`; its paths must stay inside
   the folder.
 - `encoder/` — the Hugging Face model files (hard-linked where possible), the bundled `minilm`
@@ -23,6 +23,10 @@ Export directory layout (`simtune export`), format version 3:
   "plain"`); a head type without a `Dense` form would be served by `simtune.st_module.HeadModule`
   and need `trust_remote_code=True`.
 - `README.md` — the model card (`simtune.export.model_card`).
+- a query-side head (`head_side: query`): `encode_document` skips the head (a `Router`); a
+  query tower (top_layers mode) adds `document_encoder` (simtune.json: the folder of the frozen
+  encoder the documents are embedded with; `encoder/` is the tower) and the folder itself is
+  the `Router` (`simtune.export.query_side`).
 
 Older exports still load with `load_model`: version 2 (no `sentence_transformers` key, the head
 as `HeadModule`, no `encoder/` for `minilm`) and version 1 (also no `encoder_name`, not
@@ -37,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from simtune import heads, model_files
+from simtune import heads, model_files, st_files
 from simtune.encoders import BUNDLED, FrozenEncoder, is_export, model_dir, resolve_device
 from simtune.errors import UserError, echo
 from simtune.model_files import ExportConfig, TrainingMeta
@@ -52,10 +56,13 @@ class Model:
     `normalize_output`) L2 normalisation of the head's output."""
 
     def __init__(self, encoder: FrozenEncoder, head: heads.Head, normalize_output: bool,
-                 side: str = "both") -> None:
-        """`side` (`train.head.side`): `query` leaves documents the frozen encoder's vectors."""
+                 side: str = "both", document: FrozenEncoder | None = None) -> None:
+        """`side` (`train.head.side`): `query` leaves documents the frozen encoder's vectors:
+        `document`'s, the frozen encoder when `encoder` is a fine-tuned query tower (top_layers
+        mode), else `encoder` itself."""
         self.encoder, self.head = encoder, head.to(encoder.device).eval()
         self.normalize_output, self.side = normalize_output, side
+        self.document = encoder if document is None else document
 
     @torch.inference_mode()
     def encode(self, texts: list[str], batch_size: int = 64, role: str = "query",
@@ -68,10 +75,11 @@ class Model:
         encoder's vectors exactly (no head, no output normalisation)."""
         if role not in ("query", "document"):
             raise UserError(f"role: '{role}' is not a role (query or document)")
+        if role == "document" and self.side == "query":
+            return self.document.as_role(role).encode(list(texts), batch_size,
+                                                      progress).float().cpu()
         encoder = self.encoder.as_role(role)
         x = encoder.encode(list(texts), batch_size, progress).to(self.encoder.device)
-        if role == "document" and self.side == "query":
-            return x.float().cpu()
         out = self.head(x).float()
         if self.normalize_output:
             out = torch.nn.functional.normalize(out, dim=-1)
@@ -84,7 +92,7 @@ class Model:
         query-side head leaves them the frozen encoder's exactly (groups' texts included)."""
         if self.side == "both":
             return self.encode(texts, batch_size, role, progress)
-        return self.encoder.as_role(role).encode(list(texts), batch_size, progress).float().cpu()
+        return self.document.as_role(role).encode(list(texts), batch_size, progress).float().cpu()
 
 
 def _trained_as(meta: TrainingMeta) -> tuple[str, bool]:
@@ -110,6 +118,12 @@ def trained_encoder(directory: Path, meta: TrainingMeta, encoder: str | None) ->
     directory = Path(directory)
     if (directory / "encoder").is_dir():
         return str(model_files.inside(directory, "encoder", f"{directory}/encoder"))
+    return frozen_encoder(directory, meta, encoder)
+
+
+def frozen_encoder(directory: Path, meta: TrainingMeta, encoder: str | None) -> str:
+    """The `model` of the frozen encoder a head folder was trained over (training.json's; a
+    query tower's documents are its vectors), under `trained_encoder`'s rule."""
     model = meta.encoder.model
     if model in BUNDLED or model == encoder:
         return model
@@ -127,7 +141,7 @@ def load_model(directory: str | Path, device: str = "auto", encoder: str | None 
     Files are read through `simtune.model_files` (one line for a damaged one), and only from
     inside `directory`: `simtune.json`'s encoder and head paths, the sentence-transformers
     files' module paths and every symbolic link must stay inside it, and those files' prompts
-    must be simtune.json's (`model_files.check_st_files`). A head
+    must be simtune.json's (`st_files.check_st_files`). A head
     folder trained on a local encoder (no `encoder/` of its own) needs that encoder's `model`
     as `encoder` (what params.yaml names; see `trained_encoder`)."""
     directory = Path(directory)
@@ -146,8 +160,11 @@ def load_model(directory: str | Path, device: str = "auto", encoder: str | None 
                 directory, spec.model, f"{config_path}: encoder.model"))})
         head_dir = model_files.inside(directory, config.head, f"{config_path}: head")
         side = config.head_side
+        document = None if config.document_encoder is None else spec.model_copy(update={
+            "model": str(model_files.inside(directory, config.document_encoder,
+                                            f"{config_path}: document_encoder"))})
         key = f"{config_path}: encoder"
-        model_files.check_st_files(directory, config)  # after simtune.json's own paths
+        st_files.check_st_files(directory, config)  # after simtune.json's own paths
     elif (directory / "training.json").exists():  # a trained head straight from `train`
         meta = training_meta(directory)
         name, normalize_output = _trained_as(meta)
@@ -155,6 +172,10 @@ def load_model(directory: str | Path, device: str = "auto", encoder: str | None 
             update={"model": trained_encoder(directory, meta, encoder)})
         head_dir = directory
         side = meta.head_side
+        document = None  # a query tower (its own encoder/): documents are the frozen encoder's
+        if side == "query" and (directory / "encoder").is_dir():
+            document = meta.encoder.model_copy(
+                update={"model": frozen_encoder(directory, meta, encoder)})
         key = f"{directory / 'training.json'}: encoder"
     else:
         raise UserError(f"{directory}: not a simtune model (no simtune.json or training.json; "
@@ -162,13 +183,20 @@ def load_model(directory: str | Path, device: str = "auto", encoder: str | None 
     model_files.contained(directory)  # after the named paths: their own message first
     head = heads.load(head_dir)  # before the encoder: a damaged head costs no model load
     if config_path.exists():  # an export's head/ and Dense modules: unchanged since export
-        model_files.check_copies(directory, model_files.read(config_path, ExportConfig))
+        st_files.check_copies(directory, model_files.read(config_path, ExportConfig))
     encoder_model = FrozenEncoder(name, spec, resolve_device(device), key=key)
     encoder_model.as_role("document")  # its prompt too: refused now, not at the first encode
     if head.config["dim"] != encoder_model.dim:
         raise UserError(f"{head_dir}: head expects {head.config['dim']}-d vectors, the encoder "
                         f"gives {encoder_model.dim}-d")
-    return Model(encoder_model, head, normalize_output, side)
+    document_model = None
+    if document is not None:
+        document_model = FrozenEncoder(name.removesuffix(" fine-tuned"), document,
+                                       resolve_device(device), key=f"{key} (documents)")
+        if document_model.dim != encoder_model.dim:
+            raise UserError(f"{key} (documents): {document_model.dim}-d vectors, the query "
+                            f"tower gives {encoder_model.dim}-d")
+    return Model(encoder_model, head, normalize_output, side, document_model)
 
 
 class ExportEncoder:
@@ -178,22 +206,27 @@ class ExportEncoder:
     batch -> (B, dim) float32 vectors), `as_role`, `encode`."""
 
     def __init__(self, model: Model, name: str) -> None:
-        self.inner, self.head, self.name = model.encoder, model.head, name
+        self.model, self.inner, self.head, self.name = model, model.encoder, model.head, name
         self.normalize_output = model.normalize_output
         self.spec, self.device, self.dim = self.inner.spec, self.inner.device, self.inner.dim
         self.role, self.chunker = self.inner.role, self.inner.chunker
         self.tokenize, self.token_lengths = self.inner.tokenize, self.inner.token_lengths
 
     def as_role(self, role: str) -> ExportEncoder:
-        """This export embedding `role` texts (its own prompt for the role)."""
+        """This export embedding `role` texts (its own prompt for the role); a query-side
+        export's documents: its frozen encoder's vectors, as `Model.encode` gives them."""
         other = copy.copy(self)
-        other.inner = self.inner.as_role(role)
+        frozen = role == "document" and self.model.side == "query"
+        other.inner = (self.model.document if frozen else self.model.encoder).as_role(role)
         other.role, other.chunker = role, other.inner.chunker
         other.tokenize, other.token_lengths = other.inner.tokenize, other.inner.token_lengths
         return other
 
     def embed(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Tokenised batch -> (B, dim) float32: the encoder's pooled vectors through the head."""
+        """Tokenised batch -> (B, dim) float32: the encoder's pooled vectors through the head
+        (a query-side export's documents: the frozen encoder's vectors alone)."""
+        if self.role == "document" and self.model.side == "query":
+            return self.inner.embed(batch).float()
         out = self.head(self.inner.embed(batch)).float()
         return torch.nn.functional.normalize(out, dim=-1) if self.normalize_output else out
 
@@ -201,8 +234,7 @@ class ExportEncoder:
     def encode(self, texts: list[str], batch_size: int, progress: bool = False
                ) -> torch.Tensor:
         """(N, dim) float32 on CPU in the order of `texts`, as `Model.encode` gives them."""
-        return Model(self.inner, self.head, self.normalize_output).encode(
-            texts, batch_size, self.role, progress)
+        return self.model.encode(texts, batch_size, self.role, progress)
 
 
 # settings an export fixes (its head was trained on them): params must say the same

@@ -299,7 +299,8 @@ class HeadParams(Section):
         description="`both`: the head transforms every text; `query`: queries only (groups: the "
         "texts as queries), documents keep the frozen encoder's vectors exactly (an index of "
         "them stays valid; each step ranks a query against the frozen training corpus; head "
-        "mode, loss supcon or mnrl, cosine). See docs/keep-your-index.md")
+        "or top_layers mode (top_layers: a query tower, its top layers trained), loss supcon "
+        "or mnrl, cosine). See docs/keep-your-index.md")
 
 
 class LossParams(Section):
@@ -540,12 +541,14 @@ class TrainParams(Section):
 
     @model_validator(mode="after")
     def _query_side(self) -> TrainParams:
-        """`head.side: query` trains a head over cached vectors against the frozen corpus
-        (`simtune.train.query_side`): what needs more is refused, naming the key."""
+        """`head.side: query` trains a head (and in top_layers mode the query tower's top
+        layers) against the frozen corpus (`simtune.train.query_side`): what needs more is
+        refused, naming the key."""
         if self.head.side == "both":
             return self
-        other = {"mode": (self.mode != "head", f"{self.mode} (the query side is a head over "
-                          "cached vectors; set train.mode: head)"),
+        other = {"mode": (self.mode == "full", "full (a query tower reads the cached states "
+                          "below its top layers; set train.mode: top_layers, with "
+                          "train.encoder.top_layers up to the encoder's layer count)"),
                  "objective": (self.objective != "similarity", f"{self.objective}"),
                  "loss.name": (self.loss.name not in ("auto", "supcon", "mnrl"),
                                f"{self.loss.name} (supcon, mnrl or auto)"),

@@ -72,8 +72,7 @@ def test_the_pairs_loss_counts_every_positive_of_the_query_and_skips_none() -> N
     assert float(loss(q, torch.arange(4))) == pytest.approx(want, rel=1e-5)
 
 
-@pytest.mark.parametrize(("key", "value"), [
-    ("mode", "top_layers"), ("mode", "full"), ("hard_negatives", 2)])
+@pytest.mark.parametrize(("key", "value"), [("mode", "full"), ("hard_negatives", 2)])
 def test_what_a_query_side_head_cannot_train_is_refused_in_one_line(key: str, value: Any
                                                                     ) -> None:
     raw = repo_params()
@@ -84,6 +83,9 @@ def test_what_a_query_side_head_cannot_train_is_refused_in_one_line(key: str, va
         P.validate(raw)
     msg = str(e.value)
     assert "\n" not in msg and "train: head.side: query" in msg and f"{key}: {value}" in msg
+    raw["train"][key] = repo_params()["train"][key]
+    raw["train"]["mode"] = "top_layers"  # a query tower: its top layers train for queries
+    assert P.validate(raw).train.head.side == "query"
 
 
 def test_a_query_side_head_refuses_a_loss_it_does_not_rank_with() -> None:
@@ -261,3 +263,16 @@ def test_pairs_train_and_evaluate_queries_against_every_frozen_document(
     frozen = FrozenEncoder("tiny", p.encoders.models["tiny"], torch.device("cpu"))
     assert torch.equal(model.encode(texts, role="document"),
                        frozen.as_role("document").encode(texts, 64))
+
+
+def test_a_new_export_replaces_an_earlier_query_side_export(run: dict[str, Any],
+                                                           tmp_path: Path) -> None:
+    """Its `Router` folder is an export's own: the folder is replaced, not refused."""
+    import shutil
+
+    out = tmp_path / "export"
+    shutil.copytree(run["root"] / "export", out)
+    assert any(p.name.endswith("_Router") for p in out.iterdir())
+    export(run["root"] / "head", out, CardInputs(params=run["p"]))
+    assert torch.equal(load_model(out).encode(["a song"]),
+                       load_model(run["root"] / "export").encode(["a song"]))

@@ -98,8 +98,9 @@ def search(p: Params, query: str, k: int, head_dir: Path, prepared_dir: Path,
 
 def _corpus_vectors(p: Params, name: str, ids: list[str], head_dir: Path,
                     cache_dir: Path, role: str, side: str = "both") -> torch.Tensor | None:
-    if (head_dir / "encoder").is_dir():
-        return None  # a fine-tuned encoder: the frozen cache does not apply
+    if (head_dir / "encoder").is_dir() and side != "query":
+        return None  # a fine-tuned encoder: the frozen cache does not apply (but a query
+        # tower's corpus is the frozen encoder's: the cache's)
     try:
         table = open_cache(cache_dir, name, p.encoders.models[name], p.cache, role=role)
     except UserError as e:

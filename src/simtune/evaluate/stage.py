@@ -284,11 +284,13 @@ def _trained(data: Data, head: heads.Head, head_dir: Path, p: Params,
              prepared_dir: Path) -> Vectors:
     if not (head_dir / "encoder").is_dir():
         return cached(data, head)
-    # full mode: the fine-tuned encoder (saved with the head) embeds the test texts
+    # top_layers and full modes: the fine-tuned encoder (saved with the head) embeds the test
+    # texts (a query tower: the queries; `run` ranks them against the frozen cached corpus)
     from simtune.model import load_model
     from simtune.prepare.prepared import load as load_prepared
 
-    model = load_model(head_dir, p.cache.device)
+    enc = p.encoders
+    model = load_model(head_dir, p.cache.device, encoder=enc.models[enc.query].model)
     prepared = load_prepared(prepared_dir)
     texts = prepared.text_map()
 

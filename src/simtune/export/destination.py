@@ -21,8 +21,9 @@ from simtune.errors import UserError, echo
 # what an export folder holds at its top (`simtune.export.stage`, `st_layout`): the model card,
 # simtune's files, sentence-transformers' files and module folders (`1_Pooling`, `3_Dense`, ...)
 _EXPORT_FILES = {"simtune.json", "encoder", "head", "modules.json",
-                 "config_sentence_transformers.json", "README.md"}
-_MODULE = re.compile(r"\d+_(Pooling|Normalize|Dense)")
+                 "config_sentence_transformers.json", "README.md",
+                 "document_encoder", "router_config.json"}  # a query tower's (query_side)
+_MODULE = re.compile(r"\d+_(Pooling|Normalize|Dense|Router)")
 # a DVC workspace's folders of data (the pipeline's inputs and outputs but the models), by the
 # `dvc.yaml` beside them: an export there would replace or join a stage's data
 _WORKSPACE_DATA = ("data", "cache", "negatives", "reports", "checkpoints", ".dvc", ".git")

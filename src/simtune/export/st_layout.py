@@ -122,7 +122,9 @@ def write(root: Path, spec: dict[str, Any], head: heads.Head, normalize_output: 
     `normalize_output` that is `cosine` (a dot product of unit vectors). `side` `query`
     (`train.head.side`): the head and its `Normalize` sit in a `Router` (`query_side.write_router`)
     on the `query` route, the `document` route is empty: `encode_document` gives the frozen
-    encoder's vectors."""
+    encoder's vectors. A query tower (`root/document_encoder` holds the frozen encoder beside
+    the fine-tuned `encoder/`): the folder itself is one `Router` whose routes hold both
+    (`query_side.write_towers`)."""
     modules: list[dict[str, Any]] = []
 
     def add(kind: str, path: str) -> Path:
@@ -130,10 +132,12 @@ def write(root: Path, spec: dict[str, Any], head: heads.Head, normalize_output: 
                         "type": kind})
         return root / path
 
-    add(ST + "Transformer", "encoder")
-    write_json(root / "encoder" / "sentence_bert_config.json",
-               {"max_seq_length": spec["max_length"], "do_lower_case": False})
-    pooling = add(ST + "Pooling", "1_Pooling")
+    towers = side == "query" and (root / "document_encoder").is_dir()
+    for tower in ("encoder", "document_encoder") if towers else ("encoder",):
+        write_json(root / tower / "sentence_bert_config.json",
+                   {"max_seq_length": spec["max_length"], "do_lower_case": False})
+    add(ST + "Router" if towers else ST + "Transformer", "" if towers else "encoder")
+    pooling = root / "1_Pooling"
     pooling.mkdir()
     prompts = spec.get("prompts")  # None: no prompts (and exports from before they existed)
     pool_config: dict[str, Any] = {
@@ -147,21 +151,27 @@ def write(root: Path, spec: dict[str, Any], head: heads.Head, normalize_output: 
     if prompts is not None:
         pool_config["include_prompt"] = bool(prompts["include_prompt"])
     write_json(pooling / "config.json", pool_config)
-    if spec["normalize"]:
-        add(ST + "Normalize", f"{len(modules)}_Normalize").mkdir()
     chain = dense_chain(head)
-    if side == "query":
-        from simtune.export.query_side import write_router
+    if towers:  # the Router is the folder itself: both towers (`query_side.write_towers`)
+        from simtune.export.query_side import write_towers
 
-        write_router(add(ST + "Router", f"{len(modules)}_Router"), chain, normalize_output,
-                     _write_dense)
+        write_towers(root, chain, spec["normalize"], normalize_output, _write_dense)
     else:
-        if chain is None:
-            add("simtune.st_module.HeadModule", "head")
-        for dense in chain or []:
-            _write_dense(add(ST + "Dense", f"{len(modules)}_Dense"), dense)
-        if normalize_output:
+        add(ST + "Pooling", "1_Pooling")
+        if spec["normalize"]:
             add(ST + "Normalize", f"{len(modules)}_Normalize").mkdir()
+        if side == "query":
+            from simtune.export.query_side import write_router
+
+            write_router(add(ST + "Router", f"{len(modules)}_Router"), chain,
+                         normalize_output, _write_dense)
+        else:
+            if chain is None:
+                add("simtune.st_module.HeadModule", "head")
+            for dense in chain or []:
+                _write_dense(add(ST + "Dense", f"{len(modules)}_Dense"), dense)
+            if normalize_output:
+                add(ST + "Normalize", f"{len(modules)}_Normalize").mkdir()
     write_json(root / "modules.json", modules)
     config: dict[str, Any] = {"model_type": "SentenceTransformer", "prompts": {},
                               "default_prompt_name": None}

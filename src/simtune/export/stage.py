@@ -9,13 +9,19 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from simtune import heads, model_files
+from simtune import heads, model_files, st_files
 from simtune.atomic import atomic_dir, write_json
 from simtune.encoders import model_dir
 from simtune.export import st_layout
 from simtune.export.destination import destination
 from simtune.export.model_card import CardInputs, render
-from simtune.model import FORMAT_VERSION, _trained_as, trained_encoder, training_meta
+from simtune.model import (
+    FORMAT_VERSION,
+    _trained_as,
+    frozen_encoder,
+    trained_encoder,
+    training_meta,
+)
 from simtune.params import resolve_loss
 
 log = logging.getLogger(__name__)
@@ -52,14 +58,20 @@ def export(head_dir: Path, out: Path, card: CardInputs | None = None,
         encoder = card.params.encoders.models[card.params.encoders.query].model
     source = model_dir("encoder", meta.encoder.model_copy(
         update={"model": trained_encoder(head_dir, meta, encoder)}))
+    # a query tower (top_layers, side query): the frozen encoder embeds the documents
+    frozen = (model_dir("encoder", meta.encoder.model_copy(
+        update={"model": frozen_encoder(head_dir, meta, encoder)}))
+        if meta.head_side == "query" and (head_dir / "encoder").is_dir() else None)
     similarity = None
     if card.params is not None:
         loss = card.params.train.loss
         similarity = "cosine" if loss.name == "arcface" else loss.distance
     # before any work: never over a user's folder, a link, the inputs or a workspace's data
-    where = destination(Path(out), [head_dir, source])
+    where = destination(Path(out), [head_dir, source, *([frozen] if frozen else [])])
     with atomic_dir(where) as tmp:
         _copy_tree(source, tmp / "encoder")
+        if frozen is not None:
+            _copy_tree(frozen, tmp / "document_encoder")
         spec = {**meta.encoder.model_dump(), "model": "encoder"}
         shutil.copytree(head_dir, tmp / "head", ignore=shutil.ignore_patterns("encoder"))
         plain = st_layout.write(tmp, spec, head, normalize_output, similarity, meta.head_side)
@@ -68,9 +80,10 @@ def export(head_dir: Path, out: Path, card: CardInputs | None = None,
             "head": "head", "normalize_output": normalize_output,
             "sentence_transformers": "plain" if plain else "trust_remote_code",
             # both copies of the head, checked whenever simtune reads the export back
-            "sha256": {rel: model_files.sha256_file(tmp / rel)
-                       for rel in model_files.head_copies(tmp)},
-            **({"head_side": meta.head_side} if meta.head_side != "both" else {})})
+            "sha256": {rel: st_files.sha256_file(tmp / rel)
+                       for rel in st_files.head_copies(tmp)},
+            **({"head_side": meta.head_side} if meta.head_side != "both" else {}),
+            **({"document_encoder": "document_encoder"} if frozen is not None else {})})
         modules = [m["type"].rsplit(".", 1)[-1]
                    for m in json.loads((tmp / "modules.json").read_text())]
         (tmp / "README.md").write_text(render(meta.model_dump(), head.config, plain, modules, card),

@@ -26,6 +26,7 @@ from simtune.examples import Data, Split
 from simtune.params import Params
 from simtune.retrieval.task import by_split
 from simtune.train.module import SimilarityModule
+from simtune.train.represent import ROWS
 from simtune.train.validation import KS, Validator, separation
 
 CANDIDATES = "corpus"  # "corpus" (the default, measured better) | "batch" (bench/query_adapter)
@@ -142,16 +143,28 @@ class QuerySideModule(SimilarityModule):
 
 
 class QuerySideValidator(Validator):
-    """`Validator` that ranks head(queries) against the frozen vectors of the corpus (the
-    representation alone, computed once: it is frozen in head mode)."""
+    """`Validator` that ranks head(queries) against the frozen vectors of the corpus, read
+    once: head mode, the representation's (the cached vectors); top_layers mode, the rows of
+    the cached vector tables, what the loss ranks against and evaluate scores with (the
+    trained query tower never embeds the corpus)."""
+
+    def frozen(self, sp: Split, role: str) -> torch.Tensor:
+        """(n, D) frozen vectors of a split's examples for `role`, on the model's device."""
+        key = (id(sp), role, "frozen")
+        if key not in self._cache:
+            if self.rep_frozen:
+                self._cache[key] = self.rep(sp, role)
+            else:
+                table = self.data.d_vectors if role == "doc" else self.data.q_vectors
+                assert table is not None  # top_layers mode holds the vector tables
+                device = getattr(getattr(self.rep, "__self__", None), "device", table.device)
+                rows = sp.tensors[ROWS[role]]
+                self._cache[key] = table[rows.to(table.device)].float().to(device)
+        return self._cache[key]
 
     def __call__(self, full: bool = True) -> tuple[dict[str, float], bool]:
         """As `Validator.__call__`: (metrics, whether every query vector was finite)."""
-        def frozen(sp: Split, role: str) -> torch.Tensor:
-            key = (id(sp), role, "rep")
-            if key not in self._cache:
-                self._cache[key] = self.rep(sp, role)
-            return self._cache[key]
+        frozen = self.frozen
 
         finite = [True]
 
