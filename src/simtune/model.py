@@ -258,6 +258,10 @@ def load_encoder(name: str, spec: EncoderParams, device: torch.device, role: str
             raise UserError(f"{key}.{field}: {getattr(spec, field)!r}, but the export {path} "
                             f"embeds with {getattr(saved, field)!r}; set it so")
     if (saved.max_length, saved.chunks) != (spec.max_length, spec.chunks):  # the window: yours
-        model.encoder = FrozenEncoder(name, saved.model_copy(update={
-            "max_length": spec.max_length, "chunks": spec.chunks}), device, role, key=key)
+        window = {"max_length": spec.max_length, "chunks": spec.chunks}
+        tower = model.document is not model.encoder  # a query tower's frozen document encoder
+        model.encoder = FrozenEncoder(name, saved.model_copy(update=window), device, role,
+                                      key=key)
+        model.document = (FrozenEncoder(name, model.document.spec.model_copy(update=window),
+                                        device, role, key=key) if tower else model.encoder)
     return ExportEncoder(model, name).as_role(role)

@@ -176,3 +176,27 @@ def test_the_tower_export_refuses_an_edited_router_and_is_replaced_by_a_new_expo
     (out / "router_config.json").write_text(json.dumps(config))
     with pytest.raises(UserError, match=r"router_config\.json: \.\./x: .* inside"):
         load_model(out)
+
+
+def test_the_tower_export_as_a_teacher_embeds_documents_frozen_and_queries_through_it(
+        tower: dict[str, Any]) -> None:
+    """A distillation teacher (`load_encoder` of an export folder): documents get the frozen
+    encoder's vectors, queries the tower's and head's, at the export's window or the params'."""
+    from simtune.model import load_encoder
+
+    out, texts = tower["root"] / "export", tower["texts"]["test"]
+    saved = load_model(out).encoder.spec
+    ours = load_model(out)
+    for max_length in (saved.max_length, 16):
+        spec = saved.model_copy(update={"model": str(out), "max_length": max_length})
+        doc = load_encoder("teacher", spec, torch.device("cpu"), "document")
+        query = load_encoder("teacher", spec, torch.device("cpu"), "query")
+        if max_length == saved.max_length:
+            assert torch.equal(doc.encode(texts, 8), _frozen(tower, texts))
+            assert torch.allclose(query.encode(texts, 8), ours.encode(texts, 8), atol=1e-6)
+        else:  # the params' window: both towers cut at 16 tokens
+            cut = saved.model_copy(update={"model": str(out / "document_encoder"),
+                                           "max_length": 16})
+            want = FrozenEncoder("t", cut, torch.device("cpu")).encode(texts, 8)
+            assert torch.equal(doc.encode(texts, 8), want)
+            assert not torch.allclose(query.encode(texts, 8), ours.encode(texts, 8), atol=1e-4)
