@@ -62,7 +62,8 @@ plots: install
 
 # the tests, after the architecture's import rules (pyproject's importlinter contracts) and ruff,
 # on a pytest-xdist worker per core (the long tests first, and the tests of one module-scoped
-# fixture marked for one worker: tests/conftest.py, which says why the marks do not hold yet);
+# fixture run on one worker, which builds it once: tests/conftest.py, which also carries the
+# group to where pytest 9.2 reads test ids, pytest-dev/pytest-xdist#1386);
 # tests/test_docs.py builds the site with `mkdocs build --strict` (headless-browser checks run
 # where Debian's chromium is installed: `apt-get install chromium`, ~300 MB, not done here)
 test: install

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +44,16 @@ def _rank(item: pytest.Item) -> int:
     return next((i for i, p in enumerate(FIRST) if item.nodeid.startswith(p)), len(FIRST))
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]
+                                  ) -> Generator[None, None, None]:
     """The long tests first (`FIRST`, a stable sort: pytest's order otherwise), and with
     pytest-xdist the tests that share a module-scoped fixture in one group (`--dist
     loadgroup`: one worker builds it once, instead of each worker that gets one of them).
-    Under pytest 9.2 with pytest-xdist 3.8 the groups do not reach the scheduler (xdist
-    writes the group into `_nodeid`, which pytest 9.2 no longer reads:
-    pytest-dev/pytest-xdist#1386), so each worker still builds its own copy."""
+    A wrapper: pytest-xdist's own hook (a worker's, with `--dist loadgroup`) runs inside it
+    and appends "@group" to each grouped test's `_nodeid`, which pytest 9.2 no longer reads
+    (its ids are structured: pytest-dev/pytest-xdist#1386); after it, `_grouped_ids` puts the
+    suffix where pytest 9.2 reads it, so the scheduler sees the groups."""
     items.sort(key=_rank)
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
@@ -57,6 +61,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                         if defs and defs[-1].scope == "module")
         if shared:
             item.add_marker(pytest.mark.xdist_group(f"{item.path.name}:{'+'.join(shared)}"))
+    yield
+    _grouped_ids(items)
+
+
+def _grouped_ids(items: list[pytest.Item]) -> None:
+    """Each item whose `_nodeid` pytest-xdist rewrote ("<id>@<group>") gets that id where
+    pytest reads it (`_id`, pytest >= 9.2); where pytest reads `_nodeid` itself, or the id
+    would not parse back to the same text, nothing changes."""
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # pytest < 9.2: `_nodeid` is the id
+        return
+    for item in items:
+        given = item.__dict__.get("_nodeid")
+        if isinstance(given, str) and "@" in given and given != item.nodeid:
+            parsed = NodeId.parse(given)
+            if str(parsed) == given:
+                item._id = parsed  # type: ignore[attr-defined]
 
 
 @pytest.fixture(autouse=True)
