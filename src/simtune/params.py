@@ -549,7 +549,14 @@ class TrainParams(Section):
         other = {"mode": (self.mode == "full", "full (a query tower reads the cached states "
                           "below its top layers; set train.mode: top_layers, with "
                           "train.encoder.top_layers up to the encoder's layer count)"),
-                 "objective": (self.objective != "similarity", f"{self.objective}"),
+                 "distill.loss": (self.objective == "distill" and self.distill.loss != "kl",
+                                  f"{self.distill.loss} (it matches the teacher's vectors, a "
+                                  "space the frozen documents are not in; kl ranks them as the "
+                                  "teacher does)"),
+                 "distill.label_weight": (self.objective == "distill"
+                                          and self.distill.label_weight > 0,
+                                          f"{self.distill.label_weight:g} (set 0; the labels "
+                                          "train with objective similarity)"),
                  "loss.name": (self.loss.name not in ("auto", "supcon", "mnrl"),
                                f"{self.loss.name} (supcon, mnrl or auto)"),
                  "loss.distance": (self.loss.distance != "cosine",

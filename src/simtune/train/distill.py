@@ -10,7 +10,10 @@ Losses, over this process's rows (anchors) and, for `kl`, every process's rows a
 - `mse`: mean over rows and dims of (n(s) - n(t))^2, n = L2 normalisation;
 - `cosine`: mean over rows of 1 - cos(s, t);
 - `kl`: relational; per row i, KL(p_t || p_s) with p(j) = softmax_j(cos(x_i, x_j) / T) over the
-  batch's other rows j != i (teacher's and student's similarity matrices), mean over rows.
+  batch's other rows j != i (teacher's and student's similarity matrices), mean over rows. A
+  query-side head (`train.head.side: query`) compares its output for row i with the frozen
+  vectors of the rows j (what its queries are ranked against): p_s(j) = softmax_j(cos(h(x_i),
+  x_j) / T), so the head learns to rank the frozen documents as the teacher ranks them.
 
 mse and cosine compare a student vector (D_s) with a teacher vector (D_t): a wider teacher is
 first projected onto the top D_s right singular vectors of its training vectors (uncentred
@@ -68,32 +71,39 @@ class DistillLoss(nn.Module):
         self.gather = Gather()
 
     def forward(self, student: torch.Tensor, teacher: torch.Tensor,
-                labels: torch.Tensor | None = None) -> torch.Tensor:
+                labels: torch.Tensor | None = None, columns: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """student (B, D_s), teacher (B, D_t) float, labels (B,) -> the scalar loss, computed
-        in float32 whatever the training precision (the masked logits of `kl` stay finite)."""
+        in float32 whatever the training precision (the masked logits of `kl` stay finite).
+        `columns` (B, D_s), `kl` only: what the student's rows are compared with instead of
+        the student's own rows (a query-side head: the rows' frozen vectors, the documents)."""
         with torch.autocast(student.device.type, enabled=False):
-            total, count = self._rows(student.float(), teacher.float())
+            total, count = self._rows(student.float(), teacher.float(),
+                                      None if columns is None else columns.float())
         out = self.gather.mean(total, count)
         if self.label_loss is not None and self.label_weight > 0:
             out = out + self.label_weight * self.label_loss(student, labels)
         return out
 
-    def _rows(self, student: torch.Tensor, teacher: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rows(self, student: torch.Tensor, teacher: torch.Tensor,
+              columns: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(sum over this process's rows of the distillation loss, rows counted)."""
         if self.loss == "kl":
-            return self._kl(student, teacher)
+            return self._kl(student, teacher, columns)
+        assert columns is None  # mse and cosine match vectors: no columns
         if self.proj is not None:
             teacher = teacher @ self.proj.float()
         s, t = F.normalize(student, dim=-1), F.normalize(teacher, dim=-1)
         per_row = (s - t).pow(2).mean(1) if self.loss == "mse" else 1 - (s * t).sum(1)
         return per_row.sum(), torch.tensor(len(s), device=s.device)
 
-    def _kl(self, student: torch.Tensor, teacher: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(sum over this process's rows of KL(p_t || p_s), rows with another column)."""
+    def _kl(self, student: torch.Tensor, teacher: torch.Tensor,
+            columns: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum over this process's rows of KL(p_t || p_s), rows with another column); the
+        student's similarities are to `columns` (every process's) when given."""
         s, t = F.normalize(student, dim=-1), F.normalize(teacher, dim=-1)
-        cols_s, offset = self.gather.columns(s)
+        cols_s, offset = self.gather.columns(s if columns is None
+                                             else F.normalize(columns, dim=-1))
         cols_t, _ = self.gather.columns(t)
         own = torch.zeros(len(s), len(cols_s), dtype=torch.bool, device=s.device)
         own[torch.arange(len(s)), torch.arange(offset, offset + len(s))] = True

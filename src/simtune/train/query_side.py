@@ -128,7 +128,9 @@ class QuerySideModule(SimilarityModule):
 
     def __init__(self, data: Data, p: Params) -> None:
         super().__init__(data, p)
-        self.loss_fn = corpus_loss(data, p)
+        self.distilling = p.train.objective == "distill"
+        if not self.distilling:  # distillation: `kl` against the rows' frozen vectors
+            self.loss_fn = corpus_loss(data, p)
 
     def encode(self, part: dict[str, Any]) -> torch.Tensor:
         """Training batch part -> (c, D) head outputs of its queries (groups: its texts)."""
@@ -139,7 +141,12 @@ class QuerySideModule(SimilarityModule):
         return ["text"] if self.data.kind == "groups" else ["query"]
 
     def loss_of(self, reps: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        return self.loss_fn(reps, idx)
+        if not self.distilling:
+            return self.loss_fn(reps, idx)
+        tr, dev = self.data.training.tensors, self.device
+        teacher = self.data.tables["teacher"].vectors[tr["t_rows"][idx]].to(dev).float()
+        frozen = self.data.tables["query"].vectors[tr["rows"][idx]].to(dev).float()
+        return self.loss_fn(reps, teacher, None, frozen)
 
 
 class QuerySideValidator(Validator):
