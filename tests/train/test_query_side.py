@@ -276,3 +276,41 @@ def test_a_new_export_replaces_an_earlier_query_side_export(run: dict[str, Any],
     export(run["root"] / "head", out, CardInputs(params=run["p"]))
     assert torch.equal(load_model(out).encode(["a song"]),
                        load_model(run["root"] / "export").encode(["a song"]))
+
+
+def test_a_query_side_heads_pairs_validate_against_the_train_and_val_documents(
+        tmp_path: Path, tiny_bert: Path) -> None:
+    """The val queries rank the frozen vectors of every train and val document (no test one):
+    the frozen encoder's MRR@10 by brute force over them is the task's; so does a symmetric
+    head's in head mode, while top_layers mode's still ranks the val documents alone."""
+    from simtune.cache.views import open_cache
+    from simtune.train import headroom
+    from simtune.train.stage import validation_task
+    from tests.negatives.test_negatives import _pairs_project
+
+    head = {**repo_params()["train"]["head"], "side": "query"}
+    p = P.load(_pairs_project(tmp_path, tiny_bert, hard_negatives=0, head=head))
+    prepared = load_prepared(tmp_path / "prepared")
+    q_table, d_table = open_pair(tmp_path / "cache", p.encoders, p.cache, prepared.kind,
+                                 placed=False)
+    data = load_examples(prepared.kind, prepared.examples, q_table, d_table)
+    task = validation_task(data, p)
+    ex = prepared.examples.to_pylist()
+    docs = list(dict.fromkeys(r["doc_id"] for r in ex if r["split"] in ("train", "val")))
+    assert task.corpus_size == len(docs) < len({r["doc_id"] for r in ex})
+    val = [r for r in ex if r["split"] == "val"]
+    queries = list(dict.fromkeys(r["query_id"] for r in val))
+    table = open_cache(tmp_path / "cache", "tiny", p.encoders.models["tiny"], p.cache)
+    q = F.normalize(table.vectors[table.index(queries)].float(), dim=-1)
+    d = F.normalize(table.vectors[table.index(docs)].float(), dim=-1)
+    rr = []
+    for i, ranked in enumerate((q @ d.T).argsort(1, descending=True)[:, :10].tolist()):
+        relevant = {docs.index(r["doc_id"]) for r in val if r["query_id"] == queries[i]}
+        rr.append(next((1 / (k + 1) for k, j in enumerate(ranked) if j in relevant), 0.0))
+    got = headroom.frozen_metrics(data, task)
+    assert got is not None and got["mrr@10"] == pytest.approx(sum(rr) / len(rr), abs=1e-6)
+    raw = P.read_yaml(tmp_path / "params.yaml")
+    raw["train"]["head"]["side"] = "both"  # head mode: the same documents
+    assert validation_task(data, P.validate(raw)).corpus_size == len(docs)
+    raw["train"]["mode"] = "top_layers"  # the val documents alone (each through the layers)
+    assert validation_task(data, P.validate(raw)).corpus_size == len({r["doc_id"] for r in val})

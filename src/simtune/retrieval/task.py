@@ -156,8 +156,8 @@ def retrieval_task(data: Data, split: str, corpus: str = "split", gains: str = "
     Groups: every text queries, `corpus` "split" (or the split's own name): leave-one-out, else
     the name of the split whose texts are ranked; `gains` is ignored (binary by label).
     Pairs: each distinct query (first row) against the distinct documents of `corpus` "split"
-    (ordered by text id) or "all" (every split's, in order of first appearance, then `extra`
-    (E,) cache rows); relevant = its documents with score > 0, with gains "graded" their
+    (ordered by text id), "all" (every split's, in order of first appearance, then `extra`
+    (E,) cache rows) or "known" (as "all", of the train and val splits only); relevant = its documents with score > 0, with gains "graded" their
     scores as gains (binary when all are 1). Ties rank by corpus index, so each order is the
     one validation and evaluate always had: it is part of their numbers."""
     if gains not in ("binary", "graded"):
@@ -172,8 +172,9 @@ def retrieval_task(data: Data, split: str, corpus: str = "split", gains: str = "
         c = data.splits[corpus]
         return RetrievalTask(q, Items("text", ((corpus, None),), c.tensors.get("rows"), len(c)),
                              sp.tensors["labels"], c.tensors["labels"])
-    if corpus not in ("split", "all"):
-        raise ValueError(f"pairs rank documents of corpus 'split' or 'all', not {corpus!r}")
+    if corpus not in ("split", "all", "known"):
+        raise ValueError(f"pairs rank documents of corpus 'split', 'all' or 'known', not "
+                         f"{corpus!r}")
     t = sp.tensors
     q_u, q_inv = torch.unique(t["q_ids"], return_inverse=True)
     q_first = first_positions(q_inv, len(q_u))
@@ -185,7 +186,8 @@ def retrieval_task(data: Data, split: str, corpus: str = "split", gains: str = "
         docs = Items("doc", ((split, d_first),), _rows(t, "doc", d_first), len(d_u))
         relevant = d_inv[positive]
     else:
-        docs, index = _every_document(data, extra)
+        docs, index = _every_document(data, extra, ("train", "val") if corpus == "known"
+                                      else None)
         relevant = torch.tensor([index[d] for d in t["d_ids"][positive].tolist()],
                                 dtype=torch.long)
     g = t["scores"][positive]
@@ -199,21 +201,24 @@ def _rows(tensors: dict[str, torch.Tensor], role: str, pos: torch.Tensor
     return None if rows is None else rows[pos]
 
 
-def _every_document(data: Data, extra: torch.Tensor | None) -> tuple[Items, dict[int, int]]:
-    """The distinct documents of every split (first appearance, splits in order), then `extra`
-    cache rows; and each split document's corpus index by its text id (`d_ids`)."""
+def _every_document(data: Data, extra: torch.Tensor | None,
+                    only: tuple[str, ...] | None = None) -> tuple[Items, dict[int, int]]:
+    """The distinct documents of every split (`only`: of those splits; first appearance, splits
+    in order), then `extra` cache rows; and each split document's corpus index by its text id
+    (`d_ids`)."""
     index: dict[int, int] = {}
     parts = []
-    for name, s in data.splits.items():
+    splits = {n: s for n, s in data.splits.items() if only is None or n in only}
+    for name, s in splits.items():
         fresh = []
         for pos, d in enumerate(s.tensors["d_ids"].tolist()):
             if d not in index:
                 index[d] = len(index)
                 fresh.append(pos)
         parts.append((name, torch.tensor(fresh, dtype=torch.long)))
-    have_rows = all(ROWS["doc"] in s.tensors for s in data.splits.values())
+    have_rows = all(ROWS["doc"] in s.tensors for s in splits.values())
     rows = [s.tensors[ROWS["doc"]][pos] for (name, pos), s in
-            zip(parts, data.splits.values(), strict=True)] if have_rows else None
+            zip(parts, splits.values(), strict=True)] if have_rows else None
     if extra is not None:
         if rows is None:
             raise ValueError("extra documents are cache rows: the splits need rows too")
