@@ -265,3 +265,65 @@ def test_head_mode_on_the_gpu_keeps_epoch_0_as_the_frozen_encoder_and_evaluates_
     top = (F.normalize(q, dim=-1) @ F.normalize(c, dim=-1).T).argmax(1)
     p1 = float((train["labels"][top] == test["labels"]).float().mean())
     assert metrics["trained"]["p@1"] == pytest.approx(p1, abs=1e-9)
+
+
+@pytest.mark.parametrize("objective", ["similarity", "distill"])
+def test_a_query_tower_trains_on_the_gpu_against_the_frozen_corpus(
+        tmp_path: Path, tiny_bert: Path, objective: str) -> None:
+    """Issue 37's query tower on the GPU under 16-mixed (`train.head.side: query` in top_layers
+    mode; distilled with `kl` too): epoch 0's validation is the frozen encoder's (recomputed on
+    the CPU from the cache), and evaluate's P@1 equals a brute-force ranking of the tower's test
+    queries (`load_model` on the GPU) against the frozen cached training corpus."""
+    import json
+
+    import torch.nn.functional as F
+
+    from simtune.cache.views import layer_for
+    from simtune.evaluate import stage as evaluate
+    from simtune.model import load_model
+    from simtune.prepare.prepared import load as load_prepared
+    from simtune.train import headroom
+    from simtune.train import stage as train
+    from simtune.train.data import load_data
+    from simtune.train.stage import validation_task
+    from tests.conftest import write_params
+    from tests.train.distill_helpers import distill_raw, fill
+    from tests.train_helpers import project
+
+    if objective == "distill":
+        raw = distill_raw(tmp_path, tiny_bert, n=96, loss="kl")
+        params_file = tmp_path / "params.yaml"
+    else:
+        raw, params_file = project(tmp_path, tiny_bert, n=96)
+    raw["train"].update(mode="top_layers", precision="16-mixed", accelerator="gpu",
+                        frozen_candidate=False)
+    raw["train"]["head"]["side"] = "query"
+    raw["train"]["encoder"].update(top_layers=1, max_epochs=2, patience=2, batch_size=16,
+                                   lr=0.01, head_lr=0.05)
+    write_params(params_file, raw)
+    p = P.load(params_file)
+    if objective == "distill":  # the teacher's vectors and the student's layer states
+        fill(tmp_path, raw)
+    else:
+        cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache,
+                   layer=layer_for(p.encoders, p.train))
+    train.run(p, tmp_path / "prepared", tmp_path / "cache", tmp_path / "head",
+              tmp_path / "train.json", None)
+    report = json.loads((tmp_path / "train.json").read_text())
+    assert report["best_epoch"] >= 1
+    data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
+    want = headroom.frozen_metrics(data, validation_task(data, p))
+    assert want is not None
+    got = {m: report["frozen_val"][f"val/{m}"] for m in want}
+    assert got == pytest.approx(want, abs=1e-2)  # fp16 reorders a few near-ties
+    metrics = evaluate.run(p, tmp_path / "prepared", tmp_path / "cache", tmp_path / "head",
+                           tmp_path / "metrics.json", tmp_path / "plot.json",
+                           tmp_path / "detail.json")
+    texts = load_prepared(tmp_path / "prepared").text_map()
+    test, train_rows = data.splits["test"].tensors, data.splits["train"].tensors
+    model = load_model(tmp_path / "head", p.cache.device, encoder=str(tiny_bert))
+    q = model.encode([texts[data.row_ids["query"][r]] for r in test["rows"].tolist()], 8)
+    c = data.q_vectors[train_rows["rows"]].float()
+    top = (F.normalize(q, dim=-1) @ F.normalize(c, dim=-1).T).argmax(1)
+    p1 = float((train_rows["labels"][top] == test["labels"]).float().mean())
+    assert metrics["trained"]["p@1"] == pytest.approx(p1, abs=1e-9)
