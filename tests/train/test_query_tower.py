@@ -151,7 +151,8 @@ def test_the_export_is_one_router_over_the_tower_and_the_frozen_encoder(
         texts, 8), atol=1e-6)
     assert not torch.allclose(queries, docs, atol=1e-3)
     assert torch.equal(ours.encode(texts, 8, role="document"), _frozen(tower, texts))
-    assert "Existing document vectors stay valid" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert "Existing document vectors stay valid" in card and "query tower" in card
     # the hashed copies are the head's (its Dense modules and the router's config), no encoder
     copies = st_files.head_copies(out)
     assert "router_config.json" in copies and any(c.endswith("_Dense/model.safetensors")

@@ -244,10 +244,17 @@ def render(meta: dict[str, Any], head: dict[str, Any], plain: bool, modules: lis
         lines += ["The head has no plain sentence-transformers form: loading it needs "
                   "`trust_remote_code=True` and simtune installed.", ""]
     if meta.get("head_side") == "query":  # train.head.side: query (docs/keep-your-index.md)
+        tower = meta["mode"] != "head"  # a query tower: the encoder's top layers trained too
         lines += ["## Existing document vectors stay valid", "",
-                  "The head adapts queries only: `model.encode_query(...)` applies it, "
-                  "`model.encode_document(...)` gives the frozen base encoder's vectors bit for "
-                  "bit (a sentence-transformers `Router`). An index already built from the base "
+                  ("A query tower (the encoder's top layers and the head, trained for queries "
+                   "only: `encoder/`) embeds queries: `model.encode_query(...)` runs it, "
+                   "`model.encode_document(...)` runs the frozen base encoder "
+                   "(`document_encoder/`) and gives its vectors bit for bit (a "
+                   "sentence-transformers `Router` over both). " if tower else
+                   "The head adapts queries only: `model.encode_query(...)` applies it, "
+                   "`model.encode_document(...)` gives the frozen base encoder's vectors bit for "
+                   "bit (a sentence-transformers `Router`). ") +
+                  "An index already built from the base "
                   "encoder's document vectors stays valid: query it with `encode_query`, "
                   "nothing is re-embedded.", ""]
     chunks = enc.get("chunks")

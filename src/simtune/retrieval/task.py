@@ -157,8 +157,9 @@ def retrieval_task(data: Data, split: str, corpus: str = "split", gains: str = "
     the name of the split whose texts are ranked; `gains` is ignored (binary by label).
     Pairs: each distinct query (first row) against the distinct documents of `corpus` "split"
     (ordered by text id), "all" (every split's, in order of first appearance, then `extra`
-    (E,) cache rows) or "known" (as "all", of the train and val splits only); relevant = its documents with score > 0, with gains "graded" their
-    scores as gains (binary when all are 1). Ties rank by corpus index, so each order is the
+    (E,) cache rows) or "known" (as "all", of the train and val splits only); relevant = its
+    documents with score > 0, with gains "graded" their scores as gains (binary when all are
+    1). Ties rank by corpus index, so each order is the
     one validation and evaluate always had: it is part of their numbers."""
     if gains not in ("binary", "graded"):
         raise ValueError(f"gains must be binary or graded, not {gains!r}")
