@@ -142,3 +142,39 @@ def trained_by_one_and_two_processes(root: Path, params_file: Path) -> tuple[Pat
     proc = train_in_two_processes(root, params_file, raw)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root / "headone", root / "headtwo"
+
+
+def trained_evaluated_exported(root: Path, params_file: Path) -> dict[str, Any]:
+    """The train and evaluate stages (`root`'s prepared data and cache, `params_file`), then the
+    export of the head (`root/export`); returns root, the params, the examples over the cache
+    (`data`), the train and test texts in split order and evaluate's report."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from simtune.cache.views import open_pair
+    from simtune.examples import load as load_examples
+    from simtune.export.model_card import CardInputs
+    from simtune.export.stage import export
+    from simtune.prepare.prepared import load as load_prepared
+    from stages import app
+
+    runner = CliRunner()
+    out = runner.invoke(app, stage_args(root, params_file))
+    assert out.exit_code == 0, out.output
+    out = runner.invoke(app, [
+        "evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
+        "--cache", str(root / "cache"), "--head", str(root / "head"),
+        "--out", str(root / "metrics.json"), "--metrics", str(root / "headline.json"),
+        "--plot", str(root / "recall.json"), "--detail", str(root / "detail.json")])
+    assert out.exit_code == 0, out.output
+    p = P.validate(yaml.safe_load(params_file.read_text()))
+    export(root / "head", root / "export", CardInputs(params=p))
+    prepared = load_prepared(root / "prepared")
+    q_table, d_table = open_pair(root / "cache", p.encoders, p.cache, prepared.kind,
+                                 placed=False)
+    data = load_examples(prepared.kind, prepared.examples, q_table, d_table)
+    texts = prepared.text_map()
+    split_texts = {s: [texts[data.row_ids["query"][r]] for r in
+                       data.splits[s].tensors["rows"].tolist()] for s in ("train", "test")}
+    return {"root": root, "p": p, "data": data, "texts": split_texts,
+            "report": json.loads((root / "metrics.json").read_text())}

@@ -29,7 +29,7 @@ from simtune.retrieval.topk import topk
 from simtune.train.query_side import CorpusLoss, _positives
 from stages import app
 from tests.conftest import repo_params, write_params
-from tests.train_helpers import project, stage_args
+from tests.train_helpers import project, stage_args, trained_evaluated_exported
 
 st = pytest.importorskip("sentence_transformers")
 
@@ -111,26 +111,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path) -> dict[str, 
     raw, params_file = project(root, tiny_bert, max_epochs=4, patience=4, lr=0.05)
     raw["train"]["head"]["side"] = "query"
     write_params(params_file, raw)
-    runner = CliRunner()
-    out = runner.invoke(app, stage_args(root, params_file))
-    assert out.exit_code == 0, out.output
-    out = runner.invoke(app, [
-        "evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
-        "--cache", str(root / "cache"), "--head", str(root / "head"),
-        "--out", str(root / "metrics.json"), "--metrics", str(root / "headline.json"),
-        "--plot", str(root / "recall.json"), "--detail", str(root / "detail.json")])
-    assert out.exit_code == 0, out.output
-    p = P.validate(raw)
-    export(root / "head", root / "export", CardInputs(params=p))
-    prepared = load_prepared(root / "prepared")
-    q_table, d_table = open_pair(root / "cache", p.encoders, p.cache, prepared.kind,
-                                 placed=False)
-    data = load_examples(prepared.kind, prepared.examples, q_table, d_table)
-    texts = prepared.text_map()
-    split_texts = {s: [texts[data.row_ids["query"][r]] for r in
-                       data.splits[s].tensors["rows"].tolist()] for s in ("train", "test")}
-    return {"root": root, "p": p, "data": data, "texts": split_texts,
-            "report": json.loads((root / "metrics.json").read_text())}
+    return trained_evaluated_exported(root, params_file)
 
 
 def _frozen(run: dict[str, Any], texts: list[str]) -> torch.Tensor:

@@ -13,24 +13,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
-from typer.testing import CliRunner
 
 from simtune import params as P
 from simtune import st_files
 from simtune.cache import stage as cache
-from simtune.cache.views import layer_for, open_pair
+from simtune.cache.views import layer_for
 from simtune.encoders import FrozenEncoder
 from simtune.errors import UserError
-from simtune.examples import load as load_examples
 from simtune.export.model_card import CardInputs
 from simtune.export.stage import export
 from simtune.model import load_model
 from simtune.prepare.prepared import load as load_prepared
 from simtune.train import headroom
 from simtune.train.stage import validation_task
-from stages import app
 from tests.conftest import write_params
-from tests.train_helpers import project, stage_args
+from tests.train_helpers import project, trained_evaluated_exported
 
 st = pytest.importorskip("sentence_transformers")
 
@@ -48,25 +45,7 @@ def tower(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path) -> dict[str
     p = P.validate(raw)
     cache.fill(root / "prepared", root / "cache", p.encoders, p.cache,
                layer=layer_for(p.encoders, p.train))
-    runner = CliRunner()
-    out = runner.invoke(app, stage_args(root, params_file))
-    assert out.exit_code == 0, out.output
-    out = runner.invoke(app, [
-        "evaluate", "--params", str(params_file), "--prepared", str(root / "prepared"),
-        "--cache", str(root / "cache"), "--head", str(root / "head"),
-        "--out", str(root / "metrics.json"), "--metrics", str(root / "headline.json"),
-        "--plot", str(root / "recall.json"), "--detail", str(root / "detail.json")])
-    assert out.exit_code == 0, out.output
-    export(root / "head", root / "export", CardInputs(params=p))
-    prepared = load_prepared(root / "prepared")
-    q_table, d_table = open_pair(root / "cache", p.encoders, p.cache, prepared.kind,
-                                 placed=False)
-    data = load_examples(prepared.kind, prepared.examples, q_table, d_table)
-    texts = prepared.text_map()
-    split_texts = {s: [texts[data.row_ids["query"][r]] for r in
-                       data.splits[s].tensors["rows"].tolist()] for s in ("train", "test")}
-    return {"root": root, "p": p, "data": data, "texts": split_texts, "model": str(tiny_bert),
-            "report": json.loads((root / "metrics.json").read_text()),
+    return {**trained_evaluated_exported(root, params_file), "model": str(tiny_bert),
             "train": json.loads((root / "train.json").read_text())}
 
 

@@ -31,33 +31,17 @@ ROUTER_CONFIG = "router_config.json"
 def write_router(root: Path, chain: list[Any] | None, normalize_output: bool,
                  write_dense: Callable[[Path, Any], None]) -> None:
     """Write the router folder `root` (created): the `query` route is `chain` (`st_layout.Dense`
-    modules) then `Normalize` when
-    `normalize_output`; the `document` route is empty."""
-    if chain is None:  # every head type has a plain form (`st_layout.RULES`)
-        raise ValueError("a query-side head needs a plain Dense form")
+    modules) then `Normalize` when `normalize_output`; the `document` route is empty."""
     root.mkdir()
     types: dict[str, str] = {}
-    for dense in chain:
-        name = f"query_{len(types)}_Dense"
-        write_dense(root / name, dense)
-        types[name] = ST + "Dense"
-    route = list(types)
-    if normalize_output:
-        name = f"query_{len(route)}_Normalize"
-        (root / name).mkdir()
-        types[name] = ST + "Normalize"
-        route.append(name)
-    write_json(root / ROUTER_CONFIG, {
-        "types": types, "structure": {"query": route, "document": []},
-        "parameters": {"default_route": "query", "allow_empty_key": True, "route_mappings": {}}})
+    route = _head(root, chain, normalize_output, write_dense, types, "query_")
+    _config(root, types, {"query": route, "document": []})
 
 
 def write_towers(root: Path, chain: list[Any] | None, encoder_normalize: bool,
                  normalize_output: bool, write_dense: Callable[[Path, Any], None]) -> None:
     """Write `root`'s `router_config.json` and the modules after `1_Pooling` (written by the
     caller, as are `encoder/` and `document_encoder/`): see the module docstring."""
-    if chain is None:  # every head type has a plain form (`st_layout.RULES`)
-        raise ValueError("a query-side head needs a plain Dense form")
     types = {"encoder": ST + "Transformer", "document_encoder": ST + "Transformer",
              "1_Pooling": ST + "Pooling"}
     shared = ["1_Pooling"]
@@ -65,19 +49,33 @@ def write_towers(root: Path, chain: list[Any] | None, encoder_normalize: bool,
         (root / "2_Normalize").mkdir()
         types["2_Normalize"] = ST + "Normalize"
         shared.append("2_Normalize")
-    head: list[str] = []
+    head = _head(root, chain, normalize_output, write_dense, types, "")
+    _config(root, types, {"query": ["encoder", *shared, *head],
+                          "document": ["document_encoder", *shared]})
+
+
+def _head(root: Path, chain: list[Any] | None, normalize_output: bool,
+          write_dense: Callable[[Path, Any], None], types: dict[str, str], prefix: str
+          ) -> list[str]:
+    """Write the head's modules into `root` (`chain`'s `Dense` modules, then `Normalize` when
+    `normalize_output`), each named `<prefix><index in types>_<kind>` and added to `types`;
+    returns their names in order."""
+    if chain is None:  # every head type has a plain form (`st_layout.RULES`)
+        raise ValueError("a query-side head needs a plain Dense form")
+    names = []
     for dense in chain:
-        name = f"{len(types)}_Dense"
-        write_dense(root / name, dense)
-        types[name] = ST + "Dense"
-        head.append(name)
+        names.append(f"{prefix}{len(types)}_Dense")
+        write_dense(root / names[-1], dense)
+        types[names[-1]] = ST + "Dense"
     if normalize_output:
-        name = f"{len(types)}_Normalize"
-        (root / name).mkdir()
-        types[name] = ST + "Normalize"
-        head.append(name)
+        names.append(f"{prefix}{len(types)}_Normalize")
+        (root / names[-1]).mkdir()
+        types[names[-1]] = ST + "Normalize"
+    return names
+
+
+def _config(root: Path, types: dict[str, str], structure: dict[str, list[str]]) -> None:
+    """`root`'s `router_config.json`, as `Router.save` writes it (`query` the default route)."""
     write_json(root / ROUTER_CONFIG, {
-        "types": types,
-        "structure": {"query": ["encoder", *shared, *head],
-                      "document": ["document_encoder", *shared]},
+        "types": types, "structure": structure,
         "parameters": {"default_route": "query", "allow_empty_key": True, "route_mappings": {}}})
