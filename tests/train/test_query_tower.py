@@ -180,3 +180,15 @@ def test_the_tower_export_as_a_teacher_embeds_documents_frozen_and_queries_throu
             want = FrozenEncoder("t", cut, torch.device("cpu")).encode(texts, 8)
             assert torch.equal(doc.encode(texts, 8), want)
             assert not torch.allclose(query.encode(texts, 8), ours.encode(texts, 8), atol=1e-4)
+
+
+def test_a_tower_head_folder_without_its_encoder_is_refused_not_served_frozen(
+        tower: dict[str, Any], tmp_path: Path) -> None:
+    import shutil
+
+    head = tmp_path / "head"
+    shutil.copytree(tower["root"] / "head", head, ignore=shutil.ignore_patterns("encoder"))
+    with pytest.raises(UserError, match=r"train\.mode top_layers, but the fine-tuned encoder/"):
+        load_model(head, encoder=tower["model"])
+    with pytest.raises(UserError, match=r"encoder/ beside it is missing"):
+        export(head, tmp_path / "export", CardInputs(params=tower["p"]))
