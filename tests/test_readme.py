@@ -93,6 +93,7 @@ def test_the_results_quote_the_figures_the_bench_wrote() -> None:
         assert rows[name][1] == f"{evaluate['baseline'][key]:.3f}", name
     _layers_table_quotes_bench_layers(results)
     assert distill_sentence() in " ".join(results.split())
+    assert query_side_sentence() in " ".join(results.split())
 
 
 def _layers_table_quotes_bench_layers(results: str) -> None:
@@ -125,6 +126,19 @@ def distill_sentence() -> str:
             f"its best learning rate reached {h['peer_p1']:.3f} in {h['peer_train_s']:.0f} s of "
             f"training, which simtune's top-2 student beats ({top2['test']['p@1']:.3f}) in "
             f"{top2['train_s']:.0f} s")
+
+
+def query_side_sentence() -> str:
+    """The results' keep-your-index sentence, from bench/query_adapter.json's TREC rows."""
+    bench = json.loads((ROOT / "bench" / "query_adapter.json").read_text())
+    trec = {r["row"]: r for r in bench["results"] if r["set"] == "trec"}
+    share = bench["summary"]["trec"]["share_of_symmetric_lift"]["query-mlp"]["mrr@10"]
+    beaten = sum(bool(v.get("query_mlp_beats_chroma")) for v in bench["summary"].values())
+    return (f"On TREC the query-side head keeps {share * 100:.0f} % of the symmetric head's "
+            f"lift (P@1 {trec['query-mlp']['p@1']:.3f} against {trec['sym-mlp']['p@1']:.4f}) "
+            f"and a query tower of the top two layers reaches {trec['query-top2']['p@1']:.3f}; "
+            f"the query-side head beats a Chroma-style query adapter on all "
+            f"{['no', 'one', 'two', 'three', 'four'][beaten]} sets measured")
 
 
 def _s(seconds: float) -> str:
