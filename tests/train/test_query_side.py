@@ -262,8 +262,8 @@ def test_a_new_export_replaces_an_earlier_query_side_export(run: dict[str, Any],
 def test_a_query_side_heads_pairs_validate_against_the_train_and_val_documents(
         tmp_path: Path, tiny_bert: Path) -> None:
     """The val queries rank the frozen vectors of every train and val document (no test one):
-    the frozen encoder's MRR@10 by brute force over them is the task's; so does a symmetric
-    head's in head mode, while top_layers mode's still ranks the val documents alone."""
+    the frozen encoder's MRR@10 by brute force over them is the task's; a symmetric head's
+    still ranks the val documents alone."""
     from simtune.cache.views import open_cache
     from simtune.train import headroom
     from simtune.train.stage import validation_task
@@ -291,7 +291,5 @@ def test_a_query_side_heads_pairs_validate_against_the_train_and_val_documents(
     got = headroom.frozen_metrics(data, task)
     assert got is not None and got["mrr@10"] == pytest.approx(sum(rr) / len(rr), abs=1e-6)
     raw = P.read_yaml(tmp_path / "params.yaml")
-    raw["train"]["head"]["side"] = "both"  # head mode: the same documents
-    assert validation_task(data, P.validate(raw)).corpus_size == len(docs)
-    raw["train"]["mode"] = "top_layers"  # the val documents alone (each through the layers)
+    raw["train"]["head"]["side"] = "both"  # the symmetric head: the val documents alone
     assert validation_task(data, P.validate(raw)).corpus_size == len({r["doc_id"] for r in val})
