@@ -163,6 +163,9 @@ def load_model(directory: str | Path, device: str = "auto", encoder: str | None 
                 directory, spec.model, f"{config_path}: encoder.model"))})
         head_dir = model_files.inside(directory, config.head, f"{config_path}: head")
         side = config.head_side
+        if config.document_encoder is not None and side != "query":
+            raise UserError(f"{config_path}: document_encoder is only for head_side query "
+                            f"(it says {side}): documents would skip the encoder it names")
         document = None if config.document_encoder is None else spec.model_copy(update={
             "model": str(model_files.inside(directory, config.document_encoder,
                                             f"{config_path}: document_encoder"))})

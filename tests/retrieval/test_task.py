@@ -163,7 +163,7 @@ def test_all_scores_one_is_binary_and_bad_policies_are_refused() -> None:
     data = _pairs()
     data.splits["test"].tensors["scores"] = torch.tensor([1.0, 1.0, 0.0, 1.0])
     assert retrieval_task(data, "test", gains="graded").gains is None
-    with pytest.raises(ValueError, match="'split' or 'all'"):
+    with pytest.raises(ValueError, match="'split', 'all' or 'known'"):
         retrieval_task(data, "test", "train")
     with pytest.raises(ValueError, match="binary or graded"):
         retrieval_task(data, "test", gains="grades")

@@ -293,3 +293,23 @@ def test_a_query_side_heads_pairs_validate_against_the_train_and_val_documents(
     raw = P.read_yaml(tmp_path / "params.yaml")
     raw["train"]["head"]["side"] = "both"  # the symmetric head: the val documents alone
     assert validation_task(data, P.validate(raw)).corpus_size == len({r["doc_id"] for r in val})
+
+
+def test_switching_to_the_query_side_embeds_no_document_again(tmp_path: Path,
+                                                               tiny_bert: Path) -> None:
+    """The target "nothing re-embedded": a fill for `side: query` after one for `both` embeds
+    0 texts, and `train.head.side` is no param of the cache stage (DVC does not rerun it)."""
+    import yaml
+
+    from simtune.cache import stage as cache
+    from tests.conftest import ROOT
+    from tests.negatives.test_negatives import _pairs_project
+
+    params_file = _pairs_project(tmp_path, tiny_bert, hard_negatives=0)  # filled, side both
+    raw = P.read_yaml(params_file)
+    raw["train"]["head"]["side"] = "query"
+    p = P.validate(raw)
+    results = cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache)
+    assert results and all(r.embedded == 0 and r.cached == r.needed > 0 for r in results)
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert not [k for k in stages["cache"]["params"] if str(k).startswith("train.head")]

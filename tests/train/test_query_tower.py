@@ -156,6 +156,11 @@ def test_the_tower_export_refuses_an_edited_router_and_is_replaced_by_a_new_expo
     (out / "router_config.json").write_text(json.dumps(config))
     with pytest.raises(UserError, match=r"router_config\.json: \.\./x: .* inside"):
         load_model(out)
+    simtune = json.loads((out / "simtune.json").read_text())
+    simtune["head_side"] = "both"  # contradicts its document_encoder
+    (out / "simtune.json").write_text(json.dumps(simtune))
+    with pytest.raises(UserError, match=r"document_encoder is only for head_side query"):
+        load_model(out)
 
 
 def test_the_tower_export_as_a_teacher_embeds_documents_frozen_and_queries_through_it(
