@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import typer
@@ -29,6 +30,7 @@ def cache(ctx: typer.Context, params: Path = PARAMS, prepared: Path = PREPARED,
         return
     from simtune import params as P
     from simtune.cache import stage as lib
+    from simtune.cache.modes import resolve
     from simtune.cache.views import layer_for
     from simtune.prepare.prepared import kind, unlabelled
 
@@ -36,7 +38,10 @@ def cache(ctx: typer.Context, params: Path = PARAMS, prepared: Path = PREPARED,
     # a loss the data cannot take is refused now, not at the train stage after the fill
     P.resolve_loss(p.train, kind(prepared), f"the prepared data ({prepared})")
     P.check_unlabelled(p.train, unlabelled(prepared), f"the prepared data ({prepared})")
-    results = lib.fill(prepared, out, p.encoders, p.cache, layer=layer_for(p.encoders, p.train),
+    t = resolve(p.train, p.encoders, prepared)  # train.mode auto: what the layers fit
+    if p.train.mode == "auto":
+        logging.getLogger("simtune.cache").info("train.mode %s", t.run.reason)
+    results = lib.fill(prepared, out, p.encoders, p.cache, layer=layer_for(p.encoders, t),
                        teacher=P.teacher_of(p.train))
     if report is not None and lib.dist_from_env().rank == 0:
         lib.write_report(report, results)
@@ -52,14 +57,16 @@ def verify(params: Path = PARAMS, prepared: Path = PREPARED, out: Path = OUT,
     too) and the store shards behind it, re-embed a random sample; exit 1 on any problem."""
     from simtune import params as P
     from simtune.cache import admin as lib
+    from simtune.cache.modes import resolve
     from simtune.cache.views import layer_for
     from simtune.encoders import resolve_device
 
     p = P.load(params)
     if not out.is_dir():
         raise UserError(f"{out}: no cache here (run the cache stage)")
+    t = resolve(p.train, p.encoders, prepared)
     results = lib.verify(prepared, out, p.encoders, p.cache, sample, seed,
-                         resolve_device(p.cache.device), layer_for(p.encoders, p.train),
+                         resolve_device(p.cache.device), layer_for(p.encoders, t),
                          P.teacher_of(p.train))
     for r in results:
         status = "ok" if not r.problems else "FAILED"
@@ -86,11 +93,15 @@ def gc(params: Path = PARAMS,
     from simtune import params as P
     from simtune.cache import admin as lib
     from simtune.cache import store
+    from simtune.cache.modes import resolve
     from simtune.cache.views import layer_for
 
     p = P.load(params)
-    try:
-        layer = layer_for(p.encoders, p.train)
+    try:  # auto: as the cache stage resolved it on the default prepared data, when there
+        prepared = Path("data/prepared")
+        t = resolve(p.train, p.encoders, prepared) if p.train.mode != "auto" or (
+            prepared / "texts.parquet").exists() else None
+        layer = layer_for(p.encoders, t) if t is not None else None
     except UserError:  # the layer of a model that cannot load is not in use either
         layer = None
     kept, dropped, skipped = lib.gc(p.encoders, p.cache, max_gb, dry_run, layer, prune_missing)

@@ -15,14 +15,23 @@ from tests.cache_helpers import cache_params, encoder_params, sentences
 from tests.conftest import repo_params
 
 
+SCHEDULE_KEYS = ("lr", "batch_size", "max_epochs", "patience", "val_every")
+
+
 def train_raw(model: Path, data: Path, **train: Any) -> dict[str, Any]:
+    """Params of a small groups project on `model` and the CSV `data`: `train` keys set under
+    `train` (a schedule key, `SCHEDULE_KEYS`, under `train.schedule.head`)."""
     raw = repo_params()
     raw["prepare"]["source"] = "file"
     raw["prepare"]["file"]["path"] = str(data)
     raw["prepare"]["split"]["fractions"] = {"train": 0.5, "val": 0.25, "test": 0.25}
     raw["encoders"] = encoder_params(model)
     raw["cache"] = cache_params()
-    raw["train"].update({"batch_size": 8, "max_epochs": 3, "patience": 2, "lr": 0.01, **train})
+    # the head's schedule: lr, batch_size, max_epochs, patience, val_every (keyword arguments)
+    schedule = {k: train.pop(k) for k in list(train) if k in SCHEDULE_KEYS}
+    raw["train"]["schedule"]["head"].update({"batch_size": 8, "max_epochs": 3, "patience": 2,
+                                             "lr": 0.01, **schedule})
+    raw["train"].update(train)
     raw["train"]["head"]["dropout"] = 0.0
     return raw
 
@@ -115,7 +124,7 @@ def train_in_two_processes(root: Path, params_file: Path, raw: dict[str, Any], t
 
     from tests.conftest import ROOT
 
-    raw["train"]["encoder"]["batch_size"] = 8
+    raw["train"]["schedule"][raw["train"]["mode"]]["batch_size"] = 8
     raw["train"].update(devices=2, strategy="ddp", accelerator="cpu")
     raw["train"]["gradcache"]["chunk_size"] = 3
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))

@@ -22,6 +22,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -367,7 +368,7 @@ class GradCacheParams(Section):
 
 
 class LoraParams(Section):
-    """`train.encoder.lora`: LoRA adapters (Hu et al. 2021, through `peft`) on the trainable
+    """`train.lora`: LoRA adapters (Hu et al. 2021, through `peft`) on the trainable
     layers (the top K in `top_layers` mode, the whole encoder in `full`): their own weights stay
     frozen and a low-rank update B A (rank `r`, scaled by alpha / r) trains instead, so AdamW keeps
     state for the adapters only. Merged into plain weights when the encoder is saved."""
@@ -390,34 +391,161 @@ class LoraParams(Section):
         return self
 
 
-class EncoderTrainParams(Section):
-    """`train.encoder`: how the encoder trains in `top_layers` and `full` modes. A few epochs of
-    small batches at a low learning rate suit an encoder, not a head alone, so these replace
-    `train.batch_size`, `max_epochs`, `patience`, `val_every` and `lr` in those modes."""
+class HeadSchedule(Section):
+    """`train.schedule.head`: head mode's schedule (the head alone trains, on cached vectors:
+    many cheap epochs of large batches)."""
 
-    top_layers: int = Field(gt=0, description="top_layers mode: how many of the encoder's top "
-                            "layers train (the states after the others are cached once)")
-    lr: Number = Field(gt=0, description="AdamW learning rate of the encoder's trainable layers")
-    head_lr: Number = Field(gt=0, description="learning rate of the head (and loss parameters) "
-                            "in these modes")
-    batch_size: int = Field(gt=1, description="examples per batch per process in these modes")
-    max_epochs: int = Field(gt=0, description="upper bound on epochs in these modes")
-    patience: int = Field(ge=0, description="epochs without a better validation metric before "
-                          "stopping early, in these modes")
-    val_every: int = Field(gt=0, description="every validation metric every N epochs in these "
-                           "modes (replaces `train.val_every`)")
-    lora: LoraParams
+    lr: Number = Field(gt=0, le=10, description="AdamW learning rate of the head (and loss "
+                       "parameters)")
+    batch_size: int = Field(gt=1, le=2**20, description="examples per batch per process")
+    max_epochs: int = Field(gt=0, le=100_000, description="upper bound on epochs")
+    patience: int = Field(ge=0, le=100_000, description="trained epochs without a better "
+                          "validation metric before stopping early (counted from the first "
+                          "trained epoch: a slow starter below the frozen encoder still gets "
+                          "them)")
+    val_every: int = Field(gt=0, le=100_000, description="every validation metric (the curves) "
+                           "every N epochs and the last; the monitored one (early stopping, the "
+                           "kept epoch) every epoch from the top 10 (map@r: every metric every "
+                           "epoch); 1: every metric every epoch")
 
 
-def effective(t: TrainParams) -> TrainParams:
-    """The training params in force: in `top_layers` and `full` modes the `train.encoder`
-    schedule replaces batch_size, max_epochs, patience, val_every and lr."""
-    if t.mode == "head":
-        return t
-    e = t.encoder
-    return t.model_copy(update={"batch_size": e.batch_size, "max_epochs": e.max_epochs,
-                                "patience": e.patience, "val_every": e.val_every,
-                                "lr": e.head_lr})
+class EncoderSchedule(HeadSchedule):
+    """`train.schedule.full`: full mode's schedule (the whole encoder in the loop: a few epochs
+    of small batches at a low learning rate). `lr` is the encoder layers' rate."""
+
+    lr: Number = Field(gt=0, le=10, description="AdamW learning rate of the encoder's "
+                       "trainable layers")
+    head_lr: Number = Field(gt=0, le=10, description="learning rate of the head (and loss "
+                            "parameters); a 10x faster head overfits first")
+
+
+class TopLayersSchedule(EncoderSchedule):
+    """`train.schedule.top_layers`: top_layers mode's schedule and how many layers train (the
+    token states below them are cached once)."""
+
+    layers: int = Field(gt=0, le=1000, description="how many of the encoder's top layers train "
+                        "(the states after the others are cached once)")
+
+
+class Schedules(Section):
+    """`train.schedule`: each mode's own schedule; the one of the mode that runs is in force
+    (`reports/train.json`, `simtune compare` and the model card show it)."""
+
+    head: HeadSchedule
+    top_layers: TopLayersSchedule
+    full: EncoderSchedule
+
+
+class AutoParams(Section):
+    """`train.auto`: how `train.mode: auto` chooses, from the prepared data, before the cache
+    fills anything (`simtune.modes`): the top layers when the texts they run on fit both
+    bounds, else the head."""
+
+    max_tokens: int = Field(ge=0, le=10**10, description="the most tokens (summed over the "
+                            "texts the encoder embeds, max_length cut) for which the top layers "
+                            "train: an epoch's time and the layer cache grow with them (0: "
+                            "always the head)")
+    max_layer_gb: Number = Field(ge=0, le=10**4, description="the largest estimated layer "
+                                 "cache (tokens x hidden x states_dtype bytes) for which the "
+                                 "top layers train")
+
+
+class InForce(Section):
+    """The schedule a run trains with: the resolved mode and its `train.schedule` section,
+    made once per stage by `in_force` (never read from params.yaml)."""
+
+    mode: Literal["head", "top_layers", "full"]
+    reason: str = Field(description="why this mode (`auto`: the estimate against train.auto)")
+    lr: Number = Field(description="the head's (and loss parameters') learning rate")
+    encoder_lr: Number | None = Field(description="the trainable encoder layers' (None: head)")
+    layers: int = Field(description="top_layers: the layers that train (else 0)")
+    batch_size: int
+    max_epochs: int
+    patience: int
+    val_every: int
+
+    def shown(self) -> dict[str, Any]:
+        """The settings as `train.*` keys, as a report, `compare` and a model card show
+        them (the mode's own schedule section)."""
+        base = f"train.schedule.{self.mode}"
+        out: dict[str, Any] = {"train.mode": self.mode}
+        if self.mode != "head":
+            out[f"{base}.lr"] = self.encoder_lr
+            out[f"{base}.head_lr"] = self.lr
+        else:
+            out[f"{base}.lr"] = self.lr
+        if self.mode == "top_layers":
+            out[f"{base}.layers"] = self.layers
+        out.update({f"{base}.{k}": getattr(self, k)
+                    for k in ("batch_size", "max_epochs", "patience", "val_every")})
+        return out
+
+
+def in_force(t: TrainParams, mode: str | None = None, reason: str = "") -> InForce:
+    """The schedule of `mode` (default `t.mode`; `auto` must be resolved first, by
+    `simtune.modes.choose`, and given here): its `train.schedule` section, one object."""
+    mode = mode or t.mode
+    if mode not in ("head", "top_layers", "full"):
+        raise ValueError(f"train.mode {mode!r}: resolve it first (simtune.modes.choose)")
+    s = getattr(t.schedule, mode)
+    return InForce(mode=mode, reason=reason or f"train.mode: {mode}",
+                   lr=getattr(s, "head_lr", s.lr),
+                   encoder_lr=None if mode == "head" else s.lr,
+                   layers=getattr(s, "layers", 0), batch_size=s.batch_size,
+                   max_epochs=s.max_epochs, patience=s.patience, val_every=s.val_every)
+
+
+def effective(t: TrainParams, mode: str | None = None, reason: str = "") -> TrainParams:
+    """`t` as a run of `mode` trains it: `mode` resolved and `run` the schedule in force
+    (`in_force`), so every reader below the stage takes `t.run.lr`, `t.run.batch_size`..."""
+    run = in_force(t, mode, reason)
+    out = t.model_copy(update={"mode": run.mode})
+    out._run = run
+    return out
+
+
+def with_run(t: TrainParams, **changes: Any) -> TrainParams:
+    """A resolved `t` with its schedule in force changed (e.g. the batch `min_steps` fits)."""
+    out = t.model_copy()
+    out._run = t.run.model_copy(update=changes)
+    return out
+
+
+# keys that moved into `train.schedule.<mode>` (and `train.lora`): a params.yaml still using
+# one gets one line naming the new key (`moved_key`)
+MOVED = {"train.lr": "train.schedule.head.lr",
+         "train.batch_size": "train.schedule.head.batch_size",
+         "train.max_epochs": "train.schedule.head.max_epochs",
+         "train.patience": "train.schedule.head.patience",
+         "train.val_every": "train.schedule.head.val_every",
+         "train.encoder.top_layers": "train.schedule.top_layers.layers",
+         "train.encoder.lr": "train.schedule.top_layers.lr (and train.schedule.full.lr)",
+         "train.encoder.head_lr": "train.schedule.top_layers.head_lr (and .full.head_lr)",
+         "train.encoder.batch_size": "train.schedule.top_layers.batch_size (and .full)",
+         "train.encoder.max_epochs": "train.schedule.top_layers.max_epochs (and .full)",
+         "train.encoder.patience": "train.schedule.top_layers.patience (and .full)",
+         "train.encoder.val_every": "train.schedule.top_layers.val_every (and .full)",
+         "train.encoder.lora": "train.lora",
+         "train.encoder": "train.schedule.<mode> and train.lora"}
+
+
+def moved_key(raw: Any) -> str | None:
+    """The first key of the raw params mapping that moved (`MOVED`), as one line naming the
+    new key; None when there is none."""
+    train = raw.get("train") if isinstance(raw, dict) else None
+    if not isinstance(train, dict):
+        return None
+    for old, new in MOVED.items():
+        parts, node = old.split(".")[1:], train
+        for part in parts:
+            node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
+        if node is not _ABSENT:
+            return (f"{old}: moved to {new} (each mode has its own schedule section, "
+                    "train.schedule.<mode>; see docs/training.md)")
+    return None
+
+
+_ABSENT = object()
 
 
 # the losses each data kind trains with; `train.loss.name: auto` is the first
@@ -473,36 +601,30 @@ class TrainParams(Section):
         description="`similarity`: the similarity loss `train.loss` on the labels or pairs; "
         "`distill`: match a teacher's cached vectors (`train.distill`; groups data)")
     distill: DistillParams
-    mode: Literal["head", "top_layers", "full"] = Field(
-        description="`head`: train the head on cached embeddings (fast); `top_layers`: train "
-        "the encoder's top `top_layers` layers (+ head) on cached lower-layer token states; "
-        "`full`: the whole encoder in the loop and trainable, no cache (the slow path)"
+    mode: Literal["auto", "head", "top_layers", "full"] = Field(
+        description="`auto`: the top layers where the data fits `train.auto`, the head beyond "
+        "(the train log, reports/train.json and the model card say which and why); `head`: "
+        "train the head on cached embeddings (fast); `top_layers`: train the encoder's top "
+        "`train.schedule.top_layers.layers` layers (+ head) on cached lower-layer token "
+        "states; `full`: the whole encoder in the loop and trainable, no cache (the slow path)"
     )
+    auto: AutoParams
     head: HeadParams
     loss: LossParams
-    batch_size: int = Field(gt=1, description="examples per batch per process")
     m_per_label: int = Field(ge=0, description="groups: m examples of each label per batch "
                              "(0: plain shuffling)")
-    lr: Number = Field(gt=0, description="AdamW learning rate of the head (and loss parameters)")
     weight_decay: Number = Field(ge=0, description="AdamW weight decay")
     min_steps: int = Field(ge=0, description="optimizer steps an epoch gets at least: the batch "
-                           "(`batch_size`, or `encoder.batch_size`) shrinks to training "
+                           "(the mode's `train.schedule.<mode>.batch_size`) shrinks to training "
                            "examples // min_steps, not below `min_batch` (the train log says "
                            "which batch and why); 0: the batch as set")
     min_batch: int = Field(gt=1, description="the smallest batch `min_steps` shrinks to (a "
                            "batch must hold positives for the loss)")
-    max_epochs: int = Field(gt=0, description="upper bound on epochs")
-    patience: int = Field(ge=0, description="epochs without a better validation metric before "
-                          "stopping early")
     frozen_candidate: bool = Field(description="epoch 0, the frozen encoder (the head at "
                                          "identity, the untouched layers), competes with the "
                                          "trained epochs and is kept when none beats it on "
                                          "validation; false: the best trained epoch is kept "
                                          "even when worse (to compare training recipes)")
-    val_every: int = Field(gt=0, description="every validation metric (the curves) every N "
-                           "epochs and the last; the monitored one (early stopping, the kept "
-                           "epoch) every epoch from the top 10 (map@r: every metric every "
-                           "epoch); 1: every metric every epoch")
     monitor: Literal["p@1", "mrr@10", "ndcg@10", "map@r"] = Field(
         description="validation retrieval metric for early stopping and the best checkpoint"
     )
@@ -521,11 +643,22 @@ class TrainParams(Section):
     hard_negatives: int = Field(ge=0, description="mnrl, head mode: mined negatives per query "
                                 "(from the negatives stage) added to the in-batch candidates; 0: "
                                 "off")
-    encoder: EncoderTrainParams
+    schedule: Schedules
+    lora: LoraParams
+    _run: InForce | None = PrivateAttr(default=None)
+
+    @property
+    def run(self) -> InForce:
+        """The schedule in force (`effective`); a `TrainParams` read from params.yaml has
+        none until its mode is resolved."""
+        if self._run is None:
+            raise AttributeError("train params not resolved: call params.effective first")
+        return self._run
 
     @model_validator(mode="after")
     def _gradcache_fits(self) -> TrainParams:
-        batch = self.batch_size if self.mode == "head" else self.encoder.batch_size
+        modes = ("head", "top_layers") if self.mode == "auto" else (self.mode,)
+        batch = min(getattr(self.schedule, m).batch_size for m in modes)
         if self.gradcache.chunk_size > batch:
             raise ValueError(f"gradcache.chunk_size ({self.gradcache.chunk_size}) is larger "
                              f"than the batch size ({batch})")
@@ -548,7 +681,7 @@ class TrainParams(Section):
             return self
         other = {"mode": (self.mode == "full", "full (a query tower reads the cached states "
                           "below its top layers; set train.mode: top_layers, with "
-                          "train.encoder.top_layers up to the encoder's layer count)"),
+                          "train.schedule.top_layers.layers up to the encoder's layer count)"),
                  "distill.loss": (self.objective == "distill" and self.distill.loss != "kl",
                                   f"{self.distill.loss} (it matches the teacher's vectors, a "
                                   "space the frozen documents are not in; kl ranks them as the "
@@ -650,12 +783,12 @@ _NOT_SWEPT = {
     "objective": "the loaded cache depends on it",
     "distill.teacher": "the loaded cache depends on it",
     "hard_negatives": "the loaded training rows depend on it",
-    "encoder.top_layers": "the loaded layer cache depends on it",
+    "schedule.top_layers.layers": "the loaded layer cache depends on it",
+    "auto.max_tokens": "the resolved mode depends on it",
+    "auto.max_layer_gb": "the resolved mode depends on it",
     "accelerator": "a sweep runs in one process", "devices": "a sweep runs in one process",
     "num_nodes": "a sweep runs in one process", "strategy": "a sweep runs in one process",
 }
-# keys that `train.encoder` replaces outside head mode (`effective`)
-HEAD_ONLY = {"batch_size", "max_epochs", "patience", "val_every", "lr"}
 
 
 def train_field(path: str) -> Any:
@@ -738,8 +871,9 @@ class SweepParams(Section):
         "search space")
     fixed: dict[str, bool | int | Number | str] = Field(
         description="`train.<key>` -> value every trial trains with instead of train's (e.g. "
-        "a shorter schedule: {train.max_epochs: 40}); the best trial's line and `--apply` "
-        "carry them, so the pipeline trains as the trial did ({}: train's own values)")
+        "a shorter schedule: {train.schedule.head.max_epochs: 40}); the best trial's line "
+        "and `--apply` carry them, so the pipeline trains as the trial did ({}: train's own "
+        "values)")
 
     @model_validator(mode="after")
     def _known_keys(self) -> SweepParams:
@@ -774,12 +908,16 @@ def _check_sweep_key(what: str, key: str) -> None:
             raise KeyError(key)
         train_field(path)
     except KeyError:
+        if key in MOVED:
+            raise ValueError(f"{what}.{key}: moved to {MOVED[key]}") from None
         raise ValueError(f"{what}.{key}: not a key of the train section (a sweep "
-                         "varies train.* keys, e.g. train.lr)") from None
+                         "varies train.* keys, e.g. train.schedule.head.lr)") from None
     except TypeError:
         raise ValueError(f"{what}.{key}: a section or a list, not one value") from None
-    if path in _NOT_SWEPT:
-        raise ValueError(f"{what}.{key}: cannot be swept ({_NOT_SWEPT[path]})")
+    if path in _NOT_SWEPT and not (path == "mode" and what == "fixed"):
+        raise ValueError(f"{what}.{key}: cannot be swept ({_NOT_SWEPT[path]}; it may be "
+                         "fixed: sweep.fixed)" if path == "mode" else
+                         f"{what}.{key}: cannot be swept ({_NOT_SWEPT[path]})")
 
 
 def _check_space(p: Params) -> None:
@@ -956,6 +1094,8 @@ def validate(raw: Any, source: str = "params.yaml") -> Params:
     else the first error; `(and N more)` counts the rest."""
     if not isinstance(raw, dict):
         raise UserError(f"{source}: expected a mapping of sections, got {type(raw).__name__}")
+    if moved := moved_key(raw):
+        raise UserError(f"{source}: {moved}")
     try:
         return Params.model_validate(raw)
     except ValidationError as e:

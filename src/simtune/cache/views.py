@@ -159,8 +159,11 @@ def _pooled_rows(table: vectors.CacheTable, windows: list[list[str]], descriptio
 
 
 def layer_for(encoders: EncodersParams, train: TrainParams) -> int | None:
-    """The layer whose token states top-layers training reads: k = L - top_layers of the
-    query encoder's L layers (None in the other modes)."""
+    """The layer whose token states top-layers training reads: k = L - K of the query
+    encoder's L layers, K = `train.schedule.top_layers.layers` (None in the other modes;
+    `train.mode: auto` is resolved first, `simtune.cache.modes.resolve`)."""
+    if train.mode == "auto":
+        raise ValueError("layer_for: train.mode auto not resolved (cache.modes.resolve)")
     if train.mode != "top_layers":
         return None
     name = encoders.query
@@ -168,10 +171,10 @@ def layer_for(encoders: EncodersParams, train: TrainParams) -> int | None:
         raise UserError("train.mode top_layers: needs one shared encoder (encoders.query == "
                         "encoders.document)")
     total = int(model_config(name, encoders.models[name]).num_hidden_layers)
-    top = train.encoder.top_layers
+    top = train.schedule.top_layers.layers
     if top > total:
-        raise UserError(f"train.encoder.top_layers: {top}, but encoder '{name}' has {total} "
-                        "layers")
+        raise UserError(f"train.schedule.top_layers.layers: {top}, but encoder '{name}' has "
+                        f"{total} layers")
     return total - top
 
 

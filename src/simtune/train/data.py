@@ -130,9 +130,9 @@ def _query_dim(p: Params) -> int:
 def check_trainable(data: Data, t: TrainParams, world: int) -> None:
     """Refuse, before any training, a set-up that cannot train or can never see a positive."""
     matryoshka.check_dims(t.loss.matryoshka_dims, data.dim)  # heads keep the input dim
-    if t.mode == "head" and t.encoder.lora.r:  # a warning: `-S train.mode=head` stays one edit
-        log.warning("train.encoder.lora.r: %d is ignored in head mode (no encoder layer "
-                    "trains); LoRA applies in train.mode top_layers or full", t.encoder.lora.r)
+    if t.mode == "head" and t.lora.r:  # a warning: `-S train.mode=head` stays one edit
+        log.warning("train.lora.r: %d is ignored in head mode (no encoder layer "
+                    "trains); LoRA applies in train.mode top_layers or full", t.lora.r)
     n = len(data.training)
     if n < world:  # a larger batch_size is reduced to the training set (sampling)
         raise UserError(f"train: {n} training examples for {world} processes (each process "
@@ -157,9 +157,8 @@ def _check_kl_batch(t: TrainParams, n: int, world: int) -> None:
     student alike (a loss of 0 whatever the student), so fewer than 3 is refused."""
     if t.objective != "distill" or t.distill.loss != "kl":
         return
-    head = t.mode == "head"
-    key = "train.batch_size" if head else "train.encoder.batch_size"
-    size = t.batch_size if head else t.encoder.batch_size
+    key = f"train.schedule.{t.mode}.batch_size"
+    size = t.run.batch_size
     batch = min(size * world, n)
     if batch < 3:
         procs = f" x {world} processes" if world > 1 else ""

@@ -41,7 +41,7 @@ def adapt(model: Any, lora: LoraParams | None) -> Any:
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
             return peft.get_peft_model(model, config)
     except ValueError as e:  # peft: "Target modules {...} not found in the base model"
-        raise UserError(f"train.encoder.lora.target_modules: {lora.target_modules!r}: no such "
+        raise UserError(f"train.lora.target_modules: {lora.target_modules!r}: no such "
                         f"linear modules in the trainable layers of a {type(model).__name__} "
                         f"({shorten(str(e).splitlines()[0], 160)})") from None
 
@@ -51,7 +51,7 @@ def check_rank(lora: LoraParams, width: int) -> None:
     a (width x width) layer has rank at most `width`, so a larger r adds no capacity, only
     compute (r 4096 on a 32-wide layer: epochs 30x slower)."""
     if lora.r > width:
-        raise UserError(f"train.encoder.lora.r: {lora.r} is more than the width of the layers "
+        raise UserError(f"train.lora.r: {lora.r} is more than the width of the layers "
                         f"it adapts (hidden_size {width}): a rank above it adds no capacity, only "
                         f"compute; use at most {width} (LoRA's point is r much smaller)")
 

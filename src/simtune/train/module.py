@@ -169,11 +169,11 @@ class SimilarityModule(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         groups = [{"params": [*self.head.parameters(), *self.loss_fn.parameters()],
-                   "lr": self.t.lr}]
+                   "lr": self.t.run.lr}]
         # the top layers or the encoder (their LoRA adapters only when on); none in head mode
         trainable = [q for q in self.rep.parameters() if q.requires_grad]
         if trainable:
-            groups.append({"params": trainable, "lr": self.t.encoder.lr})
+            groups.append({"params": trainable, "lr": self.t.run.encoder_lr})
         # one fused kernel per step instead of a loop over tensors (sentence-transformers'
         # trainer does the same by default): it counts once the encoder's weights train
         fused = all(q.is_floating_point() and q.device.type in ("cpu", "cuda")
@@ -184,8 +184,8 @@ class SimilarityModule(pl.LightningModule):
 
     def train_dataloader(self) -> torch.utils.data.DataLoader:
         tr = self.data.training
-        key = "train.batch_size" if self.t.mode == "head" else "train.encoder.batch_size"
-        sampler = EpochBatches(len(tr), self.t.batch_size, self.t.seed,
+        key = f"train.schedule.{self.t.mode}.batch_size"
+        sampler = EpochBatches(len(tr), self.t.run.batch_size, self.t.seed,
                                self.trainer.world_size, self.global_rank,
                                tr.tensors.get("labels"), self.t.m_per_label, key)
         return torch.utils.data.DataLoader(
@@ -231,10 +231,10 @@ def is_divergence(e: BaseException) -> bool:
 def diverged(t: TrainParams, epoch: int, step: int, what: str) -> str:
     """The one line for a run that diverged: where, what, and the likely cause (`t`: the
     effective params, see `params.effective`)."""
+    key = f"train.schedule.{t.mode}.lr"
     if t.mode == "head":
-        key, rate = "train.lr", f"the learning rate {t.lr:g}"
+        rate = f"the learning rate {t.run.lr:g}"
     else:
-        key = "train.encoder.lr"
-        rate = f"the learning rate {t.encoder.lr:g} (head {t.lr:g})"
+        rate = f"the learning rate {t.run.encoder_lr:g} (head {t.run.lr:g})"
     return (f"{key}: training diverged at epoch {epoch}, step {step}: {what}; {rate} is "
             "likely too high; nothing saved")

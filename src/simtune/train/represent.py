@@ -10,7 +10,7 @@ All give (n, D) pooled (and, per the encoder's settings, normalised) vectors *be
 for a training batch part (`forward`) or a whole split (`embed_split`); `collate` prepares a batch
 in DataLoader workers (tokenising in full mode); `place` puts cached tables on the device once
 (Lightning's `setup()`, so each DDP rank uses its own device); `save` writes the fine-tuned
-encoder (top layers merged into an ordinary transformers model). With `train.encoder.lora`
+encoder (top layers merged into an ordinary transformers model). With `train.lora`
 (`simtune.train.lora`), LoRA adapters on the layers that train take their place, merged into
 plain weights when saved. Lightning-free.
 """
@@ -297,7 +297,7 @@ def build(mode: str, p: Params, tables: dict[str, Any]) -> Representation:
     if mode == "head":
         return CachedVectors(tables["query"], tables["doc"])
     path = model_dir(name, spec)
-    adapters = p.train.encoder.lora
+    adapters = p.train.lora
     if mode == "top_layers":
         return CachedStates(tables["states"], path, tables["layer"], spec,
                             tables.get("doc_states"), adapters)

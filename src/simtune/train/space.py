@@ -22,14 +22,16 @@ log = logging.getLogger(__name__)
 
 def check_mode(p: P.Params) -> None:
     """Every swept and fixed key matters in `train.mode` (checked when a sweep starts, not when
-    params.yaml loads: another mode must not break the pipeline's stages)."""
-    head = p.train.mode == "head"
+    params.yaml loads: another mode must not break the pipeline's stages): a key of another
+    mode's schedule (`train.schedule.<other>.*`) is refused, naming the mode that runs."""
+    mode = p.train.mode
     for what, keys in (("space", p.sweep.space), ("fixed", p.sweep.fixed)):
         for key in keys:
-            path = key.removeprefix("train.")
-            if (path in P.HEAD_ONLY and not head) or (path.startswith("encoder.") and head):
-                raise UserError(f"sweep.{what}.{key}: has no effect in train.mode "
-                                f"{p.train.mode} (see train.encoder)")
+            parts = key.removeprefix("train.").split(".")
+            if parts[0] == "schedule" and len(parts) > 1 and parts[1] != mode:
+                raise UserError(f"sweep.{what}.{key}: has no effect in train.mode {mode} "
+                                f"(its schedule is train.schedule.{mode}; set "
+                                f"sweep.fixed train.mode: {parts[1]} to sweep that mode)")
 
 
 def check_ignored(p: P.Params, kind: str) -> None:

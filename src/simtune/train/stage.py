@@ -24,6 +24,7 @@ import torch
 from simtune import heads
 from simtune import params as P
 from simtune.atomic import atomic_dir, write_json
+from simtune.cache.modes import resolve
 from simtune.encoders import describe
 from simtune.errors import UserError
 from simtune.examples import Data, batch_for
@@ -77,6 +78,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     auto = p.train.loss.name == "auto"
     p = in_force(p, prepared_dir)
     t = p.train
+    log.info("train.mode %s", t.run.reason)
     accelerator = accelerator_of(t)
     pl.seed_everything(t.seed, workers=True, verbose=False)
     data = load_data(p, prepared_dir, cache_dir, negatives_dir=negatives_dir)
@@ -110,7 +112,8 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     # epoch 0 (`frozen_val`) is the frozen encoder's validation; `gain` said whether it had room
     result = {**report_of(loop, seconds, len(data.training), t.monitor,
                           p.evaluate.significance.resamples, p.evaluate.significance.seed),
-              "nothing_to_gain": gain["nothing_to_gain"]}
+              "nothing_to_gain": gain["nothing_to_gain"], "mode": t.mode,
+              "mode_reason": t.run.reason, "in_force": t.run.shown()}
     save(module, loop, p, out)
     write_json(report, result)
     for done in resumes:
@@ -125,11 +128,14 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
 
 
 def in_force(p: Params, prepared_dir: Path) -> Params:
-    """`p` as a run trains it: the mode's schedule applied (`params.effective`) and the loss
-    that runs on the prepared data's kind (`params.resolve_loss`: `auto` resolved), so the
-    checkpoint's fingerprint and the saved head record that loss, not `auto`."""
+    """`p` as a run trains it, resolved once: the mode (`train.mode: auto` chosen from the
+    prepared data, `cache.modes`) with its own schedule section in force (`t.run`,
+    `params.effective`), and the loss that runs on the prepared data's kind
+    (`params.resolve_loss`: `auto` resolved), so the checkpoint's fingerprint and the saved head
+    record what ran, not `auto`."""
     kind = prepared_kind(prepared_dir)
-    t = P.resolve_loss(P.effective(p.train), kind, f"the prepared data ({prepared_dir})")
+    t = P.resolve_loss(resolve(p.train, p.encoders, prepared_dir), kind,
+                       f"the prepared data ({prepared_dir})")
     return p.model_copy(update={"train": t})
 
 
@@ -168,12 +174,13 @@ def fit(p: Params, data: Data, task: RetrievalTask, accelerator: str, live_dir: 
     module = module_type(data, p)
     validator = validator_type(data, task, module.rep.embed_split, module.head,
                                frozen(module.rep))
-    loop = loop_type(Schedule(t.val_every, t.patience, t.max_epochs, t.frozen_candidate),
+    loop = loop_type(Schedule(t.run.val_every, t.run.patience, t.run.max_epochs,
+                              t.frozen_candidate),
                      validator, t.monitor, live_dir)
     shown, bar = progress_callbacks(loop) if progress else ([], False)
     trainer = pl.Trainer(
         accelerator=accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
-        precision=t.precision, max_epochs=t.max_epochs, num_sanity_val_steps=0,
+        precision=t.precision, max_epochs=t.run.max_epochs, num_sanity_val_steps=0,
         callbacks=[loop, *(extra(loop) if extra else []), *shown], logger=False,
         enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=bar,
         use_distributed_sampler=False, deterministic="warn" if accelerator == "gpu" else True)
@@ -201,14 +208,13 @@ def fit_schedule(p: Params, n: int, announce: bool = True) -> Params:
     with (`examples.batch_for`: `train.min_steps` steps or more), logged when it changes and
     `announce`."""
     t = p.train
-    batch, why = batch_for(n, t.batch_size, t.min_steps, t.min_batch)
-    if batch == t.batch_size:
+    batch, why = batch_for(n, t.run.batch_size, t.min_steps, t.min_batch)
+    if batch == t.run.batch_size:
         return p
     if announce:
-        key = "train.batch_size" if t.mode == "head" else "train.encoder.batch_size"
-        log.info("%s %d -> %d: %s, so %d steps per epoch", key, t.batch_size, batch, why,
-                 -(-n // batch))
-    return p.model_copy(update={"train": t.model_copy(update={"batch_size": batch})})
+        log.info("train.schedule.%s.batch_size %d -> %d: %s, so %d steps per epoch", t.mode,
+                 t.run.batch_size, batch, why, -(-n // batch))
+    return p.model_copy(update={"train": P.with_run(t, batch_size=batch)})
 
 
 def report_of(loop: EpochLoop, total: float, n_train: int, monitor: str = "mrr@10",

@@ -26,6 +26,7 @@ import optuna
 import pytorch_lightning as pl
 
 from simtune import params as P
+from simtune.cache.modes import resolve
 from simtune.errors import UserError
 from simtune.examples import Data
 from simtune.negatives import mined
@@ -86,7 +87,8 @@ def load(p: Params, prepared_dir: Path, cache_dir: Path,
     applied: the swept and fixed keys never change what is loaded, see `params._NOT_SWEPT`)."""
     quiet_lightning()
     p = with_fixed(p)
-    t = P.effective(p.train)
+    t = resolve(p.train, p.encoders, prepared_dir)  # auto: as the cache stage chose
+    p = p.model_copy(update={"train": t})
     if t.devices != 1 or t.num_nodes != 1:
         raise UserError("train.devices: a sweep runs in one process; set train.devices and "
                         "train.num_nodes to 1")
@@ -216,7 +218,6 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, negatives_dir: Path | No
     space holds, an unusable `sweep.storage`, a value no trial can train with on this data, a
     study made for other data or params (`study`), a study another sweep is running."""
     sw = p.sweep
-    space.check_mode(p)
     size = space.combinations(sw.space)
     if size is not None and size < sw.trials:
         raise UserError(f"sweep.trials: {sw.trials} trials asked of a space that holds "
@@ -224,6 +225,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, negatives_dir: Path | No
     path = study_lib.storage_path(sw.storage)
     study_lib.check_storage(path)
     loaded = load(p, prepared_dir, cache_dir, negatives_dir)
+    space.check_mode(loaded.params)  # the mode that runs (auto resolved on the data)
     space.check_ignored(p, loaded.data.kind)  # `auto` is the loss of the data's kind
     check_values(loaded)
     ident = study_lib.identity(loaded.params, prepared_dir, negatives_dir, loaded.data.tables)

@@ -1,0 +1,98 @@
+"""`train.mode: auto`, resolved from the prepared data before the cache fills anything.
+
+The top layers gain where the head alone learns nothing (long posts, short noisy topics, few
+shots: docs/training.md), and their cost grows with the tokens they run on: the layer cache is
+tokens x hidden x 2 bytes, an epoch's forward and backward pass tokens x layers. So `auto` is
+`top_layers` when the tokens of every text the encoder embeds fit `train.auto.max_tokens` and
+the estimated layer cache fits `train.auto.max_layer_gb`, `head` beyond (or where the top
+layers cannot run: two encoders). The same inputs give the same answer, so the cache and train
+stages (and the sweep) each resolve it once and agree; the reason goes to the train log,
+reports/train.json and the model card.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from simtune import params as P
+from simtune.encoders import model_config, model_dir, prompt_of
+from simtune.params import EncodersParams, TrainParams
+from simtune.pretrained import load_tokenizer
+
+log = logging.getLogger(__name__)
+SAMPLE = 2000  # texts whose tokens are counted (the mean is scaled to all): a second at most
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What the top layers would run on: `texts`, their mean `tokens` (max_length windows,
+    a prompt included), the encoder's `hidden` width and the layer cache's `gb`."""
+
+    texts: int
+    tokens: float
+    hidden: int
+    gb: float
+
+    @property
+    def total(self) -> int:
+        return round(self.texts * self.tokens)
+
+
+def estimate(encoders: EncodersParams, texts: list[str]) -> Estimate:
+    """The tokens the query encoder sees of `texts` (counted on a fixed sample of `SAMPLE`) and
+    the layer cache they would take in `states_dtype`."""
+    name = encoders.query
+    spec = encoders.models[name]
+    config = model_config(name, spec)
+    tokenizer = load_tokenizer(model_dir(name, spec), f"encoders.models.{name}.model")
+    sample = random.Random(0).sample(sorted(texts), min(SAMPLE, len(texts)))
+    prompt = prompt_of(spec, "query")
+    cap = spec.max_length * spec.chunks.max  # a longer text is cut (or windowed) to this
+    counts = [min(len(ids), cap) for ids in tokenizer([prompt + t for t in sample],
+                                                      add_special_tokens=True)["input_ids"]]
+    mean = sum(counts) / max(len(counts), 1)
+    width = 2 if spec.states_dtype == "float16" else 4
+    hidden = int(config.hidden_size)
+    return Estimate(len(texts), mean, hidden, len(texts) * mean * hidden * width / 1e9)
+
+
+def choose(t: TrainParams, encoders: EncodersParams, texts: list[str]) -> tuple[str, str]:
+    """(mode, reason) of `t.mode` on data of `texts` (every text the encoder embeds): a set
+    mode as it is; `auto` by the rule of this module's docstring."""
+    if t.mode != "auto":
+        return t.mode, f"train.mode: {t.mode}"
+    if encoders.document != encoders.query:
+        return "head", ("auto: head (two encoders, encoders.query and encoders.document: the "
+                        "top layers train one shared encoder)")
+    layers = t.schedule.top_layers.layers
+    total = int(model_config(encoders.query, encoders.models[encoders.query]).num_hidden_layers)
+    if layers > total:
+        return "head", (f"auto: head (train.schedule.top_layers.layers {layers} > the "
+                        f"encoder's {total} layers)")
+    e = estimate(encoders, texts)
+    a = t.auto
+    fits = e.total <= a.max_tokens and e.gb <= a.max_layer_gb
+    mode = "top_layers" if fits else "head"
+    why = (f"auto: {mode} ({e.texts:,} texts x {e.tokens:.1f} tokens = {e.total:,} tokens "
+           f"{'<=' if e.total <= a.max_tokens else '>'} train.auto.max_tokens "
+           f"{a.max_tokens:,}; layer cache ~{e.gb:.2f} GB "
+           f"{'<=' if e.gb <= a.max_layer_gb else '>'} train.auto.max_layer_gb "
+           f"{a.max_layer_gb:g})")
+    return mode, why
+
+
+def resolve(t: TrainParams, encoders: EncodersParams, prepared_dir: Path) -> TrainParams:
+    """`t` resolved (`params.effective`) for the prepared data at `prepared_dir`: `auto`
+    chosen (`choose`) over every prepared text, the mode's schedule in force."""
+    if t.mode == "auto":
+        from simtune.prepare.prepared import load as load_prepared
+
+        texts = load_prepared(prepared_dir).texts.column("text").to_pylist()
+        mode, reason = choose(t, encoders, texts)
+    else:
+        mode, reason = choose(t, encoders, [])
+    return P.effective(t, mode, reason)
+
