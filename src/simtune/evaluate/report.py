@@ -49,10 +49,39 @@ def matryoshka(dims: Sequence[int], metrics_of: Callable[[Vectors], dict[str, fl
 
 
 def headline(result: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """The DVC metrics of a full evaluate report: the trained model's `HEADLINE` metrics and
-    their lift over the frozen baseline (p-values, recall@k, counts: the full report only), so
-    `dvc exp show` stays one screen wide."""
-    return {part: {m: result[part][m] for m in HEADLINE} for part in ("trained", "lift")}
+    """The DVC metrics of a full evaluate report: the trained model's `HEADLINE` metrics, the
+    frozen encoder's (`baseline`) and the lift (p-values, recall@k, counts: the full report
+    only), so `dvc exp show` stays one screen wide and holds "trained vs frozen"."""
+    return {part: {m: result[part][m] for m in HEADLINE}
+            for part in ("trained", "baseline", "lift")}
+
+
+def every_metric(result: dict[str, Any], alpha: float) -> dict[str, dict[str, Any]]:
+    """{metric: {lift, p_value, verdict}} of every `HEADLINE` metric of a report with
+    `lift` and `significance`: each metric's own better / no better / worse at `alpha`."""
+    out = {}
+    for m in HEADLINE:
+        lift, p = result["lift"][m], result["significance"][m]["p_value"]
+        outcome = ("better" if lift > 0 else "worse" if lift < 0 else "no better") \
+            if p < alpha else "no better"
+        out[m] = {"lift": lift, "p_value": p, "verdict": outcome}
+    return out
+
+
+def with_others(v: dict[str, Any], metrics: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The verdict `v` with `metrics` (`every_metric`) and `disagree`: the metrics whose own
+    significant verdict differs from `v`'s (MAP@R better while MRR@10, the verdict's, is
+    worse: a head for clustering or classification, not for the top of a ranking); `says`
+    names them with their lifts and p-values."""
+    disagree = [m for m, r in metrics.items() if r["verdict"] != "no better"
+                and r["verdict"] != v["verdict"]]
+    says = v["says"]
+    if disagree:
+        says += "; but " + ", ".join(
+            f"{m} {metrics[m]['lift']:+.4f} (p = {metrics[m]['p_value']:.4g}) "
+            f"{metrics[m]['verdict']}" for m in disagree)
+        says += " (see docs/evaluation.md: which metric fits which use)"
+    return {**v, "metrics": metrics, "disagree": disagree, "says": says}
 
 
 VERDICTS = ("better", "no better", "worse")  # than the frozen encoder

@@ -162,7 +162,8 @@ def _verdict(result: dict[str, Any], sig: P.SignificanceParams) -> dict[str, Any
     (`report.verdict`, on `evaluate.significance.verdict_metric` at `alpha`)."""
     m = sig.verdict_metric
     s = result["significance"][m]
-    return report.verdict(result["lift"][m], s["p_value"], s["ci95"], m, sig.alpha)
+    v = report.verdict(result["lift"][m], s["p_value"], s["ci95"], m, sig.alpha)
+    return report.with_others(v, report.every_metric(result, sig.alpha))
 
 
 def _log_verdict(v: dict[str, Any]) -> None:

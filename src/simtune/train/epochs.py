@@ -205,6 +205,8 @@ class EpochLoop(pl.Callback):
         losses, seconds and the count of full validations."""
         return {"history": self.history, "state": self.state, "train_loss": self.train_loss,
                 "best": (self.schedule.best_epoch, list(self.schedule.best_key)),
+                "trained_best": (self.schedule.trained_best, list(self.schedule.trained_key),
+                                 self.schedule.rising),
                 "per_query": self.per_query,
                 "train_seconds": self.train_seconds, "train_cpu_seconds": self.train_cpu_seconds,
                 "validation_seconds": self.validation_seconds,
@@ -215,6 +217,9 @@ class EpochLoop(pl.Callback):
         self.train_loss = state["train_loss"]
         self.schedule.best_epoch, key = state["best"]
         self.schedule.best_key = tuple(key)
+        epoch, key, rising = state.get("trained_best", (0, [-float("inf")], False))
+        s = self.schedule
+        s.trained_best, s.trained_key, s.rising = epoch, tuple(key), rising
         self.per_query = dict(state["per_query"])
         self.train_seconds = list(state["train_seconds"])
         self.train_cpu_seconds = state["train_cpu_seconds"]

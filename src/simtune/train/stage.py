@@ -238,6 +238,8 @@ def report_of(loop: EpochLoop, total: float, n_train: int, monitor: str = "mrr@1
         "best_val": loop.history[loop.best_epoch], "frozen_val": loop.history.get(0, {}),
         "val_lift": val_lift(loop, monitor, resamples, seed),
         "full_validations": loop.full_validations,
+        # the last epoch was the best trained one when max_epochs ended the run: more may gain
+        "still_rising": bool(epochs >= loop.schedule.max_epochs and loop.schedule.rising),
         "seconds": {"total": total, "train": train_s, "validation": val_s,
                     "per_epoch_train": train_s / max(epochs, 1),
                     "per_epoch_validation": val_s / max(epochs, 1),
@@ -265,6 +267,9 @@ def log_selection(result: dict[str, Any], monitor: str) -> None:
     """One line when the frozen encoder is kept; one when the validation split is too small
     to tell the kept epoch's lift from none."""
     lift, frozen_value = result["val_lift"], result["frozen_val"].get(f"val/{monitor}")
+    if result.get("still_rising"):
+        log.warning("still rising: epoch %d, the last (the mode's max_epochs), was the best "
+                    "trained epoch on val %s; more epochs may gain", result["epochs"], monitor)
     if result["selected"] == "frozen" and result["epochs"] == 0:
         return  # nothing to gain: `headroom` said so, and no epoch trained
     if result["selected"] == "frozen":
