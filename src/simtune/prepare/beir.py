@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from simtune.errors import UserError, echo
 from simtune.params import SPLITS, PrepareParams
-from simtune.prepare.prepared import Prepared, normalize
+from simtune.prepare.prepared import Prepared, fold, normalize
 from simtune.prepare.sources import (
     Record,
     csv_rows,
@@ -50,7 +50,8 @@ def prepare_beir(folder: Path, p: PrepareParams) -> Prepared:
     tid_of: dict[str, dict[str, str]] = {"d": {}, "q": {}}
     for prefix, (_, recs) in (("d", b.corpus), ("q", b.queries)):
         for r in recs:
-            if not (text := normalize(r.values["text"])):
+            text = normalize(r.values["text"])
+            if not fold(text):  # zero-width characters alone are empty too
                 empty += 1
                 continue
             tid = tid_of[prefix][r.values["id"]] = f"{prefix}:{r.values['id']}"
@@ -179,7 +180,7 @@ def _beir_texts(path: Path, title: bool) -> tuple[Path, list[Record]]:
     text_of = read_text(path, "file not found (a BEIR folder needs corpus.jsonl and "
                         "queries.jsonl)")
     out, first_at = [], {}
-    for where, row in jsonl_rows(path, text_of):
+    for where, row in jsonl_rows(path, text_of, ("_id", "text", "title")):
         rec = pick(path, where, row, {"id": "_id", "text": "text"})
         rid = rec.values["id"].strip()
         if not rid:

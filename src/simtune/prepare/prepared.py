@@ -42,6 +42,21 @@ def normalize(text: str) -> str:
 
 
 
+def fold(text: str) -> str:
+    """The comparison key of a text, for every kind of data: Unicode NFKC (fullwidth and
+    compatibility forms as their plain letters), format characters (zero-width spaces and
+    joiners, byte order marks: category Cf) removed, case-folded, whitespace runs as one space.
+
+    Two texts with one key are one text (an uncased tokenizer gives them the same ids): prepare
+    keeps the first and counts the others as repeats. A text whose key is empty (nothing but
+    whitespace, zero-width characters or byte order marks) is an empty text: the encoder would
+    see `[CLS][SEP]` alone."""
+    plain = "".join(c for c in unicodedata.normalize("NFKC", text)
+                    if unicodedata.category(c) != "Cf")
+    return " ".join(plain.casefold().split())
+
+
+
 def text_id(text: str) -> str:
     """Stable content id of an already normalised text: blake2b-128, hex."""
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()

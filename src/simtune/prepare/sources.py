@@ -16,6 +16,8 @@ import math
 import re
 import stat
 import zipfile
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,13 +114,12 @@ def file_records(source: FileSource) -> tuple[Path, list[Record]]:
               "texts": ("text",)}[source.kind]
     cols = {k: c for k in wanted if (c := getattr(source.columns, k)) is not None}
     if fmt == "parquet":
-        header, rows = _parquet_rows(path, list(cols.values()))
+        rows = _parquet_rows(path, list(cols.values()))
     elif fmt == "jsonl":
-        header, rows = None, jsonl_rows(path, read_text(path, "data file not found"))
+        rows = jsonl_rows(path, read_text(path, "data file not found"), cols.values())
     else:
         delimiter = "," if fmt == "csv" else "\t"
         header, rows = csv_rows(path, read_text(path, "data file not found"), delimiter)
-    if header is not None:
         for col in cols.values():
             need_column(path, col, header)
     return path, [pick(path, where, row, cols) for where, row in rows]
@@ -156,11 +157,16 @@ _LISTED = 20
 
 
 def need_column(path: Path, col: str, header: list[str]) -> None:
-    """`UserError` when the parsed `header` lacks `col`. A header of at most 20 names that all
+    """`UserError` when the parsed `header` lacks `col` or names it more than once (a row's
+    value would be the last column's, silently). A header of at most 20 names that all
     read as column names (letters, digits, `_ .-`, at most 40 characters) is listed, so the
     user sees which name to set; any other is counted, not echoed (the file may be anything
     that parses as a table: a symlink to a secret's first line), and at most the one name
     closest to `col` (a typo) is named, cut to 80 characters."""
+    if (times := header.count(col)) > 1:
+        at = [str(i) for i, h in enumerate(header, start=1) if h == col]
+        raise UserError(f"{path}: column '{col}' is named {times} times in the header (columns "
+                        f"{', '.join(at[:-1])} and {at[-1]}): rename or remove one")
     if col in header:
         return
     size = f"the header has {len(header)} column{'s' if len(header) != 1 else ''}"
@@ -213,30 +219,56 @@ def _read_csv(path: Path, text: str, delimiter: str) -> tuple[list[str], Rows]:
     return header, rows
 
 
-def jsonl_rows(path: Path, text: str) -> Rows:
+class _Object(dict[str, Any]):
+    """A JSON object that knows which of its keys were given more than once (`json` keeps the
+    last value silently)."""
+
+    repeated: dict[str, int]
+
+
+def _object(pairs: list[tuple[str, Any]]) -> _Object:
+    obj = _Object(pairs)
+    obj.repeated = ({k: n for k, n in Counter(k for k, _ in pairs).items() if n > 1}
+                    if len(obj) < len(pairs) else {})
+    return obj
+
+
+def jsonl_rows(path: Path, text: str, keys: Iterable[str] = ()) -> Rows:
+    """One object per non-blank line; one of `keys` given twice in an object is refused (the
+    other keys are not read, so a repeat of theirs is harmless)."""
+    keys = tuple(keys)
     rows = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, object_pairs_hook=_object)
         except json.JSONDecodeError as e:
             raise UserError(f"{path}: line {n}: invalid JSON: {e.msg} (column {e.colno})") from None
         if not isinstance(obj, dict):
             raise UserError(f"{path}: line {n}: expected a JSON object, got {type(obj).__name__}")
+        for key in keys:
+            if times := obj.repeated.get(key):
+                raise UserError(f"{path}: line {n}: key '{key}' is given {times} times: keep one")
         rows.append((f"line {n}", obj))
     return rows
 
 
-def _parquet_rows(path: Path, columns: list[str]) -> tuple[list[str], Rows]:
+def _parquet_rows(path: Path, columns: list[str]) -> Rows:
+    """The rows of `columns` (each checked by `need_column` before any row is read)."""
     import pyarrow.parquet as pq
 
     try:
         names = pq.read_schema(path).names
-        table = pq.read_table(path, columns=[c for c in columns if c in names])
     except (pa.ArrowException, OSError) as e:
         raise UserError(f"{path}: cannot read Parquet: {shorten(str(e), 200)}") from None
-    return names, [(f"row {i}", row) for i, row in enumerate(table.to_pylist(), start=1)]
+    for col in columns:
+        need_column(path, col, names)
+    try:
+        table = pq.read_table(path, columns=columns)
+    except (pa.ArrowException, OSError) as e:
+        raise UserError(f"{path}: cannot read Parquet: {shorten(str(e), 200)}") from None
+    return [(f"row {i}", row) for i, row in enumerate(table.to_pylist(), start=1)]
 
 
 def pick(path: Path, where: str, row: dict[str, Any], cols: dict[str, str]) -> Record:

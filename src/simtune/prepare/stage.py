@@ -12,7 +12,7 @@ import pyarrow as pa
 from simtune.errors import UserError, echo
 from simtune.params import SPLITS, PrepareParams
 from simtune.prepare import sources
-from simtune.prepare.prepared import UNLABELLED, Prepared, normalize, text_id, write
+from simtune.prepare.prepared import UNLABELLED, Prepared, fold, normalize, text_id, write
 from simtune.prepare.split import assign
 
 log = logging.getLogger(__name__)
@@ -57,34 +57,40 @@ def _missing_labels(p: PrepareParams) -> frozenset[str]:
 def _groups(path: Path, recs: list[sources.Record], p: PrepareParams) -> Prepared:
     seen: dict[str, tuple[str, str]] = {}
     first_at: dict[str, str] = {}
+    id_of: dict[str, str] = {}  # folded text -> the id of its first form
     conflicted: set[str] = set()
     missing_values = _missing_labels(p)
     missing: Counter[str] = Counter()
-    empty = duplicates = 0
+    empty = duplicates = duplicates_folded = 0
     for r in recs:
         text, label = normalize(r.values["text"]), normalize(r.values["label"])
         if label in missing_values:
             # `nan` from an export is no class: kept, it would make one class of unrelated texts
             missing[label] += 1
             label = ""
-        if not text or not label:
+        if not fold(text) or not fold(label):  # zero-width characters alone are empty too
             empty += 1
             continue
-        # the id is the content hash, or the user's own key (then one key must mean one text)
-        tid = text_id(text) if "key" not in r.values else _key(path, r)
+        # the id is the content hash of the text's first form (a case or zero-width twin is
+        # the same tokens for the encoder: one text), or the user's own key (then one key must
+        # mean one text)
+        keyed = "key" in r.values
+        tid = _key(path, r) if keyed else id_of.setdefault(fold(text), text_id(text))
         if tid not in seen:
             seen[tid], first_at[tid] = (text, label), r.where
-        elif seen[tid][0] != text:
+        elif keyed and seen[tid][0] != text:
             raise UserError(f"{path}: {r.where}: key {echo(tid)} already names another text "
                             f"({first_at[tid]})")
         elif seen[tid][1] == label:
             duplicates += 1
+            duplicates_folded += seen[tid][0] != text
         else:
             # one text under two labels is ambiguous ground truth: keep none of it
             conflicted.add(tid)
     for tid in conflicted:
         del seen[tid]
     _require_rows(path, len(recs), empty, len(seen), sum(missing.values()))
+    _require_shared_labels(path, [lab for _, lab in seen.values()])
     split_of = _split_groups(path, {tid: lab for tid, (_, lab) in seen.items()}, p)
     order = sorted(seen, key=lambda t: (SPLITS.index(split_of[t]), seen[t][1], t))
     examples = pa.table({
@@ -97,7 +103,7 @@ def _groups(path: Path, recs: list[sources.Record], p: PrepareParams) -> Prepare
         per_label[seen[t][1]][split_of[t]] += 1
     report = {
         "rows": len(recs), "dropped_empty": empty, "duplicates": duplicates,
-        "missing_labels": dict(sorted(missing.items())),
+        "duplicates_folded": duplicates_folded, "missing_labels": dict(sorted(missing.items())),
         "conflicting_labels": len(conflicted), "texts": len(seen),
         "examples": dict(Counter(split_of.values())),
         "labels": {s: sum(1 for c in per_label.values() if c[s]) for s in SPLITS},
@@ -132,25 +138,31 @@ def _split_groups(path: Path, label_of: dict[str, str], p: PrepareParams) -> dic
         split_of = {}
         for lab, tids in by_label.items():
             split_of.update(assign(tids, fractions, seed, salt=lab))
-    _require_splits(path, split_of.values(), fractions)
+    _require_splits(path, split_of.values(), fractions,
+                    [len(t) for t in by_label.values()] if p.split.by == "row" else None)
     return split_of
 
 
 def _pairs(path: Path, recs: list[sources.Record], p: PrepareParams) -> Prepared:
     texts: dict[str, str] = {}
     score_of: dict[tuple[str, str], float] = {}
-    empty = duplicates = 0
+    id_of: dict[str, str] = {}  # folded text -> the id of its first form
+    empty = duplicates = duplicates_folded = 0
     for r in recs:
         query, doc = normalize(r.values["query"]), normalize(r.values["positive"])
-        if not query or not doc:
+        if not fold(query) or not fold(doc):  # zero-width characters alone are empty too
             empty += 1
             continue
-        key = (text_id(query), text_id(doc))
+        # a case or zero-width twin is its first form's text (one query, one split)
+        key = (id_of.setdefault(fold(query), text_id(query)),
+               id_of.setdefault(fold(doc), text_id(doc)))
         if key in score_of:
             duplicates += 1
+            duplicates_folded += (texts[key[0]], texts[key[1]]) != (query, doc)
             continue
         score_of[key] = float(r.values.get("score", 1.0))
-        texts[key[0]], texts[key[1]] = query, doc
+        texts.setdefault(key[0], query)
+        texts.setdefault(key[1], doc)
     _require_rows(path, len(recs), empty, len(score_of))
     fractions = p.split.fractions.as_dict()
     # split by query: all pairs of one query land in one split, so no query is seen at test
@@ -166,7 +178,8 @@ def _pairs(path: Path, recs: list[sources.Record], p: PrepareParams) -> Prepared
     queries = Counter(query_split.values())
     report = {
         "rows": len(recs), "dropped_empty": empty, "duplicates": duplicates,
-        "texts": len(texts), "examples": dict(Counter(query_split[q] for q, _ in order)),
+        "duplicates_folded": duplicates_folded, "texts": len(texts),
+        "examples": dict(Counter(query_split[q] for q, _ in order)),
         "queries": {s: queries[s] for s in SPLITS},
         "documents": len({d for _, d in score_of}),
     }
@@ -181,9 +194,29 @@ def _require_rows(path: Path, rows: int, empty: int, usable: int, missing: int =
         raise UserError(f"{path}: no usable rows ({rows} read, {empty} with an empty field{why})")
 
 
-def _require_splits(path: Path, assigned: Any, fractions: dict[str, float]) -> None:
+def _require_shared_labels(path: Path, labels: list[str]) -> None:
+    """`UserError` when no label has two texts: groups data learns and is scored by texts that
+    share a label (a split would be empty too, but the fractions are not the cause)."""
+    if max(Counter(labels).values()) < 2:
+        raise UserError(f"{path}: no label has two texts ({len(labels)} texts, each under a "
+                        "label of its own): texts that share a label are the similar ones, so "
+                        "groups data needs labels of several texts")
+
+
+def _require_splits(path: Path, assigned: Any, fractions: dict[str, float],
+                    label_sizes: list[int] | None = None) -> None:
+    """`UserError` naming the first empty split. `label_sizes` (groups split by row: each
+    label's texts split on their own) says how many labels have two texts or more, since a
+    label of a few texts rounds to none for a small fraction."""
     counts = Counter(assigned)
     for s in SPLITS:
+        if counts[s] == 0 and label_sizes is not None and fractions[s] > 0:
+            shared = sum(1 for n in label_sizes if n >= 2)
+            raise UserError(f"{path}: split '{s}' would be empty: {shared} of "
+                            f"{len(label_sizes)} labels have 2 or more texts, and each label's "
+                            "texts are split on their own (a label of few texts has none for "
+                            f"fraction {fractions[s]:g}); give the labels more texts or change "
+                            "prepare.split.fractions")
         if counts[s] == 0:
             raise UserError(f"{path}: split '{s}' would be empty (fraction {fractions[s]:g} of "
                             f"{sum(counts.values())} items); change prepare.split.fractions")

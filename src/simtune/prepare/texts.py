@@ -6,13 +6,13 @@ data set (`prepare.file.labelled`, a folder the prepare stage wrote): its train,
 examples, labels and texts are kept as they are (validation, the test evaluation and its
 corpus are that data set's), and each new text becomes an example of split `unlabelled`
 (label null). A text the labelled set already holds, an empty one or a repeat is not added,
-compared by `fold`: case, Unicode form and zero-width characters aside (counted and logged).
+compared by `prepared.fold`: case, Unicode form and zero-width characters aside (counted and
+logged).
 """
 
 from __future__ import annotations
 
 import logging
-import unicodedata
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -21,7 +21,7 @@ import pyarrow as pa
 from simtune.errors import UserError
 from simtune.params import SPLITS, PrepareParams
 from simtune.prepare import sources
-from simtune.prepare.prepared import UNLABELLED, Prepared, load, normalize, text_id
+from simtune.prepare.prepared import UNLABELLED, Prepared, fold, load, normalize, text_id
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +38,6 @@ def _labelled(p: PrepareParams) -> Prepared:
                         f"{' with unlabelled texts' if labelled.unlabelled else ''}; a texts "
                         "file joins a labelled groups data set")
     return labelled
-
-
-def fold(text: str) -> str:
-    """The comparison key of a text: Unicode NFKC (fullwidth and compatibility forms as
-    their plain letters), format characters (zero-width spaces and joiners, byte order marks:
-    category Cf) removed, case-folded, whitespace runs as one space."""
-    plain = "".join(c for c in unicodedata.normalize("NFKC", text)
-                    if unicodedata.category(c) != "Cf")
-    return " ".join(plain.casefold().split())
 
 
 def _say_dropped(already: int, already_folded: int, duplicates: int, duplicates_folded: int,
@@ -73,7 +64,7 @@ def join_texts(path: Path, recs: list[sources.Record], p: PrepareParams) -> Prep
     for r in recs:
         text = normalize(r.values["text"])
         key = fold(text)
-        if not text:
+        if not key:  # zero-width characters alone are empty too
             empty += 1
         elif key in known:
             already += 1
