@@ -76,3 +76,26 @@ def test_the_model_card_states_the_verdict() -> None:
 def test_a_damaged_verdict_in_the_report_is_one_line() -> None:
     with pytest.raises(UserError, match="`verdict` is not one of better / no better / worse"):
         _metrics_table({**METRICS, "verdict": {"verdict": "great"}})
+
+
+def test_the_verdict_names_every_metric_that_disagrees_with_its_own() -> None:
+    """Issue 43 item 4: MAP@R up by 0.49 with p < 0.05 while MRR@10 (the verdict's) is down
+    0.035 with p < 0.05: the verdict stays MRR@10's (worse) and names MAP@R, its lift and
+    p-value; a metric that the test cannot tell from chance disagrees with nothing."""
+    from simtune.evaluate.report import every_metric, with_others
+
+    lift = {"p@1": -0.02, "mrr@10": -0.035, "ndcg@10": 0.01, "map@r": 0.49}
+    p = {"p@1": 0.3, "mrr@10": 0.01, "ndcg@10": 0.5, "map@r": 0.0001}
+    result = {"lift": lift, "significance": {m: {"p_value": v} for m, v in p.items()}}
+    metrics = every_metric(result, 0.05)
+    assert {m: r["verdict"] for m, r in metrics.items()} == {
+        "p@1": "no better", "mrr@10": "worse", "ndcg@10": "no better", "map@r": "better"}
+    v = with_others(verdict(-0.035, 0.01, [-0.06, -0.01], "mrr@10", 0.05), metrics)
+    assert v["verdict"] == "worse" and v["disagree"] == ["map@r"]
+    assert v["says"] == ("worse than the frozen encoder: lift of mrr@10 -0.0350, 95 % CI "
+                         "[-0.0600, -0.0100], p = 0.01 < 0.05; but map@r +0.4900 (p = 0.0001) "
+                         "better (see docs/evaluation.md: which metric fits which use)")
+    agree = with_others(verdict(0.2, 0.001, [0.1, 0.3], "mrr@10", 0.05),
+                        every_metric({"lift": dict.fromkeys(lift, 0.2), "significance": {
+                            m: {"p_value": 0.001} for m in p}}, 0.05))
+    assert agree["disagree"] == [] and "but" not in agree["says"]
