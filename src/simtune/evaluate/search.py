@@ -20,6 +20,7 @@ from simtune.errors import UserError
 from simtune.evaluate import trained_on
 from simtune.model import load_model
 from simtune.params import Params
+from simtune.prepare.prepared import fold
 from simtune.prepare.prepared import load as load_prepared
 from simtune.retrieval import lexical
 from simtune.retrieval.lexical import BM25
@@ -61,7 +62,8 @@ def search(p: Params, query: str, k: int, head_dir: Path, prepared_dir: Path,
     of the model and BM25 (constant `evaluate.hybrid.rrf_k`)."""
     if k < 1:
         raise UserError("--k must be at least 1")
-    if not query.strip():  # as prepare drops empty texts: no vector means anything for it
+    if not fold(query):  # as prepare drops empty texts (zero-width characters alone too): the
+        # encoder would see `[CLS][SEP]` alone, and no neighbour means anything for it
         raise UserError("the query is empty (or only whitespace): give a text to search for")
     trained_on.check(head_dir, p.encoders)  # the query cut as the corpus vectors were
     model = load_model(head_dir, p.cache.device,
