@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from simtune import heads, model_files, st_files
+from simtune import heads, model_files, st_files, static
 from simtune.encoders import BUNDLED, FrozenEncoder, is_export, model_dir, resolve_device
 from simtune.errors import UserError, echo
 from simtune.model_files import ExportConfig, TrainingMeta
@@ -152,6 +152,9 @@ def load_model(directory: str | Path, device: str = "auto", encoder: str | None 
         raise UserError(f"{directory}: " + ("not a folder (a model is a folder: an export or a "
                                             "trained head)" if directory.exists()
                                             else "no such model folder"))
+    if static.is_static(directory):  # a static student (train.mode: static): a token table
+        table, saved = static.load(directory)
+        return Model(table, torch.nn.Identity(), saved.normalize_output)  # type: ignore[arg-type]
     config_path = directory / "simtune.json"
     if config_path.exists():
         config = model_files.read(config_path, ExportConfig)

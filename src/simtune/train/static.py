@@ -1,0 +1,251 @@
+"""A static student (`train.mode: static`): a token table, mean-pooled, taught by a teacher.
+
+The student is a table E (V, d) over a tokenizer's tokens and a linear map W (d, D); a text's
+vector is mean(E[tokens]) @ W, L2-normalised. Its targets are a teacher's vectors of the same
+texts (any encoder entry, typically an earlier simtune export; the cache stage fills them like
+any encoder's); its examples are the training texts plus unlabelled ones (`prepare.file.kind:
+texts`), which cost nothing to label. The loss is 1 - cos(student, teacher), plus
+`label_weight` x SupCon on the labelled rows (groups) or MNRL on the pairs (pairs data).
+
+The mean is linear, so mean(E[t]) @ W = mean((E @ W)[t]) exactly: at the end W is folded into
+the table (`fold`: E @ W, (V, D)) and what is served is a plain sentence-transformers
+`StaticEmbedding` + `Normalize` (`simtune.static`). The map gives the fit a low-rank start and a
+cheap global rotation the per-token rows alone learn slowly.
+
+The table starts from model2vec's `distill` of the student's tokenizer through a frozen encoder
+(every vocabulary token run through it alone, PCA to d dims, SIF weights), cached in the store
+(`static-init/<key>`: a distill takes minutes on a CPU); the map from the least-squares fit of
+the teacher's training vectors on the table's means (closed form, ridge), so epoch 0 (nothing
+trained by gradient) is already a candidate the validation split can keep. Validation uses
+`simtune.train.validation` (`Schedule`, `Validator`, `selection_key`): early stopping and the
+kept epoch as in every mode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from simtune import atomic
+from simtune.static import StaticEncoder
+from simtune.train.losses import GroupLoss, PairLoss
+from simtune.train.validation import Schedule, selection_key
+
+log = logging.getLogger(__name__)
+INIT_VERSION = 1  # the cached init table's format: a change makes a new key
+
+
+@dataclass
+class Tokens:
+    """Token ids of N texts: `flat` (T,) ids, `starts` (N,) and `lengths` (N,) into it: what
+    the static mode caches instead of encoder states (a few bytes per token)."""
+
+    flat: torch.Tensor
+    starts: torch.Tensor
+    lengths: torch.Tensor
+
+    @classmethod
+    def of(cls, table: StaticEncoder, texts: list[str]) -> Tokens:
+        ids, offsets = table.token_ids(texts)
+        lengths = torch.diff(offsets, append=torch.tensor([len(ids)]))
+        return cls(ids, offsets, lengths)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, offsets) of the texts `index`, in that order, for `embedding_bag`."""
+        lengths = self.lengths[index]
+        offsets = torch.cumsum(lengths, 0) - lengths
+        pos = torch.repeat_interleave(self.starts[index] - offsets, lengths)
+        return self.flat[pos + torch.arange(len(pos))], offsets
+
+
+class StaticStudent(nn.Module):
+    """E (V, d) and W (d, D) (module docstring); `forward` -> (B, D) unnormalised vectors."""
+
+    def __init__(self, table: torch.Tensor, mapping: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.table = nn.Parameter(table.float().clone())
+        width = table.shape[1]
+        self.map = nn.Parameter(torch.eye(width) if mapping is None else mapping.float().clone())
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return F.embedding_bag(ids, self.table, offsets, mode="mean") @ self.map
+
+    @torch.no_grad()
+    def fold(self) -> torch.Tensor:
+        """The served table (V, D) = E @ W: its means equal `forward`'s to float rounding."""
+        return (self.table.double() @ self.map.double()).float()
+
+    @torch.no_grad()
+    def encode(self, tokens: Tokens, batch: int = 8192) -> torch.Tensor:
+        """(N, D) unnormalised vectors of every text of `tokens`, in order."""
+        out = [self(*tokens.batch(torch.arange(i, min(i + batch, len(tokens)))))
+               for i in range(0, len(tokens), batch)]
+        return torch.cat(out) if out else torch.empty(0, self.map.shape[1])
+
+
+def least_squares_map(student: StaticStudent, tokens: Tokens, teacher: torch.Tensor,
+                      ridge: float = 1e-3) -> torch.Tensor:
+    """(d, D) W minimising ||M W - T||^2 + ridge ||W||^2 over the rows: M the table's means of
+    the texts (unit rows), T the teacher's unit vectors: the map epoch 0 starts from."""
+    with torch.no_grad():
+        means = F.normalize(F.embedding_bag(*tokens.batch(torch.arange(len(tokens))),
+                                            student.table, mode="mean").double(), dim=1)
+        target = F.normalize(teacher.double(), dim=1)
+        gram = means.T @ means + ridge * len(means) * torch.eye(means.shape[1],
+                                                                 dtype=torch.float64)
+        return torch.linalg.solve(gram, means.T @ target).float()
+
+
+@dataclass
+class FitSettings:
+    """The static schedule: `lr` (Adam), `batch_size`, `max_epochs`, `patience` (epochs
+    without a better validation key), `label_weight` (0: the labels unused), `temperature`
+    (SupCon), `seed`."""
+
+    lr: float = 0.003
+    batch_size: int = 256
+    max_epochs: int = 20
+    patience: int = 3
+    label_weight: float = 0.0
+    temperature: float = 0.05
+    seed: int = 0
+    monitor: str = "p@1"
+
+
+@dataclass
+class FitResult:
+    """The kept epoch's folded table (V, D), its epoch (0: the initial table), the
+    per-epoch validation metrics and loss, the fit's seconds."""
+
+    table: torch.Tensor
+    best_epoch: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+Validate = Callable[[Callable[[Tokens], torch.Tensor]], dict[str, float]]
+
+
+def fit(student: StaticStudent, tokens: Tokens, teacher: torch.Tensor, validate: Validate,
+        s: FitSettings, labels: torch.Tensor | None = None,
+        pairs: torch.Tensor | None = None) -> FitResult:
+    """Fit `student` to `teacher` (N, D) vectors of the texts `tokens` (N rows); `labels` (N,)
+    class indices, -1 for an unlabelled text (SupCon on the labelled rows of each batch);
+    `pairs` (P, 2) rows (query, document) of related texts (MNRL): the label term, weighted by
+    `s.label_weight`. `validate(embed)` -> the validation metrics ("val/<name>") of the
+    vectors `embed(tokens)` gives. Epoch 0 (the student as given) is a candidate; the kept
+    epoch is the best by `selection_key`, with early stopping after `s.patience` epochs."""
+    t0 = time.perf_counter()
+    torch.manual_seed(s.seed)
+    target = F.normalize(teacher.float(), dim=1)
+    schedule = Schedule(1, s.patience, s.max_epochs)
+    opt = torch.optim.Adam(student.parameters(), lr=s.lr)
+    supcon = GroupLoss("supcon", "cosine", s.temperature, 0.0, "batch_hard", 1.0)
+    mnrl = PairLoss("mnrl", "cosine", 20.0, False, 0.0)
+
+    def embed(tok: Tokens) -> torch.Tensor:
+        return student.encode(tok)
+
+    def check(epoch: int, loss: float) -> bool:
+        student.eval()
+        scores = validate(embed)
+        schedule_better, stop = schedule.record(epoch, selection_key(scores, s.monitor))
+        history.append({"epoch": epoch, "loss": loss, **scores})
+        if schedule_better:
+            best[0] = student.fold()
+        log.info("static epoch %d: loss %.4f, val %s %.4f (best epoch %d)", epoch, loss,
+                 s.monitor, scores.get(f"val/{s.monitor}", float("nan")), schedule.best_epoch)
+        return stop
+
+    history: list[dict[str, float]] = []
+    best = [student.fold()]
+    check(0, float("nan"))
+    gen = torch.Generator().manual_seed(s.seed)
+    for epoch in range(1, s.max_epochs + 1):
+        student.train()
+        total, steps = 0.0, 0
+        for index in torch.randperm(len(tokens), generator=gen).split(s.batch_size):
+            out = student(*tokens.batch(index))
+            loss = (1 - F.cosine_similarity(out, target[index], dim=1)).mean()
+            if s.label_weight > 0 and labels is not None:
+                lab = labels[index]
+                keep = lab >= 0
+                if int(keep.sum()) > 1:
+                    loss = loss + s.label_weight * supcon(out[keep], lab[keep])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total, steps = total + float(loss.detach()), steps + 1
+        if s.label_weight > 0 and pairs is not None and len(pairs):
+            for chunk in pairs[torch.randperm(len(pairs), generator=gen)].split(s.batch_size):
+                q = student(*tokens.batch(chunk[:, 0]))
+                d = student(*tokens.batch(chunk[:, 1]))
+                loss = s.label_weight * mnrl(q, d, chunk[:, 0], chunk[:, 1],
+                                                torch.ones(len(chunk)))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+        if check(epoch, total / max(steps, 1)):
+            break
+    return FitResult(best[0], schedule.best_epoch, history, time.perf_counter() - t0)
+
+
+def init_key(model_dir: Path, pca_dims: int) -> str:
+    """The store key of a distilled init table: the encoder's files, the PCA width, model2vec's
+    version and `INIT_VERSION`."""
+    import model2vec
+
+    h = hashlib.sha256(f"{INIT_VERSION} {model2vec.__version__} {pca_dims}".encode())
+    for path in sorted(p for p in Path(model_dir).rglob("*") if p.is_file()):
+        h.update(path.relative_to(model_dir).as_posix().encode())
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()[:24]
+
+
+def distilled_init(model_dir: Path, pca_dims: int, store: Path | None) -> StaticEncoder:
+    """model2vec's `distill` of the encoder at `model_dir` (a Hugging Face folder: its
+    tokenizer, every token through the encoder alone, PCA to `pca_dims`, SIF weights) as a
+    static table; cached under `store`/static-init/<key> (None: not cached)."""
+    from tokenizers import Tokenizer
+
+    where = None if store is None else Path(store) / "static-init" / init_key(model_dir,
+                                                                               pca_dims)
+    if where is not None and (where / "table.npy").is_file():
+        return StaticEncoder(Tokenizer.from_file(str(where / "tokenizer.json")),
+                             torch.from_numpy(np.load(where / "table.npy")), "init")
+    from model2vec.distill import distill_from_model
+    from transformers import AutoModel, AutoTokenizer
+
+    log.info("static: distilling a token table from %s (model2vec; cached once)", model_dir)
+    model = AutoModel.from_pretrained(str(model_dir), local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True, use_fast=True)
+    distilled = distill_from_model(model, tok, pca_dims=pca_dims, device="cpu",
+                                   quantize_to="float32")
+    table = np.asarray(distilled.embedding, dtype=np.float32)
+    if where is not None:
+        with atomic.atomic_dir(where) as tmp:
+            np.save(tmp / "table.npy", table)
+            distilled.tokenizer.save(str(tmp / "tokenizer.json"))
+            atomic.write_json(tmp / "meta.json", {"model_dir": str(model_dir),
+                                                  "pca_dims": pca_dims})
+    return StaticEncoder(distilled.tokenizer, torch.from_numpy(table), "init")
+
+
+def describe(result: FitResult) -> str:
+    """One line for logs: the kept epoch and its validation metric."""
+    kept = next((h for h in result.history if h["epoch"] == result.best_epoch), {})
+    return json.dumps({"best_epoch": result.best_epoch, "seconds": round(result.seconds, 1),
+                       **{k: round(v, 4) for k, v in kept.items() if k.startswith("val/")}})

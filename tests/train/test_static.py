@@ -1,0 +1,133 @@
+"""The static student (`train.mode: static`, issue 45): folding the map into the table, the
+plain sentence-transformers folder, epoch 0 as a candidate, unlabelled texts in the fit."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from simtune import static
+from simtune.errors import UserError
+from simtune.model import load_model
+from simtune.train import static as st
+from tests.conftest import WORDS
+
+TEXTS = [f"{a} {b} {c}" for a, b, c in zip(WORDS, WORDS[3:] + WORDS[:3],
+                                           WORDS[7:] + WORDS[:7], strict=True)]
+
+
+@pytest.fixture(scope="module")
+def init(tmp_path_factory: pytest.TempPathFactory) -> static.StaticEncoder:
+    """model2vec's distill of a tiny random BERT (the student's start), PCA to 8 dims."""
+    from tests.conftest import save_tiny_bert
+
+    return st.distilled_init(save_tiny_bert(tmp_path_factory.mktemp("bert")), 8, None)
+
+
+def _random_student(init: static.StaticEncoder, out: int = 12) -> st.StaticStudent:
+    torch.manual_seed(1)
+    return st.StaticStudent(torch.randn_like(init.weight), torch.randn(init.dim, out))
+
+
+def test_folding_the_map_into_the_table_gives_the_same_vectors(
+        init: static.StaticEncoder) -> None:
+    """mean(E[t]) @ W == mean((E @ W)[t]) up to float rounding: the trained student and the
+    served folded table give the same unit vectors (and a changed map would not)."""
+    student = _random_student(init)
+    tokens = st.Tokens.of(init, TEXTS)
+    trained = F.normalize(student.encode(tokens), dim=1)
+    served = F.normalize(static.StaticEncoder(init.tokenizer, student.fold()).encode(TEXTS),
+                         dim=1)
+    assert served.shape == (len(TEXTS), 12)
+    assert float((trained - served).abs().max()) < 1e-6
+    other = static.StaticEncoder(init.tokenizer, student.table.detach() @ torch.eye(8, 12))
+    assert float((F.normalize(other.encode(TEXTS), dim=1) - served).abs().max()) > 0.1
+
+
+def test_the_folder_loads_in_plain_sentence_transformers_with_equal_vectors(
+        init: static.StaticEncoder, tmp_path: Path) -> None:
+    """The written folder: StaticEmbedding + Normalize, loaded by plain SentenceTransformer
+    (no model2vec, no remote code) with simtune's vectors to 1e-6; empty and long texts too."""
+    from sentence_transformers import SentenceTransformer
+
+    student = _random_student(init)
+    static.write(tmp_path / "m", init.tokenizer, student.fold(), "teacher-x")
+    texts = [*TEXTS, "", "the " * 600]
+    ours = load_model(tmp_path / "m", "cpu").encode(texts)
+    plain = SentenceTransformer(str(tmp_path / "m"), device="cpu")
+    assert [type(m).__name__ for m in plain] == ["StaticEmbedding", "Normalize"]
+    theirs = torch.from_numpy(plain.encode(texts, batch_size=7))
+    assert ours.shape == theirs.shape == (len(texts), 12)
+    assert float((ours - theirs).abs().max()) < 1e-6
+    assert torch.allclose(ours[:-2].norm(dim=1), torch.ones(len(TEXTS)))
+    assert float(ours[-2].abs().max()) == 0.0  # no tokens: the zero vector, in both
+
+
+def test_a_changed_table_is_refused_in_one_line(init: static.StaticEncoder,
+                                                tmp_path: Path) -> None:
+    """The table's files are hashed in simtune.json and checked on every load."""
+    static.write(tmp_path / "m", init.tokenizer, init.weight, None)
+    path = tmp_path / "m" / static.TABLE / "model.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({"embedding.weight": init.weight * 2}, str(path))
+    with pytest.raises(UserError, match="changed since it was written"):
+        load_model(tmp_path / "m", "cpu")
+    shutil.rmtree(tmp_path / "m" / static.TABLE)
+    with pytest.raises(UserError, match="missing"):
+        load_model(tmp_path / "m", "cpu")
+
+
+def test_epoch_0_is_a_candidate_and_kept_when_training_only_hurts(
+        init: static.StaticEncoder) -> None:
+    """Validation that scores the initial vectors best keeps epoch 0: the returned table is
+    the initial fold exactly, though every epoch trained; the opposite score keeps a later
+    epoch (the selection follows validation, not the last or first epoch)."""
+    tokens = st.Tokens.of(init, TEXTS)
+    torch.manual_seed(0)
+    teacher, mapping = torch.randn(len(TEXTS), 4), torch.randn(init.dim, 4)
+    start = st.StaticStudent(init.weight, mapping).encode(tokens)
+
+    def moved(embed: Callable[[st.Tokens], torch.Tensor]) -> float:
+        return float((embed(tokens) - start).abs().sum())
+
+    student = st.StaticStudent(init.weight, mapping)
+    kept = st.fit(student, tokens, teacher, lambda e: {"val/p@1": -moved(e)},
+                  st.FitSettings(lr=0.05, max_epochs=3, patience=3, batch_size=8))
+    assert kept.best_epoch == 0
+    assert [h["epoch"] for h in kept.history] == [0, 1, 2, 3]
+    assert torch.equal(kept.table, st.StaticStudent(init.weight, mapping).fold())
+    assert not torch.equal(student.fold(), kept.table)  # it did train
+    later = st.fit(st.StaticStudent(init.weight, mapping), tokens, teacher,
+                   lambda e: {"val/p@1": moved(e)},
+                   st.FitSettings(lr=0.05, max_epochs=3, patience=3, batch_size=8))
+    assert later.best_epoch > 0
+
+
+def test_unlabelled_texts_enter_the_fit(init: static.StaticEncoder) -> None:
+    """Rows of tokens that only unlabelled texts hold move when those texts are in the fit,
+    and stay as they started without them."""
+    train, extra = TEXTS[:20], ["mountain ocean island king", "queen music art science"]
+    only = {i for t in extra for i in init.tokenizer.encode(t, add_special_tokens=False).ids}
+    only -= {i for t in train for i in init.tokenizer.encode(t, add_special_tokens=False).ids}
+    assert only
+    rows = torch.tensor(sorted(only))
+
+    def run(texts: list[str]) -> torch.Tensor:
+        tokens = st.Tokens.of(init, texts)
+        torch.manual_seed(0)
+        teacher = torch.randn(len(texts), 6)
+        student = st.StaticStudent(init.weight, torch.randn(init.dim, 6))
+        # validation that always improves: the last epoch is kept
+        calls = iter(range(100))
+        st.fit(student, tokens, teacher, lambda embed: {"val/p@1": float(next(calls))},
+               st.FitSettings(lr=0.05, max_epochs=2, patience=5, batch_size=4))
+        return student.table.detach()[rows]
+
+    assert torch.equal(run(train), init.weight[rows])
+    assert float((run(train + extra) - init.weight[rows]).abs().max()) > 1e-3
