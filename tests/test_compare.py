@@ -44,13 +44,13 @@ def test_render_keeps_changed_params_and_metrics_drops_hashes() -> None:
     lines = render(_records(), keys, 120)
     assert max(map(len, lines)) <= 120
     # the changed params first; the kept epoch fits too, the seconds no longer do
-    assert lines[0].split() == ["Experiment", "prepare.file.path", "train.lr", "train.mode",
-                                "trained.p@1", "trained.mrr@10", "kept_epoch"]
-    assert lines[1].split() == ["workspace", "data/raw/mine.csv", "0.005", "head", "0.7825",
+    assert lines[0].split() == ["Experiment", "state", "prepare.file.path", "train.lr",
+                                "train.mode", "trained.p@1", "trained.mrr@10", "kept_epoch"]
+    assert lines[1].split() == ["workspace", "-", "data/raw/mine.csv", "0.005", "head", "0.7825",
                                 "0.8172", "57"]
-    assert lines[3].split() == ["weeny-yegg", "data/raw/mine.csv", "0.003", "head", "0.7323",
-                                "0.7711", "57"]
-    assert lines[4].split()[:4] == ["oaken-pail", "data/raw/tickets-2026-with-more.csv",
+    assert lines[3].split() == ["weeny-yegg", "done", "data/raw/mine.csv", "0.003", "head",
+                                "0.7323", "0.7711", "57"]
+    assert lines[4].split()[:5] == ["oaken-pail", "done", "data/raw/tickets-2026-with-more.csv",
                                     "0.005", "top_layers"]
     wide = render(_records(), keys, 200)
     assert wide[0].split()[-1] == "train_s" and wide[1].split()[-1] == "84.671"
@@ -58,10 +58,42 @@ def test_render_keeps_changed_params_and_metrics_drops_hashes() -> None:
     assert HASH not in text and "batch_size" not in text and "lift" not in text
 
 
+def test_an_unfinished_row_says_its_state_and_shows_no_metrics_of_its_parent() -> None:
+    """Issue 44 item 1: DVC fills a failed queued experiment's metrics from its parent commit's
+    files, and a killed (still 'Running') one's from what its workspace holds: the parent's
+    evaluate metrics beside its own kept epoch and seconds. Each row says its state; a metrics
+    file equal to the parent's in an unfinished row is '-'."""
+    records = _records()
+    parent = records[1]  # main, the commit the experiments were queued on
+    failed = {**parent, "Experiment": "faced-jock", "rev": "f68a6aa", "typ": "branch_commit",
+              "State": "Failed", "train.lr": 1e8}
+    running = {**parent, "Experiment": "top-run", "rev": "77aa01c", "typ": "branch_commit",
+               "State": "Running", "train.mode": "top_layers", "kept_epoch": 2,
+               "train_s": 412.5}
+    queued = {**parent, "Experiment": "next-one", "rev": "5d0e1f2", "typ": "branch_base",
+              "State": "Queued", "train.lr": 0.01, "trained.p@1": None,
+              "trained.mrr@10": None, "kept_epoch": None, "train_s": None}  # as DVC gives it
+    done = {**records[2], "State": "Success"}  # a queued one that ended: its own metrics
+    keys = ["train.lr", "train.mode"]
+    lines = render([*records[:2], done, failed, running, queued], keys, 200)
+    assert lines[0].split() == ["Experiment", "state", "train.lr", "train.mode", "trained.p@1",
+                                "trained.mrr@10", "kept_epoch", "train_s"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
+    assert rows["main"] == ["done", "0.005", "head", "0.7825", "0.8172", "57", "84.671"]
+    assert rows["weeny-yegg"] == ["done", "0.003", "head", "0.7323", "0.7711", "57", "84.671"]
+    assert rows["faced-jock"] == ["failed", "1e+08", "head", "-", "-", "-", "-"]
+    assert rows["top-run"] == ["running", "0.005", "top_layers", "-", "-", "2", "412.5"]
+    assert rows["next-one"] == ["queued", "0.01", "head", "-", "-", "-", "-"]
+    # a failed experiment whose train ran (evaluate failed) shows train's figures, not evaluate's
+    half = {**failed, "kept_epoch": 3, "train_s": 9.5}
+    row = render([*records[:2], half], keys, 200)[3].split()
+    assert row == ["faced-jock", "failed", "1e+08", "-", "-", "3", "9.5"]  # mode: unchanged
+
+
 def test_render_narrow_moves_params_to_a_further_table_hides_nothing() -> None:
     keys = ["prepare.file.path", "train.lr", "train.mode"]
-    lines = render(_records(), keys, 60)
-    assert max(map(len, lines)) <= 60
+    lines = render(_records(), keys, 70)
+    assert max(map(len, lines)) <= 70
     blank = lines.index("")
     first, second = lines[:blank], lines[blank + 1:]
     assert "trained.p@1" in first[0] and "trained.mrr@10" in first[0]
@@ -110,6 +142,45 @@ def test_compare_after_a_temp_experiment_on_other_data_fits_120_columns(
     assert (rows[name]["prepare.file.path"], rows[name]["train.lr"]) == ("data/raw/more.csv",
                                                                          "0.003")
     assert yaml.safe_load(params.read_text()) == raw  # --temp left params.yaml as it was
+
+
+@pytest.mark.integration
+def test_a_failed_queued_experiment_shows_its_state_and_not_its_parents_metrics(
+        pipeline_baseline: Path, tmp_path: Path) -> None:
+    """Issue 44 item 1, on a real queue: an experiment whose run fails (a value the check stage
+    refuses, so no stage writes a file) is listed by DVC with its parent commit's metrics;
+    `simtune compare` says 'failed' and shows '-' for every metric of it."""
+    import time
+
+    project, *_ = _committed_baseline(pipeline_baseline, tmp_path)
+    project.dvc("exp", "run", "--queue", "-S", "prepare.source=no_such_source")
+    project.dvc("queue", "start")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        status = project.dvc("queue", "status").stdout
+        if not any(s in status for s in ("Queued", "Running")):
+            break
+        time.sleep(2)
+    assert "Failed" in status, status
+    shown = json.loads(project.dvc("exp", "show", "--json").stdout)
+    commit = next(c for c in shown if c.get("experiments"))
+    (experiment,) = commit["experiments"]
+    assert experiment["executor"]["state"] == "failed"
+    # DVC's own record of the failed experiment holds the parent's metrics
+    metrics = commit["data"]["metrics"]["reports/metrics.json"]["data"]
+    assert experiment["revs"][0]["data"]["metrics"]["reports/metrics.json"]["data"] == metrics
+    out = project.run(sys.executable, "-m", "stages", "compare", "--width", "200").stdout
+    lines = out.splitlines()
+    header = lines[0].split()
+    assert header == ["Experiment", "state", "prepare.source", "trained.p@1", "trained.mrr@10",
+                      "kept_epoch", "train_s"], out
+    rows = {line.split()[0]: dict(zip(header, line.split(), strict=True)) for line in lines[1:]}
+    failed, parent = rows[experiment["name"]], rows[lines[2].split()[0]]
+    assert failed == {"Experiment": experiment["name"], "state": "failed",
+                      "prepare.source": "no_such_source", "trained.p@1": "-",
+                      "trained.mrr@10": "-", "kept_epoch": "-", "train_s": "-"}, out
+    assert parent["state"] == "done" and parent["prepare.source"] == "file"
+    assert parent["trained.p@1"] == f"{metrics['trained']['p@1']:.4f}", out
 
 
 def _page_example() -> tuple[list[dict[str, object]], list[str]]:

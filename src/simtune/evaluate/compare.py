@@ -6,6 +6,12 @@ This view keeps what a comparison needs: one row per experiment, the params whos
 between the rows, and the trained model's headline metrics (`HEADLINE` of `reports/metrics.json`,
 then the kept epoch and the training seconds while they fit). The records are DVC's
 (`dvc.api.exp_show`); this module only picks and lays out columns, so it needs no DVC.
+
+Each row says its state (done, failed, running, queued: DVC's `State`), and shows only the
+metrics the row produced. DVC fills a failed queued experiment's metrics from the files of the
+commit it was queued on (its run wrote none), and a running one's from whatever its workspace
+holds so far; a metrics file whose values equal the parent commit's in such a row is the
+parent's, shown as `-`.
 """
 
 from __future__ import annotations
@@ -18,6 +24,14 @@ METRICS = ("trained.p@1", "trained.mrr@10", "kept_epoch", "train_s")
 ALWAYS = 2
 GAP = "  "
 MIN_CELL = 8  # a param column is cut to no fewer characters (then `…`)
+# the shown metrics by the DVC metrics file that holds them (reports/metrics.json: evaluate's
+# headline; reports/train_metrics.json: train's kept epoch and seconds): a row's metrics file is
+# its own or the parent's as a whole
+METRIC_FILES = (("trained.p@1", "trained.mrr@10"), ("kept_epoch", "train_s"))
+# DVC's `State` of an experiment (its executor's: `dvc queue status`) -> the word shown; a row
+# without one (a commit, an experiment read from its git ref) ran to the end
+STATES = {"success": "done", "failed": "failed", "running": "running", "queued": "queued"}
+UNFINISHED = ("failed", "running", "queued")
 
 
 def flat_keys(tree: Mapping[str, Any], prefix: str = "") -> list[str]:
@@ -51,6 +65,35 @@ def _label(record: Mapping[str, Any]) -> str:
     return str(name or rev[:7] or "workspace")
 
 
+def state(record: Mapping[str, Any]) -> str:
+    """The row's state: done, failed, running or queued; `-` for the workspace (DVC does not
+    say whether its outputs follow its params: `dvc status` does)."""
+    if _label(record) == "workspace":
+        return "-"
+    value = str(record.get("State") or "success").lower()
+    return STATES.get(value, value)
+
+
+def own_metrics(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`records` with the metrics an unfinished row (failed, running, queued) did not produce
+    set to None: each metrics file (`METRIC_FILES`) whose shown values all equal those of the
+    row's parent commit (the `baseline` row above it, as DVC lists them), or all of them where
+    no parent is listed. A finished row keeps every value: an experiment that reran no stage
+    of a file holds its parent's file as its own result."""
+    out: list[dict[str, Any]] = []
+    parent: Mapping[str, Any] | None = None
+    for record in records:
+        row = dict(record)
+        if row.get("typ") == "baseline" and _label(row) != "workspace":
+            parent = row
+        elif state(row) in UNFINISHED:
+            for keys in METRIC_FILES:
+                if parent is None or all(row.get(k) == parent.get(k) for k in keys):
+                    row.update(dict.fromkeys(keys))
+        out.append(row)
+    return out
+
+
 def changed_params(records: Sequence[Mapping[str, Any]], params: Iterable[str]) -> list[str]:
     """The params (dotted keys, in `params` order) whose shown values differ between records."""
     return [k for k in params if any(k in r for r in records)
@@ -75,12 +118,13 @@ def render(records: Sequence[Mapping[str, Any]], params: Iterable[str], width: i
     """The comparison as lines of at most `width` characters.
 
     `records`: DVC's experiment records (`dvc.api.exp_show`: one mapping per row, with
-    `Experiment`, `rev`, `typ` and one key per param and metric). `params`: the params' dotted
-    keys (those of `params.yaml`). The first table holds the experiment, the changed params that
-    fit and the metrics; params that do not fit follow in further tables, each again with the
-    experiment column, so nothing is hidden. A cell wider than its share is cut with `…`.
+    `Experiment`, `rev`, `typ`, `State` and one key per param and metric). `params`: the
+    params' dotted keys (those of `params.yaml`). The first table holds the experiment, its
+    state, the changed params that fit and the metrics (those the row produced: `own_metrics`);
+    params that do not fit follow in further tables, each again with the experiment column, so
+    nothing is hidden. A cell wider than its share is cut with `…`.
     """
-    records = list(records)
+    records = own_metrics(records)
     labels = [_label(r) for r in records]
     label_w = min(max(len(x) for x in ["Experiment", *labels]), max(width // 3, MIN_CELL))
     labels = [_cut(x, label_w) for x in labels]
@@ -99,12 +143,14 @@ def render(records: Sequence[Mapping[str, Any]], params: Iterable[str], width: i
     optional = [column(m) for m in metrics[ALWAYS:]]
     # the changed params first (the point of the view), the two headline metrics always, the
     # kept epoch and the seconds while they fit
-    first: list[list[str]] = []
+    first: list[list[str]] = [["state", *(state(r) for r in records)]]
     while pending and fits([*first, pending[0], *must]):
         first.append(pending.pop(0))
-    if not first and pending:  # not one param fits beside the metrics: cut the first to fit
-        room = width - label_w - sum(max(len(c) for c in col) + len(GAP) for col in must)
-        if room - len(GAP) >= MIN_CELL:
+    if len(first) == 1 and pending:  # not one param fits beside the metrics: cut it to fit
+        room = width - label_w - sum(max(len(c) for c in col) + len(GAP)
+                                     for col in [*first, *must])
+        # its values may be cut, not its name (a cut name no longer says which param it is)
+        if room - len(GAP) >= max(MIN_CELL, len(pending[0][0])):
             first.append([_cut(c, room - len(GAP)) for c in pending.pop(0)])
     first += must
     while optional and fits([*first, optional[0]]):
