@@ -41,6 +41,18 @@ def _yaml_float(value: Any) -> Any:
 
 Number = Annotated[float, BeforeValidator(_yaml_float)]
 
+# Every numeric key has a lower and an upper bound, what the code that reads it can honour (a
+# value past one is refused by `check`, naming the key and the range, before DVC deletes any
+# output). A seed reaches numpy's legacy seeding and Lightning's `seed_everything`: 0 .. 2^32-1.
+SEED_MAX = 2**32 - 1
+# the sweep's sampler gets `sweep.seed` + the trials its study holds: room for 2^31 trials
+SWEEP_SEED_MAX = 2**31 - 1
+ROWS_MAX = 2**20  # rows of one batch, shard or chunk held at once
+TOKENS_MAX = 2**20  # tokens of one window (the encoder's own limit is checked when it loads)
+# a softmax temperature: similarities / T stay <= 1000 (cosine), far inside float32 and fp16;
+# 1e-300 turned them into inf (a "divergence" blamed on the learning rate)
+TEMPERATURE_MIN, TEMPERATURE_MAX = 1e-3, 100.0
+
 
 class Section(BaseModel):
     """Base of every params model: strict types, no unknown keys, immutable, and every float
@@ -70,7 +82,7 @@ class Fractions(Section):
 class SplitParams(Section):
     """How examples are divided into train/val/test."""
 
-    seed: int = Field(description="seed of the deterministic split")
+    seed: int = Field(ge=0, le=SEED_MAX, description="seed of the deterministic split")
     by: Literal["row", "label"] = Field(
         description="groups: `row` (stratified by label) or `label` (unseen classes at test); "
         "pairs are always split by query"
@@ -175,9 +187,12 @@ class EncoderPrompts(Section):
 class ChunkParams(Section):
     """How a text longer than `max_length` tokens is seen: overlapping windows, pooled."""
 
-    max: int = Field(gt=0, description="windows per text at most (1: off, a long text is "
-                     "truncated at max_length; what lies past the last window is dropped)")
-    overlap: int = Field(ge=0, description="tokens two consecutive windows share")
+    max: int = Field(gt=0, le=10_000, description="windows per text at most (1: off, a long "
+                     "text is truncated at max_length; what lies past the last window is "
+                     "dropped)")
+    overlap: int = Field(ge=0, le=TOKENS_MAX, description="tokens two consecutive windows "
+                         "share (fewer than a window's text tokens: checked when the "
+                         "tokenizer loads)")
     pool: Literal["mean", "max", "first"] = Field(
         description="how the windows' vectors make the text's: `mean`, `max` (elementwise) or "
         "`first` (then re-normalised when `normalize`)")
@@ -196,8 +211,9 @@ class EncoderParams(Section):
         "Qwen3-Embedding)"
     )
     normalize: bool = Field(description="L2-normalise the pooled vector")
-    max_length: int = Field(gt=0, description="tokens per window: a text longer than this is "
-                            "truncated, or split into windows (`chunks`)")
+    max_length: int = Field(gt=0, le=TOKENS_MAX, description="tokens per window: a text "
+                            "longer than this is truncated, or split into windows (`chunks`); "
+                            "at most the model's positions (checked when it loads)")
     chunks: ChunkParams
     dtype: Literal["float32", "float16"] = Field(description="storage dtype of cached vectors")
     states_dtype: Literal["float32", "float16"] = Field(
@@ -241,9 +257,10 @@ class CacheParams(Section):
     (<= 1e-6: padding changes the order of sums), so none is a DVC param of the cache stage
     (changing them reruns nothing)."""
 
-    batch_size: int = Field(gt=0, description="texts per encoder forward pass when filling")
-    num_workers: int = Field(ge=0, description="DataLoader workers that tokenise (0: a "
-                             "background thread tokenises the next batches)")
+    batch_size: int = Field(gt=0, le=ROWS_MAX, description="texts per encoder forward pass "
+                            "when filling")
+    num_workers: int = Field(ge=0, le=256, description="DataLoader workers that tokenise (0: "
+                             "a background thread tokenises the next batches)")
     backend: Literal["torch", "onnx"] = Field(
         description="who runs the encoder when filling: `torch` (eager), or `onnx` (an export "
         "with pooling, run by ONNX Runtime on the CPU: needs `simtune[onnx]`; vectors equal up "
@@ -252,7 +269,8 @@ class CacheParams(Section):
     device: str = Field(
         description="fill device: `auto` (cuda if available), `cpu`, `cuda`, `cuda:N`"
     )
-    shard_rows: int = Field(gt=0, description="rows per Arrow shard written while filling")
+    shard_rows: int = Field(gt=0, le=ROWS_MAX, description="rows per Arrow shard written "
+                            "while filling (buffered in memory until written)")
     cache_type: Literal["auto", "cpu", "gpu"] = Field(
         description="where training keeps the cached vectors: `cpu` (host memory), `gpu` (moved "
         "once), `auto` (gpu when available and it fits)"
@@ -265,23 +283,27 @@ class CacheParams(Section):
         "(`~` expanded; `$SIMTUNE_STORE` overrides it), shared by all workspaces on the machine"
     )
     max_layer_gb: Number | None = Field(
-        gt=0, description="top_layers mode: refuse a layer cache estimated above this many GB "
-        "(texts x tokens x hidden x bytes, logged before filling; null: no cap). Either way, "
-        "an estimate over the store's free disk is refused"
+        gt=0, le=10**6, description="top_layers mode: refuse a layer cache estimated above "
+        "this many GB (texts x tokens x hidden x bytes, logged before filling; null: no cap). "
+        "Either way, an estimate over the store's free disk is refused"
     )
     store_max_gb: Number = Field(
-        gt=0, description="size policy of the shared store: after a fill, least recently used "
-        "encoder settings are dropped until it holds at most this many GB (never those in use)"
+        gt=0, le=10**6, description="size policy of the shared store: after a fill, least "
+        "recently used encoder settings are dropped until it holds at most this many GB (never "
+        "those in use)"
     )
 
 
 class NegativesParams(Section):
     """`negatives`: hard negatives mined from the cached vectors (pairs data), once per cache."""
 
-    count: int = Field(ge=0, description="negatives kept per training query: its top-ranked "
-                       "training documents that are not its documents (0: none mined)")
-    margin: Number = Field(ge=0, description="skip likely false negatives: documents scoring "
-                           "above the query's lowest positive score minus the margin")
+    count: int = Field(ge=0, le=1000, description="negatives kept per training query: its "
+                       "top-ranked training documents that are not its documents (0: none "
+                       "mined)")
+    margin: Number = Field(ge=0, le=2, description="skip likely false negatives: documents "
+                           "scoring above the query's lowest positive score minus the margin "
+                           "(cosines differ by at most 2: an absolute margin of 2 skips every "
+                           "document)")
     margin_type: Literal["relative", "absolute"] = Field(
         description="`relative`: the margin is a fraction of |positive score| (0.05: at most "
         "95 % of it, NV-Retriever's TopK-PercPos); `absolute`: a cosine difference")
@@ -294,7 +316,8 @@ class HeadParams(Section):
         description="`identity` (the frozen baseline), `linear`, `skip_connection` (gated "
         "residual, starts near identity), `gated` (per-dimension gates) or `mlp` (residual MLP)"
     )
-    expansion: int = Field(gt=0, description="mlp: hidden width = expansion x embedding dim")
+    expansion: int = Field(gt=0, le=64, description="mlp: hidden width = expansion x "
+                           "embedding dim")
     dropout: Number = Field(ge=0, lt=1, description="mlp: dropout on the hidden layer")
     side: Literal["both", "query"] = Field(
         description="`both`: the head transforms every text; `query`: queries only (groups: the "
@@ -314,18 +337,22 @@ class LossParams(Section):
         "is refused before the cache stage fills anything"
     )
     distance: Literal["cosine", "dot", "euclidean"] = Field(description="distance/similarity")
-    temperature: Number = Field(gt=0, description="supcon: softmax temperature")
-    margin: Number = Field(ge=0, description="triplet, contrastive, arcface: margin")
+    temperature: Number = Field(ge=TEMPERATURE_MIN, le=TEMPERATURE_MAX,
+                                description="supcon: softmax temperature (the similarities "
+                                "are divided by it)")
+    margin: Number = Field(ge=0, le=3, description="triplet, contrastive, arcface: margin "
+                           "(arcface: an angle in radians, below pi)")
     mining: Literal["batch_all", "batch_hard", "semi_hard"] = Field(
         description="triplet: which triplets of the batch count"
     )
-    scale: Number = Field(gt=0, description="mnrl and arcface: logit scale")
+    scale: Number = Field(ge=1 / TEMPERATURE_MAX, le=1 / TEMPERATURE_MIN,
+                          description="mnrl and arcface: logit scale (1 / a temperature)")
     symmetric: bool = Field(description="mnrl: also rank queries for each document")
-    matryoshka_dims: list[Annotated[int, Field(gt=0)]] = Field(
+    matryoshka_dims: list[Annotated[int, Field(gt=0, le=2**16)]] = Field(
         description="Matryoshka: the loss is the weighted sum of the loss at each of these "
         "prefixes of the output vector (e.g. [384, 256, 128, 64]; list the full dim to keep "
         "training it); [] turns it off")
-    matryoshka_weights: list[Annotated[Number, Field(gt=0)]] = Field(
+    matryoshka_weights: list[Annotated[Number, Field(gt=0, le=1000)]] = Field(
         description="Matryoshka: the weight of each dim's loss in the sum ([]: 1 each)")
 
     @model_validator(mode="after")
@@ -355,16 +382,18 @@ class DistillParams(Section):
         "`temperature`. mse and cosine compare vectors: a teacher of another width is first "
         "projected onto its top principal directions (computed once from its cached training "
         "vectors); kl compares similarities and needs no projection")
-    temperature: Number = Field(gt=0, description="kl: the temperature of both softmaxes")
+    temperature: Number = Field(ge=TEMPERATURE_MIN, le=TEMPERATURE_MAX,
+                                description="kl: the temperature of both softmaxes")
     label_weight: Number = Field(
-        ge=0, description="weight of the similarity loss (`train.loss`) on the labels, added "
-        "to the distillation loss (groups data only; 0: labels unused)")
+        ge=0, le=1000, description="weight of the similarity loss (`train.loss`) on the "
+        "labels, added to the distillation loss (groups data only; 0: labels unused)")
 
 
 class GradCacheParams(Section):
     """GradCache: contrastive batches larger than memory, with the full-batch gradient."""
 
-    chunk_size: int = Field(ge=0, description="rows per GradCache chunk; 0 turns GradCache off")
+    chunk_size: int = Field(ge=0, le=ROWS_MAX, description="rows per GradCache chunk; 0 turns "
+                            "GradCache off")
 
 
 class LoraParams(Section):
@@ -373,9 +402,10 @@ class LoraParams(Section):
     frozen and a low-rank update B A (rank `r`, scaled by alpha / r) trains instead, so AdamW keeps
     state for the adapters only. Merged into plain weights when the encoder is saved."""
 
-    r: int = Field(ge=0, description="adapter rank; 0 turns LoRA off (the layers' own weights "
-                   "train)")
-    alpha: Number = Field(gt=0, description="LoRA alpha: the update B A is scaled by alpha / r")
+    r: int = Field(ge=0, le=4096, description="adapter rank; 0 turns LoRA off (the layers' own "
+                   "weights train)")
+    alpha: Number = Field(gt=0, le=10**4, description="LoRA alpha: the update B A is scaled "
+                          "by alpha / r")
     dropout: Number = Field(ge=0, lt=1, description="dropout on each adapter's input while "
                             "training (> 0 keeps a dropped copy of each adapted layer's input "
                             "for the backward pass: +42 % activation memory on MiniLM)")
@@ -628,7 +658,8 @@ class TrainParams(Section):
     monitor: Literal["p@1", "mrr@10", "ndcg@10", "map@r"] = Field(
         description="validation retrieval metric for early stopping and the best checkpoint"
     )
-    seed: int = Field(description="seed of initialisation, shuffling and dropout")
+    seed: int = Field(ge=0, le=SEED_MAX, description="seed of initialisation, shuffling and "
+                      "dropout")
     precision: Literal["32-true", "bf16-mixed", "16-mixed"] = Field(
         description="`32-true` (CPU default), `bf16-mixed` or `16-mixed` (GPU; loss scaler)"
     )
@@ -708,10 +739,12 @@ class SignificanceParams(Section):
     """The paired significance of the lift (trained - baseline) over the test queries."""
 
     resamples: int = Field(
-        gt=0, description="sign flips of the paired randomization test and resamples of the "
-        "paired bootstrap (exact test over all 2^n flips when 2^n <= resamples)"
+        gt=0, le=10**6, description="sign flips of the paired randomization test and resamples "
+        "of the paired bootstrap (exact test over all 2^n flips when 2^n <= resamples); each "
+        "costs a pass over the test queries, per metric"
     )
-    seed: int = Field(description="seed of the random sign flips and bootstrap resamples")
+    seed: int = Field(ge=0, le=SEED_MAX, description="seed of the random sign flips and "
+                      "bootstrap resamples")
     alpha: Number = Field(
         gt=0, lt=1, description="the verdict's significance level: the trained model is "
         "`better` (or `worse`) than the frozen encoder when the lift of `verdict_metric` is "
@@ -743,15 +776,17 @@ class HybridParams(Section):
         "and the lift's significance), and `simtune search` ranks by it unless --no-hybrid"
     )
     rrf_k: int = Field(
-        ge=0, description="the RRF constant k: an item's fused score is the sum over both full "
-        f"rankings of 1 / (k + its rank); larger k flattens the weight of the top ranks (at most "
-        f"{RRF_K_MAX}: ranks stay apart in float64)"
+        ge=0, le=RRF_K_MAX, description="the RRF constant k: an item's fused score is the sum "
+        "over both full rankings of 1 / (k + its rank); larger k flattens the weight of the top "
+        f"ranks (at most {RRF_K_MAX}: ranks stay apart in float64)"
     )
 
-    @field_validator("rrf_k")
+    @field_validator("rrf_k", mode="before")
     @classmethod
-    def _ranks_distinguishable(cls, k: int) -> int:
-        if k > RRF_K_MAX:
+    def _ranks_distinguishable(cls, k: Any) -> Any:
+        # before the `le` bound, so that a k past it is told why (an int: other types get
+        # the type's own message)
+        if isinstance(k, int) and not isinstance(k, bool) and k > RRF_K_MAX:
             raise ValueError(rrf_k_bound())
         return k
 
@@ -763,16 +798,18 @@ class EvaluateParams(Section):
         description="groups: each test text queries the `train` texts, or the other `test` "
         "texts (leave-one-out); pairs always query all documents"
     )
-    ks: list[Annotated[int, Field(gt=0)]] = Field(
-        min_length=1, description="cut-offs k of Recall@k (also the points of the Recall@k plot)"
+    ks: list[Annotated[int, Field(gt=0, le=10**6)]] = Field(
+        min_length=1, description="cut-offs k of Recall@k (also the points of the Recall@k "
+        "plot; a k above the corpus ranks all of it)"
     )
-    run_depth: int = Field(gt=0, description="results per query in the TREC run files")
+    run_depth: int = Field(gt=0, le=10**6, description="results per query in the TREC run "
+                           "files (at most the corpus)")
     significance: SignificanceParams
     hybrid: HybridParams
-    speed_texts: int = Field(ge=0, description="train.objective distill: test texts the frozen "
-                             "student, the distilled student and the teacher each encode from "
-                             "raw text to report their speed (texts/s, `distill.speed`); 0: "
-                             "not measured")
+    speed_texts: int = Field(ge=0, le=10**6, description="train.objective distill: test texts "
+                             "the frozen student, the distilled student and the teacher each "
+                             "encode from raw text to report their speed (texts/s, "
+                             "`distill.speed`); 0: not measured")
 
 
 # --- sweep: `simtune sweep`, an Optuna search over `train.*` (a command, not a DVC stage) -----
@@ -848,18 +885,20 @@ class SweepParams(Section):
     """`sweep`: `simtune sweep`, an Optuna study over `train.*` on the validation split (TPE
     sampler, pruned each epoch), stored in SQLite so an interrupted sweep resumes."""
 
-    trials: int = Field(gt=0, description="finished (complete or pruned) trials the study "
-                        "should hold; a resumed study runs only the missing ones (`--trials` "
+    trials: int = Field(gt=0, le=10**5, description="finished (complete or pruned) trials the "
+                        "study should hold; a resumed study runs only the missing ones (`--trials` "
                         "overrides it for one run)")
-    timeout: Number = Field(ge=0, description="start no trial after this many seconds of this "
-                            "run (0: no limit)")
-    seed: int = Field(description="seed of the TPE sampler (the trials' training seed is "
-                      "train.seed)")
+    timeout: Number = Field(ge=0, le=10**8, description="start no trial after this many "
+                            "seconds of this run (0: no limit)")
+    seed: int = Field(ge=0, le=SWEEP_SEED_MAX, description="seed of the TPE sampler (it is "
+                      "seeded with this + the trials the study holds, below 2^32; the trials' "
+                      "training seed is train.seed)")
     pruner: Literal["median", "halving"] = Field(
         description="stop a trial early on its validation metric each epoch: `median` "
         "(below the median of earlier trials at that epoch) or `halving` (successive halving)")
-    min_epochs: int = Field(gt=0, description="the first epoch at which the pruner may stop "
-                            "a trial (median: its warm-up; halving: the first rung)")
+    min_epochs: int = Field(gt=0, le=100_000, description="the first epoch at which the "
+                            "pruner may stop a trial (median: its warm-up; halving: the first "
+                            "rung)")
     storage: str = Field(min_length=1, description="the study's SQLite file, a name used "
                          "literally (e.g. reports/sweep.db), or sqlite:///path; "
                          "`optuna-dashboard sqlite:///reports/sweep.db` opens it")
@@ -1063,6 +1102,71 @@ def _merge_branches(errors: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+# pydantic error types of a bound (`ge`, `gt`, `le`, `lt`): the message gives the whole range
+_BOUND_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+
+
+def _number(value: float) -> str:
+    """A bound as a reader writes it: 0.001, 1000000, 4294967295 (not 1e-03, 1e+06)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return repr(value)
+
+
+def range_text(metadata: typing.Iterable[Any]) -> str:
+    """The bounds among a field's pydantic constraints, in words: `>= 0 and <= 4294967295`
+    ('' for none). A list item's `Field(gt=0)` (a FieldInfo inside `Annotated`) counts too."""
+    parts = []
+    for m in metadata:
+        for c in getattr(m, "metadata", [m]):
+            for op, sign in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+                if getattr(c, op, None) is not None:
+                    parts.append(f"{sign} {_number(getattr(c, op))}")
+    return " and ".join(parts)
+
+
+def _leaf_at(loc: tuple[Any, ...]) -> tuple[Any, list[Any]]:
+    """(type, constraints) of the value an error's `loc` points at (a key, an entry of a
+    mapping, an item of a list); (None, []) where the walk does not reach one value."""
+    ann: Any = Params
+    meta: list[Any] = []
+    for part in loc:
+        ann, meta = _bare(ann, meta)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            field = ann.model_fields.get(str(part))
+            if field is None:
+                return None, []
+            ann, meta = field.annotation, list(field.metadata)
+        elif typing.get_origin(ann) in (list, dict):
+            ann, meta = typing.get_args(ann)[-1], []
+        else:
+            return None, []
+    return _bare(ann, meta)
+
+
+def _bare(ann: Any, meta: list[Any]) -> tuple[Any, list[Any]]:
+    """`ann` without `Annotated` (its constraints added to `meta`) and without `| None`."""
+    while True:
+        if typing.get_origin(ann) is Annotated:
+            ann, *extra = typing.get_args(ann)
+            meta = [*meta, *extra]
+        elif (inner := _optional_of(ann)) is not ann:
+            ann = inner
+        else:
+            return ann, meta
+
+
+def _bound_message(source: str, loc: tuple[Any, ...], given: Any) -> str | None:
+    """The one line for a value past a bound of its key: the key and the whole range
+    (`expected an integer >= 0 and <= 4294967295, got -1`); None where `loc` has no bounds."""
+    ann, meta = _leaf_at(loc)
+    limits = range_text(meta)
+    if not limits or ann not in (int, float):
+        return None
+    noun = "an integer" if ann is int else "a number"
+    return f"{source}: {_dotted(loc)}: expected {noun} {limits}, got {given!r}"
+
+
 def _message(source: str, err: dict[str, Any]) -> str:
     """One line for one pydantic error, naming file, key, expected type and given value."""
     loc, kind, given = tuple(err["loc"]), err["type"], err.get("input")
@@ -1081,6 +1185,8 @@ def _message(source: str, err: dict[str, Any]) -> str:
         return f"{source}: {key}: expected one of {options}, got {given!r}"
     if kind in _EXPECTED:
         return f"{source}: {key}: expected {_EXPECTED[kind]}, got {given!r}"
+    if kind in _BOUND_ERRORS and (line := _bound_message(source, loc, given)):
+        return line
     msg = str(err["msg"]).removeprefix("Value error, ")
     where = f"{key}: " if key else ""
     got = "" if isinstance(given, dict | list) else f", got {given!r}"
