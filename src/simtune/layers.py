@@ -20,7 +20,9 @@ model's states after layer k through the top equal its last hidden state, else t
 refused with one line (`UserError`). What trains is the top layers' own weights only: a
 module outside the list may be shared with the frozen bottom (MPNet's relative attention bias,
 computed once for all layers), and the final norm (ModernBERT, decoders) stays as it was.
-Lightning-free.
+`states_vectors` and `embed_rows` run such a top over cached states (a
+`simtune.cache.states.StatesTable`): training, validation and evaluate share them, so the
+vectors evaluate scores are the ones validation chose the epoch by. Lightning-free.
 """
 
 from __future__ import annotations
@@ -28,14 +30,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from simtune.encoders import load_pretrained
+from simtune.chunks import pool_windows
+from simtune.encoders import load_pretrained, pooled, prompt_skip
 from simtune.errors import UserError
+from simtune.params import EncoderParams
+from simtune.pretrained import load_tokenizer
 
 LAYER_LISTS = ("encoder.layer", "transformer.layer", "layers")
 EMBEDDINGS = ("embeddings", "embed_tokens")
 PROBE_TOLERANCE = 1e-5  # relative to the largest |state|; the cut is exact on CPU (0.0 measured)
+# padded tokens one more forward is worth (small GEMMs run slower on CPU; launches on GPU)
+GROUP_OVERHEAD = {"cpu": 64, "other": 8192}  # TREC top-2 step, 64 rows: 2.79 s one group,
+# 1.61 s at 256, 1.24 s at 64 (fwd+bwd, 2 CPU cores at load 7; bench/layers.py measures epochs)
+# the largest |difference| of a unit vector computed from float16 states against the whole
+# encoder from the text (the export): measured 1e-3 on the tiny test BERT and MiniLM on TREC
+STATES_TOLERANCE = 5e-3
+TOKENS_PER_CHUNK = 4096  # embed_rows: padded tokens per forward (bounds memory; TREC val+train
+# at load 6: 32768 -> 4096 tokens took 23.0 -> 14.0 s, sorting alone 37 -> 23 s)
 
 
 class InputStates(torch.nn.Module):
@@ -149,3 +163,82 @@ def merge(path: Path, top: torch.nn.Module, layer: int) -> Any:
     _, unexpected = full.load_state_dict(state, strict=False)  # missing: the bottom
     assert not unexpected, unexpected[:5]
     return full
+
+
+def prompt_skips(path: Path, spec: EncoderParams) -> dict[str, int]:
+    """Prompt tokens left out of the pooling, by prompt role (`encoders.prompt_skip`); the
+    tokenizer is loaded only when a prompt is set with include_prompt false."""
+    if spec.prompts is None or spec.prompts.include_prompt:
+        return {"query": 0, "document": 0}
+    tokenizer = load_tokenizer(path, "train.mode top_layers")
+    return {role: prompt_skip(tokenizer, spec, role) for role in ("query", "document")}
+
+
+def length_groups(lengths: torch.Tensor, overhead: int) -> list[torch.Tensor]:
+    """Partition of a batch's rows (by their (n,) token `lengths`) into groups that minimise the
+    padded tokens computed, sum over groups of (longest x rows), plus `overhead` tokens per
+    group (the cost of one more, smaller forward). Exact dynamic programme over the rows sorted
+    by length (an optimal group is a run of them). Returns index tensors into the batch."""
+    n = len(lengths)
+    order = torch.argsort(lengths, descending=True, stable=True)
+    if n <= 1:
+        return [order]
+    sl = lengths[order].to(torch.float64).numpy()
+    best = np.zeros(n + 1)  # best[i]: cost of the i longest rows
+    cut_at = np.zeros(n + 1, dtype=np.int64)
+    j = np.arange(n)
+    for i in range(1, n + 1):  # last group = sorted rows j..i-1, padded to sl[j]
+        cost = best[:i] + sl[:i] * (i - j[:i]) + overhead
+        cut_at[i] = int(np.argmin(cost))
+        best[i] = cost[cut_at[i]]
+    bounds, i = [], n
+    while i > 0:
+        bounds.append((int(cut_at[i]), i))
+        i = int(cut_at[i])
+    return [order[a:b] for a, b in reversed(bounds)]
+
+
+def states_vectors(top: Any, table: Any, rows: torch.Tensor, spec: EncoderParams, skip: int,
+                   device: torch.device) -> torch.Tensor:
+    """(n, D) pooled vectors of the texts at `rows` of the states `table`, through `top` (a
+    `cut` model). Each text's (window's) vector depends only on its own tokens, so the rows run
+    as groups of similar length (`length_groups`), each padded to its own longest; a text of
+    several windows (`simtune.chunks`) is their pooled vector. `skip`: prompt tokens left out
+    of the pooling."""
+    rows, counts = table.window_rows(rows)
+    groups = length_groups(table.lengths(rows).cpu(),
+                           GROUP_OVERHEAD.get(device.type, GROUP_OVERHEAD["other"]))
+
+    def run(part: torch.Tensor) -> torch.Tensor:
+        states, mask = table.batch(part, device)
+        hidden = top(inputs_embeds=states, attention_mask=mask).last_hidden_state
+        return pooled(hidden, mask, spec, skip)
+
+    if len(groups) == 1:
+        vectors = run(rows)
+    else:
+        outs = [run(rows[g]) for g in groups]
+        vectors = torch.empty(len(rows), outs[0].shape[1], dtype=outs[0].dtype,
+                              device=outs[0].device)
+        vectors[torch.cat(groups).to(vectors.device)] = torch.cat(outs)
+    if counts is None:
+        return vectors
+    return pool_windows(vectors, counts, spec.chunks.pool, spec.normalize)
+
+
+def embed_rows(top: Any, table: Any, rows: torch.Tensor, spec: EncoderParams, skip: int,
+               device: torch.device) -> torch.Tensor:
+    """(n, D) vectors of the texts at `rows` (n,) of `table`, in their order: run length-sorted
+    in chunks of about `TOKENS_PER_CHUNK` padded tokens (padding to a random chunk's longest
+    text costs ~2x the compute on short texts, and a fixed row count would bound nothing)."""
+    n = len(rows)
+    lengths = table.text_tokens(rows)
+    order = torch.argsort(lengths.cpu(), descending=True, stable=True)
+    out, s = [], 0
+    while s < n:  # sorted descending: the chunk's first row is its longest
+        e = min(n, s + max(1, TOKENS_PER_CHUNK // max(1, int(lengths[order[s]]))))
+        out.append(states_vectors(top, table, rows[order[s:e]], spec, skip, device))
+        s = e
+    vectors = torch.empty(n, out[0].shape[1], dtype=out[0].dtype, device=out[0].device)
+    vectors[order.to(vectors.device)] = torch.cat(out)
+    return vectors

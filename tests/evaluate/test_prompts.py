@@ -11,17 +11,15 @@ import torch
 from simtune import examples, heads
 from simtune.cache import stage as cache
 from simtune.cache.views import open_pair
-from simtune.evaluate import stage as evaluate
+from simtune.evaluate.vectors import trained as trained_vectors
 from simtune.model import load_model
 from simtune.prepare.prepared import load as load_prepared
 from simtune.train import stage as train
-from tests.cache.test_prompts import E5, _pairs
+from tests.cache.test_prompts import E5, ENCODER_SCHEDULE, _pairs
 
 
 def test_full_mode_test_vectors_carry_each_roles_prompt(tmp_path: Path, tiny_bert: Path) -> None:
-    p = _pairs(tmp_path, tiny_bert, E5, mode="full", encoder={
-        "top_layers": 1, "lr": 0.001, "head_lr": 0.01, "batch_size": 4, "max_epochs": 1,
-        "patience": 1, "val_every": 1})
+    p = _pairs(tmp_path, tiny_bert, E5, mode="full", schedule=ENCODER_SCHEDULE)
     cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache)
     head_dir = tmp_path / "head"
     train.run(p, tmp_path / "prepared", tmp_path / "cache", head_dir, tmp_path / "train.json",
@@ -29,7 +27,8 @@ def test_full_mode_test_vectors_carry_each_roles_prompt(tmp_path: Path, tiny_ber
     prepared = load_prepared(tmp_path / "prepared")
     q_table, d_table = open_pair(tmp_path / "cache", p.encoders, p.cache, "pairs", placed=False)
     data = examples.load(prepared.kind, prepared.examples, q_table, d_table)
-    vectors = evaluate._trained(data, heads.load(head_dir), head_dir, p, tmp_path / "prepared")
+    vectors = trained_vectors(data, heads.load(head_dir), head_dir, p, tmp_path / "prepared",
+                              (tmp_path / "cache", q_table, d_table))
     model, texts = load_model(head_dir, "cpu"), prepared.text_map()
     test = data.splits["test"].tensors
     for role, rows, ids, prompt_role in (("query", test["q_rows"], data.row_ids["query"], "query"),

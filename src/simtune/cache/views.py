@@ -12,6 +12,7 @@ import random
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -248,6 +249,27 @@ def open_pair(out: Path, encoders: EncodersParams, cp: CacheParams, kind: str,
         raise UserError(f"encoders: '{encoders.query}' gives {q.dim}-d and "
                         f"'{encoders.document}' {d.dim}-d vectors; one head needs one dim")
     return q, d
+
+
+def open_states_pair(out: Path, encoders: EncodersParams, cp: CacheParams, layer: int,
+                     q_table: Any, d_table: Any) -> tuple[StatesTable, StatesTable]:
+    """Top-layers mode: the layer cache of the (shared) encoder's query texts, row for row the
+    query vector view `q_table`'s (both views hold the same ids, sorted), so the splits' cache
+    rows index both; and of its document texts (`d_table`'s rows), the same table unless
+    documents have their own view (another prompt). `UserError` when a layer view holds other
+    texts than its vector view."""
+    name = encoders.query
+    out_tables = []
+    for role, vectors_table in (("query", q_table), ("document", d_table)):
+        if role == "document" and d_table is q_table:
+            out_tables.append(out_tables[0])
+            continue
+        table = open_states(out, name, encoders.models[name], layer, cp, role)
+        if not table.ids.equals(vectors_table.ids):
+            raise UserError(f"{table.directory}: the layer cache holds other texts than "
+                            f"{vectors_table.directory}; run the cache stage")
+        out_tables.append(table)
+    return out_tables[0], out_tables[1]
 
 
 def open_states(out: Path, name: str, spec: EncoderParams, layer: int, cp: CacheParams,

@@ -20,7 +20,6 @@ rankings of both models also go to TREC run files (`runs`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from simtune.atomic import write_json
 from simtune.cache.views import open_pair
 from simtune.errors import UserError
 from simtune.evaluate import distill, lexical, report, runs, trained_on
+from simtune.evaluate.vectors import Vectors, cached, trained
 from simtune.examples import Data
 from simtune.params import Params
 from simtune.prepare.prepared import load as load_prepared
@@ -41,18 +41,6 @@ from simtune.retrieval.metrics import HEADLINE
 from simtune.retrieval.task import RetrievalTask, by_rows, retrieval_task
 
 log = logging.getLogger(__name__)
-Vectors = Callable[[torch.Tensor, str], torch.Tensor]  # (cache rows, role) -> (n, D)
-
-
-def cached(data: Data, head: torch.nn.Module) -> Vectors:
-    """(cache rows, role) -> head(cached vectors) of those rows, 8,192 at a time."""
-    def vectors(rows: torch.Tensor, role: str) -> torch.Tensor:
-        table = data.d_vectors if role == "doc" else data.q_vectors
-        assert table is not None
-        return torch.cat([head(table[rows[i : i + 8192].to(table.device)].float())
-                          for i in range(0, len(rows), 8192)]) if len(rows) else torch.empty(
-                              0, data.dim)
-    return vectors
 
 
 def evaluation_task(data: Data, corpus: str, prepared_dir: Path) -> RetrievalTask:
@@ -100,7 +88,8 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
                     corpus_size)
     ids = _run_ids(data, task, prepared_dir) if run_files else None
     depth = p.evaluate.run_depth if run_files else 0
-    trained_vectors = _finite(_trained(data, head, head_dir, p, prepared_dir), head_dir)
+    trained_vectors = _finite(trained(data, head, head_dir, p, prepared_dir,
+                                      (cache_dir, q_table, d_table)), head_dir)
     baseline_vectors = cached(data, heads.build("identity", data.dim, 1, 0.0))
     dims = _matryoshka_dims(head_dir)
     if dims or p.evaluate.hybrid.enabled:  # every prefix, the hybrid reuse the test vectors
@@ -279,26 +268,3 @@ def _finite(vectors: Vectors, head_dir: Path) -> Vectors:
                             "(training diverged?); rerun train")
         return out
     return checked
-
-
-def _trained(data: Data, head: heads.Head, head_dir: Path, p: Params,
-             prepared_dir: Path) -> Vectors:
-    if not (head_dir / "encoder").is_dir():
-        return cached(data, head)
-    # top_layers and full modes: the fine-tuned encoder (saved with the head) embeds the test
-    # texts (a query tower: the queries; `run` ranks them against the frozen cached corpus)
-    from simtune.model import load_model
-    from simtune.prepare.prepared import load as load_prepared
-
-    enc = p.encoders
-    model = load_model(head_dir, p.cache.device, encoder=enc.models[enc.query].model)
-    prepared = load_prepared(prepared_dir)
-    texts = prepared.text_map()
-
-    def vectors(rows: torch.Tensor, role: str) -> torch.Tensor:
-        ids = data.row_ids["doc" if role == "doc" else "query"]
-        # each side with its own prompt: documents get the encoder's document prompt
-        return model.encode([texts[ids[r]] for r in rows.tolist()],
-                            role="document" if role == "doc" else "query", progress=True)
-
-    return vectors

@@ -84,22 +84,13 @@ def _states_tables(p: Params, cache_dir: Path, q_table: Any, d_table: Any) -> di
     query vector cache's (both views hold the same ids, sorted), so the splits' cache rows
     index both; and of its document texts, the same table unless documents have their own
     view (another prompt)."""
-    from simtune.cache.views import layer_for, open_states
+    from simtune.cache.views import layer_for, open_states_pair
 
     layer = layer_for(p.encoders, p.train)
     assert layer is not None
-    name = p.encoders.query
-    out: dict[str, Any] = {"layer": layer}
-    for key, role, vectors in (("states", "query", q_table), ("doc_states", "document", d_table)):
-        if key == "doc_states" and d_table is q_table:
-            out[key] = out["states"]
-            continue
-        table = open_states(cache_dir, name, p.encoders.models[name], layer, p.cache, role)
-        if not table.ids.equals(vectors.ids):
-            raise UserError(f"{table.directory}: the layer cache holds other texts than "
-                            f"{vectors.directory}; run the cache stage")
-        out[key] = table
-    return out
+    states, doc_states = open_states_pair(cache_dir, p.encoders, p.cache, layer, q_table,
+                                          d_table)
+    return {"layer": layer, "states": states, "doc_states": doc_states}
 
 
 def _attach_teacher(p: Params, cache_dir: Path, examples_table: Any, data: Data,

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+from simtune import layers
 from simtune.cache import vectors
 from simtune.chunks import Chunker, chunked, pool_windows
 from simtune.encoders import (
@@ -35,8 +35,7 @@ from simtune.encoders import (
     trim_padding,
 )
 from simtune.params import EncoderParams, LoraParams, Params
-from simtune.pretrained import load_tokenizer
-from simtune.train import layers, lora
+from simtune.train import lora
 
 ROWS = {"text": "rows", "query": "q_rows", "doc": "d_rows", "neg": "neg_rows"}
 PROMPT_ROLE = {"text": "query", "query": "query", "doc": "document", "neg": "document"}
@@ -44,11 +43,6 @@ TEXTS = {"text": "texts", "query": "q_texts", "doc": "d_texts"}
 TOKENS = {"text": "tokens", "query": "q_tokens", "doc": "d_tokens"}
 WINDOWS = "windows"  # full mode with chunks: (n,) windows per text in a token dict
 CHUNK = 1024
-# padded tokens one more forward is worth (small GEMMs run slower on CPU; launches on GPU)
-GROUP_OVERHEAD = {"cpu": 64, "other": 8192}  # TREC top-2 step, 64 rows: 2.79 s one group,
-# 1.61 s at 256, 1.24 s at 64 (fwd+bwd, 2 CPU cores at load 7; bench/layers.py measures epochs)
-TOKENS_PER_CHUNK = 4096  # top_layers embed_split: padded tokens per forward (bounds memory;
-# TREC val+train at load 6: 32768 -> 4096 tokens took 23.0 -> 14.0 s, sorting alone 37 -> 23 s)
 
 
 class Representation(torch.nn.Module):
@@ -113,39 +107,6 @@ def _encoder_of(table: Any) -> str:
     return str(table.manifest.encoder).split("@")[0]
 
 
-def _skips(path: Path, spec: EncoderParams) -> dict[str, int]:
-    """Prompt tokens left out of the pooling, by prompt role (`encoders.prompt_skip`); the
-    tokenizer is loaded only when a prompt is set with include_prompt false."""
-    if spec.prompts is None or spec.prompts.include_prompt:
-        return {"query": 0, "document": 0}
-    tokenizer = load_tokenizer(path, "train.mode top_layers")
-    return {role: prompt_skip(tokenizer, spec, role) for role in ("query", "document")}
-
-
-def length_groups(lengths: torch.Tensor, overhead: int) -> list[torch.Tensor]:
-    """Partition of a batch's rows (by their (n,) token `lengths`) into groups that minimise the
-    padded tokens computed, sum over groups of (longest x rows), plus `overhead` tokens per
-    group (the cost of one more, smaller forward). Exact dynamic programme over the rows sorted
-    by length (an optimal group is a run of them). Returns index tensors into the batch."""
-    n = len(lengths)
-    order = torch.argsort(lengths, descending=True, stable=True)
-    if n <= 1:
-        return [order]
-    sl = lengths[order].to(torch.float64).numpy()
-    best = np.zeros(n + 1)  # best[i]: cost of the i longest rows
-    cut = np.zeros(n + 1, dtype=np.int64)
-    j = np.arange(n)
-    for i in range(1, n + 1):  # last group = sorted rows j..i-1, padded to sl[j]
-        cost = best[:i] + sl[:i] * (i - j[:i]) + overhead
-        cut[i] = int(np.argmin(cost))
-        best[i] = cost[cut[i]]
-    bounds, i = [], n
-    while i > 0:
-        bounds.append((int(cut[i]), i))
-        i = int(cut[i])
-    return [order[a:b] for a, b in reversed(bounds)]
-
-
 class CachedStates(Representation):
     """Top-layers mode: cached token states after layer k through the trainable top layers.
     `table` holds the query (and groups') texts, `doc_table` the documents (the same table
@@ -161,54 +122,24 @@ class CachedStates(Representation):
         # LoRA (r > 0): adapters on the top layers train instead of their weights
         self.top = lora.adapt(layers.top_model(path, layer), adapters).train()  # dropout on
         self.dim = int(self.top.config.hidden_size)
-        self.skips = _skips(path, spec)
+        self.skips = layers.prompt_skips(path, spec)
 
     def _table(self, role: str) -> Any:
         return self.doc_table if PROMPT_ROLE[role] == "document" else self.table
 
     def forward(self, split: Any, part: dict[str, Any], role: str) -> torch.Tensor:
-        """(n, D): each text's (window's) vector depends only on its own tokens, so the batch
-        runs as groups of similar length (`length_groups`), each padded to its own longest; a
-        text of several windows (`simtune.chunks`) is their pooled vector."""
-        table = self._table(role)
-        rows, counts = table.window_rows(split.tensors[ROWS[role]][part["idx"]])
-        groups = length_groups(table.lengths(rows).cpu(),
-                               GROUP_OVERHEAD.get(self.device.type, GROUP_OVERHEAD["other"]))
-        if len(groups) == 1:
-            vectors = self._run(rows, role)
-        else:
-            outs = [self._run(rows[g], role) for g in groups]
-            vectors = torch.empty(len(rows), outs[0].shape[1], dtype=outs[0].dtype,
-                                  device=outs[0].device)
-            vectors[torch.cat(groups).to(vectors.device)] = torch.cat(outs)
-        if counts is None:
-            return vectors
-        # long texts: each window through the top layers, pooled, then the windows pooled
-        return pool_windows(vectors, counts, self.spec.chunks.pool, self.spec.normalize)
-
-    def _run(self, rows: torch.Tensor, role: str) -> torch.Tensor:
-        states, mask = self._table(role).batch(rows, self.device)
-        hidden = self.top(inputs_embeds=states, attention_mask=mask).last_hidden_state
-        return pooled(hidden, mask, self.spec, self.skips[PROMPT_ROLE[role]])
+        """(n, D) of the batch's texts (`layers.states_vectors`: length groups, windows
+        pooled)."""
+        rows = split.tensors[ROWS[role]][part["idx"]]
+        return layers.states_vectors(self.top, self._table(role), rows, self.spec,
+                                     self.skips[PROMPT_ROLE[role]], self.device)
 
     def embed_split(self, split: Any, role: str) -> torch.Tensor:
-        """(n, D) vectors of every example of `split`, in its order. Rows run length-sorted in
-        chunks of about TOKENS_PER_CHUNK padded tokens: padding to a random chunk's longest text
-        costs ~2x the compute on short texts, and a fixed row count would bound nothing."""
-        n = len(split)
-        if n == 0:
+        """(n, D) vectors of every example of `split`, in its order (`layers.embed_rows`)."""
+        if len(split) == 0:
             return torch.empty(0, self.dim)
-        table = self._table(role)
-        lengths = table.text_tokens(split.tensors[ROWS[role]])
-        order = torch.argsort(lengths.cpu(), descending=True, stable=True)
-        out, s = [], 0
-        while s < n:  # sorted descending: the chunk's first row is its longest
-            e = min(n, s + max(1, TOKENS_PER_CHUNK // max(1, int(lengths[order[s]]))))
-            out.append(self.forward(split, {"idx": order[s:e]}, role))
-            s = e
-        vectors = torch.empty(n, out[0].shape[1], dtype=out[0].dtype, device=out[0].device)
-        vectors[order.to(vectors.device)] = torch.cat(out)
-        return vectors
+        return layers.embed_rows(self.top, self._table(role), split.tensors[ROWS[role]],
+                                 self.spec, self.skips[PROMPT_ROLE[role]], self.device)
 
     def place(self, device: torch.device, cache_type: Callable[[str], str]) -> None:
         """`cpu`: the tables stay streamed from the store's shards (a batch read at a time);
