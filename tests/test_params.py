@@ -37,13 +37,16 @@ def test_unknown_key_names_key_and_section(params_raw: dict[str, Any]) -> None:
 
 def test_typo_reports_the_unknown_key_before_the_missing_one(params_raw: dict[str, Any]
                                                               ) -> None:
-    """`lrr:` for `lr:` makes `train.lr` missing too; the typo is what to report."""
-    params_raw["train"]["lrr"] = params_raw["train"].pop("lr")
-    allowed = ", ".join(P.TrainParams.model_fields)
+    """`lrr:` for `lr:` makes `train.schedule.head.lr` missing too; the typo is what to
+    report."""
+    head = params_raw["train"]["schedule"]["head"]
+    head["lrr"] = head.pop("lr")
+    allowed = ", ".join(P.HeadSchedule.model_fields)
     assert _error(params_raw) == (
-        f"params.yaml: unknown key 'lrr' in section 'train' (allowed: {allowed}) (and 1 more)"
+        f"params.yaml: unknown key 'lrr' in section 'train.schedule.head' (allowed: {allowed}) "
+        "(and 1 more)"
     )
-    assert "m_per_label, lr, weight_decay" in allowed  # the allowed list names the intended key
+    assert "lr, batch_size" in allowed  # the allowed list names the intended key
 
 
 def test_unknown_section(params_raw: dict[str, Any]) -> None:
@@ -143,12 +146,12 @@ def _float_keys(model: type = P.Params, prefix: tuple[str, ...] = ()) -> list[tu
 
 def test_float_keys_are_found() -> None:
     keys = {".".join(k) for k in _float_keys()}
-    assert {"train.lr", "train.loss.temperature", "prepare.split.fractions.val",
-            "train.head.dropout", "train.encoder.lr", "cache.store_max_gb",
+    assert {"train.schedule.head.lr", "train.loss.temperature", "prepare.split.fractions.val",
+            "train.head.dropout", "train.schedule.full.lr", "cache.store_max_gb",
             "negatives.margin", "sweep.timeout"} <= keys
-    # train.encoder.lora.alpha and .dropout, sweep.timeout, train.distill.temperature and
-    # .label_weight, evaluate.significance.alpha
-    assert len(keys) == 20
+    # train.lora.alpha and .dropout, train.distill.temperature and .label_weight,
+    # evaluate.significance.alpha, the schedules' head_lr, train.auto.max_layer_gb
+    assert len(keys) == 23
     assert "cache.max_layer_gb" in keys  # null: no cap
 
 
@@ -173,12 +176,12 @@ def test_overflowing_exponent_is_not_finite(params_raw: dict[str, Any]) -> None:
 
 
 def test_non_finite_from_yaml_text(tmp_path: Path) -> None:
-    text = (ROOT / "params.yaml").read_text().replace("lr: 0.005", "lr: .inf")
+    text = (ROOT / "params.yaml").read_text().replace("lr: 0.005", "lr: .inf", 1)
     (tmp_path / "params.yaml").write_text(text)
     with pytest.raises(UserError) as e:
         P.load(tmp_path / "params.yaml")
-    assert str(e.value) == (f"{tmp_path / 'params.yaml'}: train.lr: expected a finite number, "
-                            "got inf")
+    assert str(e.value) == (f"{tmp_path / 'params.yaml'}: train.schedule.head.lr: expected a "
+                            "finite number, got inf")
 
 
 @pytest.mark.parametrize(("name", "kind", "want"), [
@@ -229,14 +232,14 @@ def test_item10_unknown_prompt_key_lists_the_allowed_keys(params_raw: dict[str, 
 def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path: Path) -> None:
     text = (ROOT / "params.yaml").read_text()
     lines = text.splitlines()
-    at = next(i for i, line in enumerate(lines) if line.startswith("  lr: "))
-    lines.insert(at + 1, "  lr: 0.5")
+    at = next(i for i, line in enumerate(lines) if line.startswith("      lr: "))
+    lines.insert(at + 1, "      lr: 0.5")
     path = tmp_path / "params.yaml"
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(UserError) as e:
         P.load(path)
-    assert str(e.value) == (f"{path}: key 'train.lr' is given twice (lines {at + 1} and "
-                            f"{at + 2}); keep one")
+    assert str(e.value) == (f"{path}: key 'train.schedule.head.lr' is given twice (lines "
+                            f"{at + 1} and {at + 2}); keep one")
 
 
 @pytest.mark.parametrize("text, message", [
@@ -261,6 +264,58 @@ def test_read_yaml_reads_what_safe_load_reads() -> None:
     assert P.read_yaml(ROOT / "params.yaml") == yaml.safe_load(text)
 
 
+# --- issue 44 item 12: YAML merge keys (`<<: *base`) are read as safe_load and DVC read them ---
+
+@pytest.mark.parametrize("text, want", [
+    # an anchored mapping merged, one of its keys set again: the explicit one wins
+    ("base: &b {x: 1, y: 2}\nc:\n  <<: *b\n  y: 3\n",
+     {"base": {"x": 1, "y": 2}, "c": {"x": 1, "y": 3}}),
+    # the explicit key before the merge wins too; an inline mapping merged
+    ("c:\n  y: 3\n  <<: {x: 1, y: 2}\n", {"c": {"x": 1, "y": 3}}),
+    # several merged: the first one listed wins
+    ("a: &a {x: 1}\nb: &b {x: 2, z: 3}\nc:\n  <<: [*a, *b]\n",
+     {"a": {"x": 1}, "b": {"x": 2, "z": 3}, "c": {"x": 1, "z": 3}}),
+])
+def test_a_merge_key_is_read_as_safe_load_reads_it(text: str, want: dict[str, Any]) -> None:
+    import yaml
+
+    assert P.parse_yaml(text, "p.yaml") == yaml.safe_load(text) == want
+
+
+@pytest.mark.parametrize("text, message", [
+    # a key given twice next to a merge is still refused, and so is one inside a merged mapping
+    ("base: &b {x: 1}\nc:\n  <<: *b\n  y: 3\n  y: 4\n",
+     "key 'c.y' is given twice (lines 4 and 5); keep one"),
+    ("c:\n  <<: {x: 1, x: 2}\n", "key 'c.<<.x' is given twice (lines 2 and 2); keep one"),
+    ("base: &b\n  x: 1\n  x: 2\nc:\n  <<: *b\n",
+     "key 'base.x' is given twice (lines 2 and 3); keep one"),
+    # two merge keys in one mapping: which wins is not said (`<<: [*a, *b]` says it)
+    ("a: &a {x: 1}\nb: &b {x: 2}\nc:\n  <<: *a\n  <<: *b\n",
+     "key 'c.<<' is given twice (lines 4 and 5); keep one"),
+])
+def test_duplicates_are_refused_next_to_and_inside_merges(tmp_path: Path, text: str,
+                                                          message: str) -> None:
+    with pytest.raises(UserError) as e:
+        P.parse_yaml(text, "p.yaml")
+    assert str(e.value) == f"p.yaml: {message}"
+
+
+def test_params_sharing_settings_by_a_merge_key_load(tmp_path: Path) -> None:
+    """A second encoder that differs from the first in one setting, written as a merge: `check`
+    accepts it and each encoder gets its own values."""
+    text = (ROOT / "params.yaml").read_text()
+    assert "\n    minilm:\n" in text and "\n  query: minilm " in text
+    text = text.replace("\n    minilm:\n", "\n    minilm: &minilm\n", 1).replace(
+        "\ncache:", "\n    minilm_short:\n      <<: *minilm\n      max_length: 128\ncache:", 1)
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    p = P.load(path)
+    models = p.encoders.models
+    assert set(models) == {"minilm", "minilm_short"}
+    assert models["minilm"].max_length == 256 and models["minilm_short"].max_length == 128
+    assert models["minilm_short"].model_copy(update={"max_length": 256}) == models["minilm"]
+
+
 def test_every_reader_of_params_yaml_uses_the_checked_loader() -> None:
     """No module of the program or its benches reads a params file with plain `yaml.safe_load`
     of a file (a duplicate key would be taken silently, the last one winning)."""
@@ -281,10 +336,11 @@ def test_sweep_apply_refuses_a_duplicate_key_in_one_line(tmp_path: Path) -> None
 
     path = tmp_path / "params.yaml"
     path.write_text((ROOT / "params.yaml").read_text().replace(
-        "\n  lr: ", "\n  lr: 0.5\n  lr: ", 1))
+        "\n      lr: ", "\n      lr: 0.5\n      lr: ", 1))
     before = path.read_bytes()
-    with pytest.raises(UserError, match=r"key 'train.lr' is given twice \(lines \d+ and \d+\)"):
-        write_yaml(path, {"train.lr": 0.01})
+    with pytest.raises(UserError, match=r"key 'train.schedule.head.lr' is given twice "
+                                        r"\(lines \d+ and \d+\)"):
+        write_yaml(path, {"train.schedule.head.lr": 0.01})
     assert path.read_bytes() == before
 
 
@@ -351,13 +407,14 @@ def test_the_check_command_refuses_a_typo_and_writes_the_same_bytes_for_any_vali
     assert CliRunner().invoke(app, ["check", "--params", str(params), "--out", str(out)]
                               ).exit_code == 0
     first = out.read_bytes()
-    params_raw["train"]["lr"] = 0.123  # another valid file: the same output (nothing reruns)
+    # another valid file: the same output (nothing reruns)
+    params_raw["train"]["schedule"]["head"]["lr"] = 0.123
     write_params(params, params_raw)
     assert CliRunner().invoke(app, ["check", "--params", str(params), "--out", str(out)]
                               ).exit_code == 0
     assert out.read_bytes() == first
     out.unlink()
-    params_raw["train"]["learning_rate"] = params_raw["train"].pop("lr")
+    params_raw["train"]["learning_rate"] = params_raw["train"].pop("m_per_label")
     write_params(params, params_raw)
     result = CliRunner().invoke(app, ["check", "--params", str(params), "--out", str(out)])
     assert result.exit_code == 1

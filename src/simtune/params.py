@@ -1226,7 +1226,10 @@ class _DuplicateKey(Exception):
 class _CheckedLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last
     silently, DVC calls the file corrupted): `lr: 0.005` then `lr: 0.5` must not train at 0.5
-    unseen. The key is named by its dotted path from the top."""
+    unseen. The key is named by its dotted path from the top. YAML merge keys (`<<: *base`,
+    `<<: [*a, *b]`) are read as `safe_load` and DVC read them: a key the mapping sets and a
+    merged mapping holds too is the merge's override (the mapping's own wins), not a duplicate;
+    two merge keys in one mapping are (`<<: [*a, *b]` says which wins)."""
 
     def construct_document(self, node: yaml.Node) -> Any:
         self._checked: set[int] = set()
@@ -1241,15 +1244,18 @@ class _CheckedLoader(yaml.SafeLoader):
             for i, item in enumerate(node.value):
                 self._check_duplicates(item, (*at, str(i)))
         elif isinstance(node, yaml.MappingNode):
-            seen: dict[Any, int] = {}
+            seen: dict[tuple[bool, Any], int] = {}
             for key_node, value_node in node.value:
                 if not isinstance(key_node, yaml.ScalarNode):
                     continue  # a complex key: PyYAML's own error (unhashable) follows
-                key = self.construct_object(key_node)
+                # a merge key has no value of its own to construct (its mappings are checked
+                # as the value below); flagged apart from a quoted '<<', a plain string
+                merge = key_node.tag == "tag:yaml.org,2002:merge"
+                key = "<<" if merge else self.construct_object(key_node)
                 line = key_node.start_mark.line + 1
-                if key in seen:
-                    raise _DuplicateKey(".".join((*at, str(key))), seen[key], line)
-                seen[key] = line
+                if (merge, key) in seen:
+                    raise _DuplicateKey(".".join((*at, str(key))), seen[merge, key], line)
+                seen[merge, key] = line
                 self._check_duplicates(value_node, (*at, str(key)))
 
 
