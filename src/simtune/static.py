@@ -163,3 +163,57 @@ def load(directory: Path) -> tuple[StaticEncoder, StaticConfig]:
         raise UserError(f"{table}: the table has {tuple(weight.shape)} rows, the tokenizer "
                         f"{tokenizer.get_vocab_size()} tokens")
     return StaticEncoder(tokenizer, weight, directory.name or "static"), config
+
+
+def encode_file(model: object, texts: Path, out: Path, batch_size: int = 4096,
+                progress: bool = True) -> int:
+    """Embed every line of the UTF-8 file `texts` (one text a line) with `model` (anything
+    with `encode(texts, batch_size, role, progress) -> (n, D)`: `load_model`'s `Model`) into
+    the float32 .npy `out`, row i = line i; returns the number of rows. Streams: `batch_size`
+    lines are read, embedded and written at a time into a memory-mapped file (pages go to
+    disk as they fill), so memory stays bounded whatever the file's size; `out` appears only
+    when complete (a temp file, then renamed). For 1M short texts on a static model, see
+    bench/static.py's `--file-lines`.
+
+        from simtune.model import load_model
+        from simtune.static import encode_file
+        encode_file(load_model("models/export"), Path("docs.txt"), Path("docs.npy"))
+    """
+    import os
+    import tempfile
+
+    import numpy as np
+
+    texts, out = Path(texts), Path(out)
+    if not texts.is_file():
+        raise UserError(f"{texts}: no such file of texts (one text a line)")
+    with texts.open("rb") as f:
+        n = sum(1 for _ in f)
+    dim = int(model.encode(["dim"], 1).shape[1])  # type: ignore[attr-defined]
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-", suffix=".npy", dir=out.parent)
+    os.close(fd)
+    try:
+        table = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, dim))
+        with texts.open(encoding="utf-8", errors="strict") as f, \
+                Progress(n, f"encode {texts.name}", enabled=progress) as bar:
+            row, batch = 0, []
+            for line in f:
+                batch.append(line.rstrip("\n"))
+                if len(batch) == batch_size:
+                    table[row : row + len(batch)] = model.encode(  # type: ignore[attr-defined]
+                        batch, batch_size).numpy()
+                    row, batch = row + len(batch), []
+                    bar.update(batch_size)
+            if batch:
+                table[row : row + len(batch)] = model.encode(  # type: ignore[attr-defined]
+                    batch, batch_size).numpy()
+                bar.update(len(batch))
+        table.flush()
+        del table
+        os.replace(tmp, out)
+    except UnicodeDecodeError as e:
+        raise UserError(f"{texts}: not UTF-8 text (byte {e.start} of a line)") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return n

@@ -131,3 +131,26 @@ def test_unlabelled_texts_enter_the_fit(init: static.StaticEncoder) -> None:
 
     assert torch.equal(run(train), init.weight[rows])
     assert float((run(train + extra) - init.weight[rows]).abs().max()) > 1e-3
+
+
+def test_a_file_of_texts_is_encoded_streaming_with_the_models_vectors(
+        init: static.StaticEncoder, tmp_path: Path) -> None:
+    """`simtune.static.encode_file`: row i is line i's vector (batches of 7 over 58 lines),
+    equal to `Model.encode`'s; the export (model card) loads with the same vectors."""
+    import numpy as np
+
+    from simtune.export import static as export
+
+    static.write(tmp_path / "m", init.tokenizer, init.weight, "teacher-x")
+    out = export.export(tmp_path / "m", tmp_path / "e", {"share": 0.9, "speed_x": 120.0})
+    assert "share of the teacher's lift over the frozen encoder: 90%" in (
+        out / "README.md").read_text()
+    model = load_model(out, "cpu")
+    (tmp_path / "t.txt").write_text("\n".join(TEXTS) + "\n")
+    n = static.encode_file(model, tmp_path / "t.txt", tmp_path / "v.npy", 7, False)
+    assert n == len(TEXTS) == 58
+    got = torch.from_numpy(np.load(tmp_path / "v.npy"))
+    assert float((got - load_model(tmp_path / "m", "cpu").encode(TEXTS)).abs().max()) < 1e-6
+    with pytest.raises(UserError, match="no such file"):
+        static.encode_file(model, tmp_path / "none.txt", tmp_path / "w.npy")
+    assert not (tmp_path / "w.npy").exists()
