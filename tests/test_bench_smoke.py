@@ -44,6 +44,8 @@ COVERAGE = {
     "train_sweep": "parser only: reads the workspace's prepared TREC data and cache (dvc repro)",
     "run_all": "parser only: runs every bench and rewrites docs/benchmarks.md",
     "query_adapter": "run",
+    "static": "parser only: needs a pipeline run's export as its teacher (make run) and "
+              "minutes of MiniLM encodes (tests/train/test_static.py runs its library paths)",
 }
 
 
