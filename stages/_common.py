@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
 from simtune.errors import UserError
+
+if TYPE_CHECKING:
+    from simtune.params import PrepareParams
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,3 +73,32 @@ def user_errors(fn: F) -> F:
             raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+RAW = Path("data", "raw")  # the data folder dvc.yaml's prepare stage depends on
+
+
+def require_raw_data(params_file: Path, prepare: PrepareParams) -> None:
+    """In a DVC project (a `dvc.yaml` beside the params file), `UserError` unless the data
+    file `prepare.file.path` lies under the project's data/raw, symlinks and `..` resolved:
+    dvc.yaml's prepare stage depends on that folder alone, so a file elsewhere could change and
+    rerun nothing. Called before the file is read. Elsewhere (a script, the library) any path
+    is read: the rule is the pipeline's."""
+    if prepare.source != "file" or not (params_file.parent / "dvc.yaml").is_file():
+        return
+    raw, path = params_file.parent / RAW, Path(str(prepare.file.path))
+    try:
+        where = path.resolve()
+    except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13)
+        raise UserError(f"prepare.file.path: {path}: cannot resolve it (a symlink loop?)"
+                        ) from None
+    if where == raw.resolve() or raw.resolve() in where.parents:
+        return
+    # a path that reads as under data/raw leaves it by a symlink: say where it leads
+    lexical = Path(os.path.abspath(path))
+    shown = (f" (it resolves to {where})" if Path(os.path.abspath(raw)) in lexical.parents
+             else "")
+    raise UserError(f"prepare.file.path: {path}{shown} must lie under {RAW}/ (dvc.yaml's "
+                    "prepare stage depends on that folder alone, so a file elsewhere could "
+                    "change and rerun nothing): move the file there and point "
+                    "prepare.file.path at it")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from stages._common import file_option, user_errors
+from stages._common import file_option, require_raw_data, user_errors
 
 app = typer.Typer(add_completion=False)
 
@@ -28,5 +28,5 @@ def check(
     from simtune import params as P
     from simtune.atomic import write_json
 
-    P.load(params)
+    require_raw_data(params, P.load(params).prepare)  # DVC sees only data/raw change
     write_json(out, {"params": "checked whole before any stage ran (simtune check)"})

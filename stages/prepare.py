@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from stages._common import dir_option, file_option, user_errors
+from stages._common import dir_option, file_option, require_raw_data, user_errors
 
 app = typer.Typer(add_completion=False)
 
@@ -23,4 +23,6 @@ def prepare(
     from simtune import params as P
     from simtune.prepare import stage as lib
 
-    lib.run(P.load(params).prepare, out, report)
+    p = P.load(params).prepare
+    require_raw_data(params, p)  # before the file is read
+    lib.run(p, out, report)
