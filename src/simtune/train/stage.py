@@ -311,6 +311,7 @@ def save(module: SimilarityModule, loop: EpochLoop, p: Params, out: Path) -> Non
                 "matryoshka_dims": loss.matryoshka_dims,  # evaluate scores each prefix too
                 # what evaluate and search check the cache against (`evaluate.trained_on`)
                 "encoder_description": describe(enc.query, enc.models[enc.query], role="query")}
+        meta["mode_reason"] = p.train.run.reason
         if p.train.head.side != "both":  # the key only when set: `both` writes what it did
             meta["head_side"] = p.train.head.side
         write_json(tmp / "training.json", meta)
