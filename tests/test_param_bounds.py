@@ -134,6 +134,18 @@ def test_the_allow_lists_are_current() -> None:
     assert all(reason.strip() for reason in ALLOWED.values())
 
 
+def test_the_parameters_page_states_every_bound() -> None:
+    """The page's meaning column (`documented_keys`) ends with each key's bounds, as the
+    one-line refusal gives them."""
+    described = dict(P.documented_keys())
+    missing = [leaf.key for leaf in numeric_leaves() if bounds(leaf) and not
+               described[leaf.key.removesuffix("[]")].endswith(
+                   f"bounds: `{P.range_text(leaf.metadata)}`)")]
+    assert missing == []
+    assert described["train.seed"].endswith("(bounds: `>= 0 and <= 4294967295`)")
+    assert described["evaluate.ks"].endswith("(each item's bounds: `> 0 and <= 1000000`)")
+
+
 # --- each key at its extremes -------------------------------------------------------------------
 
 def _place(raw: dict[str, Any], key: str, value: Any) -> None:

@@ -1287,8 +1287,9 @@ def read_yaml(path: str | Path) -> Any:
 
 
 def documented_keys(model: type[BaseModel] = Params, prefix: str = "") -> list[tuple[str, str]]:
-    """(dotted key, description) for every leaf key of the schema; a mapping of named entries
-    (like `encoders.models`) is shown as `<name>`."""
+    """(dotted key, description) for every leaf key of the schema, a numeric key's bounds at
+    the end of its description (`_with_bounds`); a mapping of named entries (like
+    `encoders.models`) is shown as `<name>`."""
     out = []
     for name, field in model.model_fields.items():
         ann = field.annotation
@@ -1302,5 +1303,20 @@ def documented_keys(model: type[BaseModel] = Params, prefix: str = "") -> list[t
         if sub is not None:
             out += documented_keys(sub, key)
         else:
-            out.append((prefix + name, field.description or ""))
+            out.append((prefix + name, _with_bounds(field)))
     return out
+
+
+def _with_bounds(field: Any) -> str:
+    """A field's description with its bounds appended (`(bounds: >= 0 and <= 4294967295)`; a
+    list's are its items'), so the parameters page states every bound the check enforces. No
+    description: '' (the bounds alone do not document a key)."""
+    ann, meta = _bare(field.annotation, list(field.metadata))
+    what = "bounds"
+    if typing.get_origin(ann) is list:
+        ann, meta = _bare(typing.get_args(ann)[0], [])
+        what = "each item's bounds"
+    limits = range_text(meta)
+    if not field.description or not limits:
+        return field.description or ""
+    return f"{field.description} ({what}: `{limits}`)"
