@@ -68,11 +68,17 @@ def test_fold_is_case_unicode_form_and_zero_width_blind() -> None:
     assert fold("city river names") != fold("city river name")
 
 
-def test_groups_twins_by_case_or_zero_width_are_one_text(tmp_path: Path) -> None:
+def test_groups_twins_by_case_or_zero_width_are_one_text(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     rows = [*_sixty(), ("CITY RIVER NAME", "A"), ("city river name", "B"),
             (f"city{ZW} river name", "C"),  # one text, three labels: ambiguous, none kept
             ("Hello There", "A"), ("hello there", "A"), (f"{ZW}HELLO THERE", "A")]  # repeats
-    prepared = prepare.build(_groups(_csv(tmp_path / "t.csv", rows)))
+    with caplog.at_level("INFO", logger="simtune.prepare"):
+        prepared = prepare.run(_groups(_csv(tmp_path / "t.csv", rows)), tmp_path / "out",
+                               tmp_path / "prepare.json")
+    assert ("read 66 rows: 0 dropped (empty text or label), 2 duplicates (2 of them only by "
+            "case, Unicode form or zero-width characters), 1 texts dropped (one text, several "
+            "labels)") in caplog.text
     r = prepared.report
     assert (r["rows"], r["conflicting_labels"], r["duplicates"], r["duplicates_folded"]) == (
         66, 1, 2, 2)

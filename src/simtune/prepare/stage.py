@@ -239,8 +239,10 @@ def run(p: PrepareParams, out: Path, report_path: Path) -> Prepared:
     # what an empty row lacks, in the kind's own words (pairs have no label, texts no label)
     empty = {"groups": "empty text or label", "pairs": "empty query or positive"}.get(
         prepared.kind, "empty text")
-    log.info("read %d rows: %d dropped (%s), %d duplicates%s",
+    log.info("read %d rows: %d dropped (%s), %d duplicates%s%s",
              r["rows"], r["dropped_empty"], empty, r["duplicates"],
+             f" ({r['duplicates_folded']} of them only by case, Unicode form or zero-width "
+             "characters)" if r.get("duplicates_folded") else "",
              f", {r['conflicting_labels']} texts dropped (one text, several labels)"
              if r.get("conflicting_labels") else "")
     if r.get("missing_labels"):
