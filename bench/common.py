@@ -105,9 +105,10 @@ def run_under(root: Path = HERE.parent) -> dict[str, Any]:
             "params": flat(P.read_yaml(root / "params.yaml"))}
 
 
-def write_results(name: str, payload: dict[str, Any]) -> Path:
-    """Write `payload` to bench/<name>.json (or to `$SIMTUNE_BENCH_OUT`/<name>.json), with
-    `run_under`: the commit and the params.yaml values it ran under (see `run_under`)."""
-    path = Path(os.environ.get(OUT_ENV) or HERE) / f"{name}.json"
+def write_results(name: str, payload: dict[str, Any], path: Path | str | None = None) -> Path:
+    """Write `payload` to bench/<name>.json (or to `$SIMTUNE_BENCH_OUT`/<name>.json, or to
+    `path`: a bench's `--out`), with `run_under`: the commit and the params.yaml values it ran
+    under (see `run_under`), so a file merged from `--out` runs still says what it ran under."""
+    path = Path(path) if path else Path(os.environ.get(OUT_ENV) or HERE) / f"{name}.json"
     path.write_text(json.dumps({**payload, "run_under": run_under()}, indent=2) + "\n")
     return path

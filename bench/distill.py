@@ -398,10 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                    "complete": complete, "rows": summary_rows(results),
                    "headline": headline(results), "results": results,
                    "table": table(table_rows(results), COLUMNS)}
-        if args.out is None:
-            write_results("distill", payload)
-        else:
-            args.out.write_text(json.dumps(payload, indent=2) + "\n")
+        write_results("distill", payload, args.out)
 
     with tempfile.TemporaryDirectory(prefix="simtune-bench-distill-") as d:
         b = Bench(args, Path(d))

@@ -152,6 +152,8 @@ def params_for(encoder: str, kind: str, data: Path, row: str, epochs: int,
         t["encoder"]["top_layers"] = int(mode[3:])
     elif mode in ("full", "st"):
         t["mode"] = "full"
+    else:  # the row's name is its mode, whatever params.yaml's default (bench/settings.ROW_KEYS)
+        t["mode"] = "head"
     if lora:
         t["encoder"]["lora"]["r"] = LORA_R
     if row != "head":
@@ -396,10 +398,7 @@ def main() -> None:
                                          "cores": os.cpu_count()},
                    "rows": summary_rows(results),
                    "results": results, "table": rendered(results)}
-        if args.out is None:
-            return write_results(args.name, payload)
-        args.out.write_text(json.dumps(payload, indent=2) + "\n")
-        return args.out
+        return write_results(args.name, payload, args.out)
 
     results: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="simtune-bench-layers-") as d:

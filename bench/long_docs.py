@@ -371,10 +371,7 @@ class Bench:
                    "summary": (summed := summary(self.rows, self.sets)),
                    "rows": summary_rows(summed),
                    "table": rendered(self.rows, self.sets, self.default)}
-        if self.args.out:
-            Path(self.args.out).write_text(json.dumps(payload, indent=2) + "\n")
-        else:
-            write_results(self.args.name, payload)
+        write_results(self.args.name, payload, self.args.out)
         return payload
 
 

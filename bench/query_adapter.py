@@ -216,11 +216,7 @@ class Bench:
                    "results": self.rows, "skipped": self.skipped,
                    "summary": summary(self.rows), "rows": target_rows(self.rows),
                    "table": rendered(self.rows)}
-        if self.args.out:
-            self.path = Path(self.args.out)
-            self.path.write_text(json.dumps(payload, indent=2) + "\n")
-        else:
-            self.path = write_results(self.args.name, payload)
+        self.path = write_results(self.args.name, payload, self.args.out)
         return payload
 
 

@@ -14,6 +14,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from bench.settings import DEPENDS, flat, settings_changed, settings_note, settings_text
+
 HERE = Path(__file__).resolve().parent
 MAX_COLUMNS = 7
 # the benchmarks whose rows make the headline table, in the page's order, with their titles
@@ -101,45 +105,20 @@ def verdict(row: dict[str, Any]) -> str | None:
     return "met" if ok else "missed"
 
 
-# --- what a bench ran under, against today's params.yaml ---------------------------------------
+# --- what a bench ran under: bench/settings.py (the names kept here for their callers) ----------
 
-# the params.yaml sections a bench's figures depend on; a bench not named depends on every
-# section (it starts from params.yaml and changes a few keys). results.json's no-op rerun
-# depends on no value.
-DEPENDS: dict[str, tuple[str, ...]] = {"results": ()}
+__all__ = ["DEPENDS", "flat", "settings_changed", "settings_note", "settings_text"]
 
 
-def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """A params tree as `{dotted key: value}` (an empty mapping is a value)."""
-    if isinstance(tree, dict) and tree:
-        return {k: v for key, sub in tree.items() for k, v in flat(sub, f"{prefix}{key}.").items()}
-    return {prefix[:-1]: tree}
+def _today() -> dict[str, Any]:
+    return yaml.safe_load((HERE.parent / "params.yaml").read_text())
 
 
-def settings_changed(name: str, results: dict[str, Any], today: dict[str, Any]
-                     ) -> list[tuple[str, Any, Any]] | None:
-    """`(key, then, now)` for each params.yaml value bench `name` ran under (`run_under`) that
-    differs today, within the sections it depends on; a key added since is no change (it was
-    not there to differ), a key removed since is (`now` None). None: the bench records nothing."""
-    entry = results if name == "results" else results.get(name, {})
-    record = entry.get("run_under") if isinstance(entry, dict) else None
-    if record is None:
-        return None
-    sections = DEPENDS.get(name)
-    now = flat(today)
-    return [(k, v, now.get(k)) for k, v in record["params"].items()
-            if (sections is None or k.split(".")[0] in sections) and now.get(k) != v]
-
-
-def settings_text(name: str, results: dict[str, Any], today: dict[str, Any]) -> str:
-    """In words, what bench `name` ran under that differs from today's params.yaml."""
-    changed = settings_changed(name, results, today)
-    if changed is None:
-        raise KeyError(f"bench/{name}.json records no run_under (rerun it)")
-    if not changed:
-        return "today's params.yaml"
-    return ", ".join(f"`{k}: {json.dumps(then)}` (now {json.dumps(now)})"
-                     for k, then, now in changed)
+def _noted(markdown: list[str], name: str, results: dict[str, Any], today: dict[str, Any]
+           ) -> list[str]:
+    """`markdown` (a table's lines) with its settings note after it, where it has one."""
+    note = settings_note(name, results, today)
+    return [*markdown, note, ""] if note else markdown
 
 
 # --- the figures, from bench/<name>.json --------------------------------------------------------
@@ -210,8 +189,11 @@ def _miss(row: dict[str, Any]) -> str:
     return f"{figure}: {shown} ({target})"
 
 
-def summary(results: dict[str, Any]) -> str:
-    """One screen: how many targets were met, and each miss with its figure and target."""
+def summary(results: dict[str, Any], today: dict[str, Any] | None = None) -> str:
+    """One screen: how many targets were met, and each miss with its figure and target; then
+    the areas whose bench ran under settings other than `today`'s (default: the checkout's
+    params.yaml), each table below saying which."""
+    today = _today() if today is None else today
     areas = headline_rows(results)
     counts = {"met": 0, "missed": 0, "not run": 0}
     lines = ["| benchmark | targets met | missed: figure, value (target) |", "|---|---|---|"]
@@ -233,7 +215,11 @@ def summary(results: dict[str, Any]) -> str:
             f"in `bench/*.json` ({results.get('machine', 'machine unknown')}"
             + (f"; the GPU rows on a lent {gpu.split('GPU ')[-1]}" if gpu else "") + "). "
             "A target bounds the ratio to the peer, or the figure itself where there is none.")
-    return head + "\n\n" + "\n".join(lines) + "\n"
+    other = [f"[{AREAS[name]}](#{_anchor(AREAS[name])})" for name in areas
+             if settings_note(_source(name), results, today)]
+    tail = ("\n*Run under other settings than today's params.yaml, or an earlier version's* "
+            f"(each table says which): {', '.join(other)}.\n" if other else "")
+    return head + "\n\n" + "\n".join(lines) + "\n" + tail
 
 
 def _cell_text(text: str) -> str:
@@ -304,9 +290,17 @@ def columns(markdown: str) -> list[int]:
     return counts
 
 
-def page(results: dict[str, Any]) -> str:
+def _source(area: str) -> str:
+    """The bench file an area of the headline table comes from (the no-op rerun: results)."""
+    return "results" if area == "noop" else area
+
+
+def page(results: dict[str, Any], today: dict[str, Any] | None = None) -> str:
     """The tables part of docs/benchmarks.md: the headline rows per area, with each row's
-    verdict, then every benchmark's own tables."""
+    verdict, then every benchmark's own tables; under each table, the settings it ran under
+    where they differ from `today` (params.yaml's tree; default: the checkout's) or are not
+    recorded (bench.settings.settings_note)."""
+    today = _today() if today is None else today
     out = [f"Measured on {results.get('machine', 'machine unknown')} with `make bench`. "
            "Open a block for its rows; *met* is the row's verdict against its target.", ""]
     areas = headline_rows(results)
@@ -320,6 +314,7 @@ def page(results: dict[str, Any]) -> str:
         out += [f"#### {AREAS[name]}", "",
                 collapsible(f"{len(rows)} rows, {met} of {len(targets)} targets met",
                             table(judged, COLUMNS)), ""]
+        out = _noted(out, _source(name), results, today)
     if "layers" in results:
         layers = results["layers"]
         out += ["### Time to quality", "",
@@ -328,6 +323,7 @@ def page(results: dict[str, Any]) -> str:
                 "peer's lift and time, the second the costs:", "",
                 collapsible("Every encoder, data set and mode",
                             narrow(layers["table"], first=_QUALITY)), ""]
+        out = _noted(out, "layers", results, today)
     for name, heading in (("layers_full", "Full fine-tuning against the peer"),
                           ("sweep", "Sweeps"), ("scale", "The top_layers cache at scale"),
                           ("distill", "Distillation"), ("small_data", "Small data")):
@@ -338,6 +334,7 @@ def page(results: dict[str, Any]) -> str:
         out += [f"### {heading}", "", f"`{bench['command']}`:", "",
                 collapsible("The tables", narrow(bench["table"], keys=keys,
                                                  first=_QUALITY)), ""]
+        out = _noted(out, name, results, today)
         if bench.get("note"):
             out += [bench["note"], ""]
         if bench.get("gpu"):
@@ -355,6 +352,7 @@ def page(results: dict[str, Any]) -> str:
                 collapsible("Both sets, every setting",
                             narrow(long["table"], keys=2,
                                    first=("P@1", "MRR@10", "MAP@R", "LR acc"))), ""]
+        out = _noted(out, "long_docs", results, today)
         skipped = long.get("skipped", [])
         if skipped:
             out += ["Not measured:", "", *(f"- {n}" for n in skipped), ""]
@@ -364,6 +362,7 @@ def page(results: dict[str, Any]) -> str:
         out += ["### GPU", "", f"`python -m bench.gpu` on {gpu['machine']} (the figures kept "
                 "in bench/gpu.json; `make bench` measures them again where a GPU is present):",
                 "", collapsible("Every GPU row", table(judged, COLUMNS)), ""]
+        out = _noted(out, "gpu", results, today)
     return "\n".join(out).rstrip() + "\n"
 
 

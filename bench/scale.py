@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.common import HERE, machine, table
+from bench.common import HERE, machine, run_under, table
 
 ROOT = HERE.parent
 TOP, BATCH, HIDDEN, MILLION = 2, 64, 384, 1_000_000
@@ -552,7 +552,7 @@ def write(out: Path, results: dict[str, Any]) -> None:
         results = {**old, **results}
     elif "gpu" in old:
         results = {**results, "gpu": old["gpu"]}
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    out.write_text(json.dumps({**results, "run_under": run_under()}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

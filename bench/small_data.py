@@ -366,10 +366,7 @@ class Bench:
                    "runs": self.runs, "skipped": self.skipped, "summary": summed,
                    "rows": headline(summed), "table": rendered(summed),
                    "note": "Not measured: " + "; ".join(self.skipped) if self.skipped else ""}
-        if self.args.out:
-            Path(self.args.out).write_text(json.dumps(payload, indent=2) + "\n")
-        else:
-            write_results("small_data", payload)
+        write_results("small_data", payload, self.args.out)
         return payload
 
 

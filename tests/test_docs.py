@@ -332,6 +332,14 @@ def test_the_benchmarks_page_opens_with_the_summary_and_no_table_is_wider_than_7
     assert "frozen MiniLM in the loop: 98.1 (peer/ours >= 100)" in text
     # every full table is in a collapsible block, closed until opened
     assert raw.count('<details class="note">') >= 12
+    # a table from a bench run under other settings says so under it (issue 44 item 18: the
+    # Training speed table's "82 epochs" ran under patience 25, today's default stops at 72)
+    section = raw.split('id="training-speed"')[1].split('id="exact-top-k"')[0]
+    speed = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", section)).split())
+    assert "82 epochs" in speed
+    assert "Run under settings that differ from today's params.yaml" in speed
+    assert "train.patience: 25 (now 15 at train.schedule.head.patience" in speed
+    assert "Settings of an earlier version : bench/small_data.json records no run_under" in text
     assert "bench:start" not in (DOCS / "benchmarks.md").read_text()
 
 

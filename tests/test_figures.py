@@ -72,19 +72,20 @@ def test_no_page_quotes_a_bench_run_under_other_settings() -> None:
 def test_a_quote_of_a_bench_run_under_other_patience_is_caught() -> None:
     """main at f3a16f9 quoted "82 epochs" of a train_speed run under patience 25 (now 15)."""
     today = yaml.safe_load((ROOT / "params.yaml").read_text())
-    then = {**report.flat(today), "train.patience": 25}
+    patience = today["train"]["schedule"]["head"]["patience"]
+    then = {**report.flat(today), "train.schedule.head.patience": 25}
     results = {"train_speed": {"run_under": {"commit": "x", "params": then}}}
     page = "## The default data set\n\ntrain ({{ bench.train_speed.epochs }} epochs)\n"
     assert stale_quotes({"p.md": page}, results, today) == [
-        "p.md: quotes bench/train_speed.json, run under train.patience: 25, not today's "
-        "params.yaml: rerun it, drop the quote, or say so there with "
+        "p.md: quotes bench/train_speed.json, run under train.schedule.head.patience: 25, not "
+        "today's params.yaml: rerun it, drop the quote, or say so there with "
         "{{ settings.train_speed }}"]
     noted = page + "(run under {{ settings.train_speed }})\n"
     assert stale_quotes({"p.md": noted}, results, today) == []
     assert report.settings_text("train_speed", results, today) == (
-        f"`train.patience: 25` (now {today['train']['patience']})")
+        f"`train.schedule.head.patience: 25` (now {patience})")
     # a key added since is no change; one removed since is
-    del then["train.patience"]
+    del then["train.schedule.head.patience"]
     assert report.settings_changed("train_speed", results, today) == []
     then["train.gone"] = 1
     assert report.settings_changed("train_speed", results, today) == [("train.gone", 1, None)]
@@ -93,8 +94,23 @@ def test_a_quote_of_a_bench_run_under_other_patience_is_caught() -> None:
         "p.md: quotes bench/train_speed.json, which records no run_under"]
     readme = "## Results\n\nThe stage takes 51 s (`bench/train_speed.json`).\n"
     assert len(stale_quotes({"README.md": readme}, results | {"train_speed": {
-        "run_under": {"commit": "x", "params": {**report.flat(today), "train.patience": 25}}}},
+        "run_under": {"commit": "x", "params": {**report.flat(today),
+                                                "train.schedule.head.patience": 25}}}},
         today)) == 1
+
+
+def test_a_key_that_moved_since_is_compared_at_its_new_place() -> None:
+    """`train.patience` moved to `train.schedule.head.patience` (simtune.params.MOVED): a bench
+    that recorded the old key under today's value ran under today's settings; another value is
+    named with the key it has now."""
+    today = yaml.safe_load((ROOT / "params.yaml").read_text())
+    patience = today["train"]["schedule"]["head"]["patience"]
+    now = {k: v for k, v in report.flat(today).items() if not k.startswith("train.schedule.")}
+    same = {"x": {"run_under": {"commit": "x", "params": {**now, "train.patience": patience}}}}
+    assert report.settings_changed("x", same, today) == []
+    older = {"x": {"run_under": {"commit": "x", "params": {**now, "train.patience": 25}}}}
+    assert report.settings_text("x", older, today) == (
+        f"`train.patience: 25` (now {patience} at `train.schedule.head.patience`)")
 
 
 def test_a_bench_records_the_commit_and_params_it_ran_under(tmp_path: Path) -> None:
@@ -112,35 +128,51 @@ def test_a_bench_records_the_commit_and_params_it_ran_under(tmp_path: Path) -> N
 
 
 def test_the_default_runs_copies_are_the_outputs_dvc_lock_records() -> None:
-    """docs/run/ (the default run's figures on the site) is what `make run` wrote with the
-    checked-in dvc.lock: a rerun whose copies were not committed fails here."""
+    """docs/run/ (the default run's figures on the site) is what `make figures` wrote with the
+    committed dvc.lock: a rerun committed without its copies fails here."""
     assert _hook("run_figures").mismatches() == []
 
 
-def test_a_copy_that_is_not_the_locked_output_is_caught(tmp_path: Path) -> None:
+def _commit(repo: Path, *paths: str) -> None:
+    subprocess.run(["git", "add", *paths], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit",
+                    "-qm", "x"], cwd=repo, check=True)
+
+
+def test_a_copy_that_is_not_the_committed_locked_output_is_caught(tmp_path: Path) -> None:
+    """Against the dvc.lock of the commit, not the workspace's: a user's `make run` rewrites
+    the workspace's dvc.lock (its own timings) and leaves docs/run/ as it is (issue 44
+    item 16), and `make test` after it still passes."""
     hook = _hook("run_figures")
-    run = tmp_path / "run"
-    run.mkdir()
-    lock = tmp_path / "dvc.lock"
+    run = tmp_path / "docs" / "run"
+    run.mkdir(parents=True)
     (run / "metrics.json").write_text('{"trained": {"p@1": 0.5}}')
     outs = [{"path": f"reports/{n}.json", "md5": hook.md5(run / "metrics.json")}
             for n in hook.REPORTS]
+    lock = tmp_path / "dvc.lock"
     lock.write_text(yaml.safe_dump({"schema": "2.0", "stages": {"x": {"outs": outs}}}))
-    hook.ROOT = tmp_path
-    lines = hook.mismatches(run, lock)
-    assert lines[0] == "run/prepare.json is missing" and len(lines) == len(hook.REPORTS) - 1
-    (run / "metrics.json").write_text('{"trained": {"p@1": 0.6}}')
-    assert any(line.startswith("run/metrics.json is not the reports/metrics.json")
-               for line in hook.mismatches(run, lock))
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    _commit(tmp_path, "dvc.lock", "docs")
+    lines = hook.mismatches(tmp_path)
+    assert lines[0] == "docs/run/prepare.json is missing" and len(lines) == len(hook.REPORTS) - 1
+    for name in hook.REPORTS:
+        (run / f"{name}.json").write_text('{"trained": {"p@1": 0.5}}')
+    assert hook.mismatches(tmp_path) == []
+    lock.write_text(yaml.safe_dump({"schema": "2.0", "stages": {"x": {"outs": [
+        {**o, "md5": "0" * 32} for o in outs]}}}))  # a user's run: the workspace's lock only
+    assert hook.mismatches(tmp_path) == []
+    _commit(tmp_path, "dvc.lock")  # committed without `make figures`: caught
+    assert all(line.startswith("docs/run/") and "is not the reports/" in line
+               and "`make figures`" in line for line in hook.mismatches(tmp_path))
 
 
 def test_params_and_run_placeholders_are_the_files_values() -> None:
     hook = _hook("generate")
     today = yaml.safe_load((ROOT / "params.yaml").read_text())
     metrics = json.loads((DOCS / "run" / "metrics.json").read_text())
-    text = "{{ params.train.patience }} / {{ run.metrics.trained.p@1|.3f }}"
+    text = "{{ params.train.schedule.head.patience }} / {{ run.metrics.trained.p@1|.3f }}"
     assert hook.bench_figures(text, "p.md") == (
-        f"{today['train']['patience']} / {metrics['trained']['p@1']:.3f}")
+        f"{today['train']['schedule']['head']['patience']} / {metrics['trained']['p@1']:.3f}")
     with pytest.raises(ValueError, match=r"p\.md: \{\{ run\.nothing\.x \}\} names no figure"):
         hook.bench_figures("{{ run.nothing.x }}", "p.md")
 
@@ -218,3 +250,178 @@ def test_the_faqs_layer_cache_messages_are_the_codes(monkeypatch: pytest.MonkeyP
         views.check_layer_size("minilm", spec, texts, Format(4),
                                p.cache.model_copy(update={"max_layer_gb": None}), "query")
     assert str(e.value) in blocks
+
+
+# --- issue 44 item 18: a generated table says what it ran under; a figure has one source -----
+
+def _today() -> dict:
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def test_every_generated_table_says_the_settings_it_ran_under_where_not_todays() -> None:
+    """The benchmarks page's Training speed table quoted "82 epochs" of a run under patience 25
+    (today's default stops at 72) with no word that its settings differ. Now every table
+    generated from a bench is followed, before the next heading, by the note naming each key
+    that differs (or that the file records none), and the summary lists those areas."""
+    results, today = report.load(), _today()
+    page = report.page(results, today)
+    titles = {title: name for name, title in report.AREAS.items()}
+    sections = re.split(r"^#{3,4} ", page, flags=re.M)[1:]
+    checked = 0
+    for section in sections:
+        name = titles.get(section.splitlines()[0])
+        if name is None:
+            continue
+        note = report.settings_note("results" if name == "noop" else name, results, today)
+        assert (note in section) if note else ("*Run under" not in section), name
+        checked += bool(note)
+    assert checked >= 5
+    speed = next(s for s in sections if s.startswith("Training speed"))
+    assert "82 epochs" in speed and "`train.patience: 25` (now 15 at " in speed
+    assert "[Training speed](#training-speed)" in report.summary(results, today)
+    hook = _hook("generate")
+    built = hook.bench_page("a\n\n<!-- generated:bench-table train_sweep -->\n\n## next\n")
+    table_then_note = built.split("## next")[0].rstrip().splitlines()[-1]
+    assert table_then_note == report.settings_note("train_sweep", results, today)
+
+
+def test_a_note_names_each_differing_key_and_says_when_nothing_is_recorded() -> None:
+    today = _today()
+    now = report.flat(today)
+    results = {
+        "same": {"run_under": {"commit": "x", "params": now}},
+        "older": {"run_under": {"commit": "x", "params": {
+            **now, "encoders.models.minilm.max_length": 128, "cache.max_layer_gb": 8}}},
+        "merged": {"train_params": {**today["train"], "seed": 7}},
+        "named": {"commit": "0" * 40},
+        "bare": {"rows": []}}
+    assert report.settings_note("same", results, today) == ""
+    assert report.settings_note("older", results, today) == (
+        "*Run under settings that differ from today's params.yaml* (`bench/older.json`): "
+        f"`encoders.models.minilm.max_length: 128` (now "
+        f"{now['encoders.models.minilm.max_length']}), `cache.max_layer_gb: 8` (now "
+        f"{json.dumps(now['cache.max_layer_gb'])}).")
+    earlier = "*Settings of an earlier version*: `bench/{}.json` records no `run_under`; "
+    assert report.settings_note("merged", results, today) == (
+        earlier.format("merged") + f"of its `train` section, `train.seed: 7` (now "
+        f"{today['train']['seed']}).")
+    assert report.settings_note("named", results, today) == (
+        earlier.format("named") + "it names commit 0000000, which this checkout lacks: what "
+        "differs is not known.")
+    assert report.settings_note("bare", results, today) == (
+        earlier.format("bare") + "what differs is not known.")
+
+
+SETUP = "getting-started.md"
+DURATION = r"~?(\d+(?:\.\d+)?) min"
+
+
+def _said_once() -> dict[str, str]:
+    """The times the set-up section says, once, for the commands (docs/getting-started.md)."""
+    text = (DOCS / SETUP).read_text()
+    section = " ".join(text.split("## A walkthrough")[0].split())
+    found = {
+        "warm": re.search(rf"environment: {DURATION} from a warm uv cache", section),
+        "cold": re.search(r"(\d+ to \d+) min from a cold one", section),
+        "run": re.search(rf"`make run`'s pipeline, the first time: {DURATION} plus training",
+                         section),
+        "test": re.search(rf"`make test`: {DURATION}", section),
+        "test-quick": re.search(rf"`make test-quick`: {DURATION}", section)}
+    assert all(found.values()), {k: bool(v) for k, v in found.items()}
+    return {k: m.group(1) for k, m in found.items()}
+
+
+def _duration_sentences(text: str) -> list[str]:
+    """Sentences that give `make run` or `make test` a time (a duration or "a minute")."""
+    sentences = [" ".join(s.split()) for s in re.split(r"\n\s*\n|(?<=[.;:])\s+", text)]
+    return [s for s in sentences if re.search(r"`?make (run|test)\b", s)
+            and re.search(r"\d+(?:\.\d+)? ?(?:min|s)\b|a minute|an hour", s)]
+
+
+def times_that_disagree(pages: dict[str, str], makefile_echoes: list[str],
+                        said: dict[str, str]) -> list[str]:
+    """One line per place that times `make run`/`make test` other than the set-up section
+    says: a docs page giving its own figure (it links instead), the README or a Makefile
+    message saying another one."""
+    out = []
+    for where, text in pages.items():
+        if where == SETUP:
+            continue
+        for sentence in _duration_sentences(text):
+            if where != "README.md":
+                out.append(f"{where}: times a make command itself (link to {SETUP}#set-up): "
+                           f"{sentence}")
+                continue
+            for command, value in re.findall(rf"`make (test-quick|test|run)`[^~;]*?{DURATION}",
+                                             sentence):
+                if said.get(command) != value:
+                    out.append(f"README.md: `make {command}` {value} min, {SETUP} says "
+                               f"{said.get(command)}")
+    for echo in makefile_echoes:
+        command = re.match(r'echo "== ([\w-]+):', echo)
+        first = re.search(DURATION, echo)
+        name = command.group(1) if command else ""
+        if first and name in said and said[name] != first.group(1):
+            out.append(f"Makefile: {echo}: {SETUP} says ~{said[name]} min")
+        span = f"~{said['warm']}-{said['cold'].split(' to ')[1]} min"
+        if name == "install" and first and span not in echo:
+            out.append(f"Makefile: {echo}: {SETUP} says {span}")
+    return out
+
+
+def _echoes() -> list[str]:
+    return [line.strip().removeprefix("@") for line in (ROOT / "Makefile").read_text()
+            .splitlines() if line.strip().lstrip("@").startswith('echo "== ')]
+
+
+def test_make_run_and_make_test_are_timed_in_one_place() -> None:
+    """`make run` read "1 min 27 s" (benchmarks), "~1.5-4 min" then "~5 min" (the Makefile)
+    and "about a minute" for the head (README). Now the set-up section says each time once;
+    the README and the Makefile's messages say the same, other pages link to it."""
+    assert times_that_disagree(_pages(), _echoes(), _said_once()) == []
+
+
+def test_a_second_time_for_make_run_is_caught() -> None:
+    said = {"warm": "1.5", "cold": "3 to 4", "run": "1", "test": "20", "test-quick": "1"}
+    page = ("A fresh clone's `make run` on a 2-core CPU machine takes **1 min 27 s** in all.")
+    assert times_that_disagree({"benchmarks.md": page}, [], said) == [
+        f"benchmarks.md: times a make command itself (link to {SETUP}#set-up): {page}"]
+    echo = 'echo "== run: dvc repro on TREC (first time ~5 min on 2 cores)"'
+    assert times_that_disagree({}, [echo], said) == [
+        f"Makefile: {echo}: {SETUP} says ~1 min"]
+    readme = "On 2 CPU cores `make test` takes ~25 min."
+    assert times_that_disagree({"README.md": readme}, [], said) == [
+        f"README.md: `make test` 25 min, {SETUP} says 20"]
+
+
+X = "\u00d7"  # the multiplication sign the pages write
+FORMULA = rf"5,380 {X} ([\d.]+) {X} 384 {X} (\d) B =\s*(\d+) MB"
+
+
+def layer_cache_figures(pages: dict[str, str]) -> list[tuple[str, str]]:
+    """Every figure a page gives TREC's layer cache (MB): the size formula's result, any
+    "layer cache (N MB)", and "... 384 x <bytes> B ...: N MB for TREC"."""
+    out = []
+    for where, text in pages.items():
+        flat = " ".join(text.split())
+        for pattern in (FORMULA, r"layer cache \((\d+) MB\)",
+                        rf"384 {X} \d B[^.]{{0,40}}?(\d+) MB for TREC"):
+            out += [(where, m if isinstance(m, str) else m[-1])
+                    for m in re.findall(pattern, flat)]
+    return out
+
+
+def test_trecs_layer_cache_has_one_size() -> None:
+    """The layer cache was "56 MB (float16, the default)" and "107 MB" on one page. Every
+    figure given for it is the formula's, with params.yaml's states_dtype."""
+    today = _today()
+    dtype = today["encoders"]["models"]["minilm"]["states_dtype"]
+    formula = re.search(FORMULA, " ".join((DOCS / "modes.md").read_text().split()))
+    assert formula, "modes.md gives TREC's layer cache size as a formula"
+    tokens, size, mb = float(formula.group(1)), int(formula.group(2)), formula.group(3)
+    assert size == {"float16": 2, "bfloat16": 2, "float32": 4}[dtype]
+    assert mb == f"{5380 * tokens * 384 * size / 1e6:.0f}"
+    figures = layer_cache_figures(_pages())
+    assert [f for f in figures if f[1] != mb] == []
+    assert layer_cache_figures({"b.md": "the layer cache (107 MB) is filled once"}) == [
+        ("b.md", "107")]

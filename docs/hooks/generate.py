@@ -10,9 +10,11 @@ every figure a page quotes from those files: `{{ bench.<name>.<key>...|<format> 
 value at that path of bench/<name>.json (list items by index), formatted with Python's
 `format(value, "<format>")` (e.g. `{{ bench.train_speed.cached_epoch_s|.2f }}`).
 Two more sources in the same form: `{{ params.<key> }}`, the checked-in `params.yaml`'s value
-(`{{ params.train.patience }}`), and `{{ run.<report>.<key>... }}`, a figure of the default
-run (`make run`) from `docs/run/<report>.json`, the copy `make run` keeps of
-`reports/<report>.json` (tests/test_figures.py checks each copy is the output dvc.lock records).
+(`{{ params.train.schedule.head.patience }}`), and `{{ run.<report>.<key>... }}`, a figure of
+the default run from `docs/run/<report>.json`, the copy `make figures` (the maintainers') keeps
+of `reports/<report>.json` (tests/test_figures.py checks each copy is the output the committed
+dvc.lock records). Every generated table from a bench says, under it, the settings it ran under
+where they are not today's params.yaml (bench/settings.py).
 """
 
 from __future__ import annotations
@@ -228,7 +230,7 @@ FIGURE = re.compile(r"\{\{\s*(bench|params|run)\.([\w.@-]+?)\s*(?:\|\s*([^}]*?)\
 # `{{ settings.<bench> }}`: the params.yaml values bench/<bench>.json ran under that differ
 # today, in words (a page quoting an older bench says so: tests/test_figures.py)
 SETTINGS = re.compile(r"\{\{\s*settings\.(\w+)\s*\}\}")
-RUN = ROOT / "docs" / "run"  # the default run's reports, copied by `make run`
+RUN = ROOT / "docs" / "run"  # the default run's reports, copied by `make figures`
 
 
 def _source(kind: str, name: str) -> Any:
@@ -280,16 +282,21 @@ def bench_page(markdown: str) -> str:
     """The benchmarks page's summary and tables, from bench/<name>.json."""
     report = _report()
     results = report.load()
-    tables = {f"<!-- generated:bench-table {name} -->": results[name]["table"]
-              for name in ("train_sweep", "query_adapter") if name in results}
-    for marker, table in tables.items():
+    today = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for name in ("train_sweep", "query_adapter"):
+        marker = f"<!-- generated:bench-table {name} -->"
+        if name not in results or marker not in markdown:
+            continue
         # the sweep's settings are all train.* keys: named without the prefix, wrapped at commas
-        table = table.replace(",train.", ", ").replace("| train.", "| ").replace(
+        table = results[name]["table"].replace(",train.", ", ").replace("| train.", "| ").replace(
             "| setting ", "| `train.` setting ")
         # the query-side bench's tables are one per set, each under its bold set name
-        markdown = markdown.replace(marker, table if "**" in table else report.narrow(table))
+        table = table if "**" in table else report.narrow(table)
+        # under the table, the settings it ran under where they are not today's
+        note = report.settings_note(name, results, today)
+        markdown = markdown.replace(marker, f"{table.rstrip()}\n\n{note}" if note else table)
     if "long_docs" in results:
         markdown = markdown.replace("<!-- generated:bench-long-sets -->",
                                     report.long_sets(results["long_docs"]))
-    return (markdown.replace("<!-- generated:bench-summary -->", report.summary(results))
-            .replace("<!-- generated:bench-tables -->", report.page(results)))
+    return (markdown.replace("<!-- generated:bench-summary -->", report.summary(results, today))
+            .replace("<!-- generated:bench-tables -->", report.page(results, today)))
