@@ -38,13 +38,17 @@ def sweep(
                                    "(by default a tie keeps the params file as it is)"),
 ) -> None:
     """Search train.* with Optuna (TPE, pruned per epoch) over the loaded cache, in one process."""
+    import copy
+
     from simtune import params as P
     from simtune.errors import UserError
     from simtune.train import space
     from simtune.train import sweep as lib
     from simtune.train import sweep_report as report
 
-    p = P.load(params)
+    # what the trials run under, kept to refuse --apply into a file edited meanwhile
+    ran_under = P.read_yaml(params)
+    p = P.validate(copy.deepcopy(ran_under), str(params))
     if study_name is not None and (problem := P.study_problem(study_name)):
         raise UserError(f"--study: {problem}")
     update = {k: v for k, v in (("trials", trials), ("study", study_name)) if v is not None}
@@ -58,6 +62,7 @@ def sweep(
                         f"{numbers}, see its line above); run the sweep again for the missing "
                         "ones" + ("; nothing applied" if apply else ""))
     if apply:
+        report.check_unchanged(params, ran_under)  # edited while the sweep ran: one line
         values = report.best_values(study)  # no complete trial: one line
         ties = report.tied(study)
         if len(ties) > 1 and not apply_tie:

@@ -909,3 +909,47 @@ def test_issue34_item6_one_best_trial_is_no_tie() -> None:
     assert report.tie_lines(s)[0].startswith("tie: 2 of 4 complete trials score the best "
                                              "validation value 0.9000 (trials 1, 3)")
     assert len(report.tie_lines(s)) == 1  # the values differ: importances can be computed
+
+
+# --- issue 44 item 7: --apply into a params file edited while the sweep ran ---------------------
+
+def test_issue44_item7_apply_refuses_a_params_file_edited_while_the_sweep_ran(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user sets `prepare.split.seed: 99` while the trials run under 13: `--apply` refuses
+    in one line naming the key and leaves the file byte for byte as the user left it (it wrote
+    the values found under seed 13 beside seed 99); a comment-only edit is no change."""
+    _, params_file = _sweep_project(tmp_path, tiny_bert, trials=2)
+    edited: list[str] = []
+    seen: list[dict[str, Any]] = []
+
+    def edit_during(loaded: lib.Loaded, values: dict[str, Any], trial: Any = None
+                    ) -> tuple[float, int, int]:
+        lib._checked(loaded, values)
+        if not edited:  # the user's edit, while the first trial runs
+            text = params_file.read_text()
+            assert "    seed: 13\n" in text
+            params_file.write_text(text.replace("    seed: 13\n", "    seed: 99\n", 1))
+            edited.append(params_file.read_text())
+        seen.append(values)
+        return 0.5 + 0.1 * len(seen), 2, 0  # distinct values: no tie
+
+    monkeypatch.setattr(lib, "train_trial", edit_during)
+    result = CliRunner().invoke(app, _args(tmp_path, params_file, "--apply"))
+    assert result.exit_code == 1, result.output
+    assert result.stderr.splitlines()[-1:] == [
+        f"error: {params_file} changed while the sweep ran (prepare.split.seed 13 -> 99): "
+        "nothing applied (the trials ran under its earlier values); apply the line above with "
+        "dvc exp run, or sweep again"]
+    assert params_file.read_text() == edited[0]  # byte for byte the user's file
+    assert result.stdout.splitlines()[-1].startswith("dvc exp run --temp -S ")
+
+    # a comment added meanwhile changes no value; a value does (the keys named, at most 3)
+    ran_under = P.read_yaml(params_file)
+    params_file.write_text("# my note\n" + params_file.read_text())
+    report.check_unchanged(params_file, ran_under)
+    earlier = yaml.safe_load(yaml.safe_dump(ran_under))
+    earlier["prepare"]["split"]["seed"] = 7
+    earlier["sweep"]["trials"] = 9
+    with pytest.raises(UserError) as e:
+        report.check_unchanged(params_file, earlier)
+    assert "(prepare.split.seed 7 -> 99, sweep.trials 9 -> 2)" in str(e.value)

@@ -124,13 +124,13 @@ def _files_digest(directory: Path) -> str:
     return h.hexdigest()
 
 
-def _flat(prefix: str, value: Any) -> dict[str, Any]:
+def flat(prefix: str, value: Any) -> dict[str, Any]:
     """A nested mapping as dotted key -> leaf value (lists are leaves)."""
     if not isinstance(value, dict):
         return {prefix: value}
     out: dict[str, Any] = {}
     for key, sub in value.items():
-        out.update(_flat(f"{prefix}.{key}", sub))
+        out.update(flat(f"{prefix}.{key}", sub))
     return out
 
 
@@ -138,7 +138,7 @@ def identity(p: Params, prepared_dir: Path, negatives_dir: Path | None,
              tables: dict[str, Any]) -> dict[str, Any]:
     """What a study's trials depend on (see the module's docstring). `p`: the params every trial
     starts from (`sweep.fixed` applied); `tables`: the loaded data's cache tables. JSON-ready."""
-    params = _flat("train", p.train.model_dump(mode="json"))
+    params = flat("train", p.train.model_dump(mode="json"))
     for key in p.sweep.space:
         params.pop(key, None)
     params["evaluate.corpus"] = p.evaluate.corpus
@@ -147,7 +147,7 @@ def identity(p: Params, prepared_dir: Path, negatives_dir: Path | None,
         negatives = _files_digest(negatives_dir)
     settings = {}  # not compared: named when the data they make changed
     for section in ("prepare", "encoders", "cache", "negatives"):
-        settings.update(_flat(section, getattr(p, section).model_dump(mode="json")))
+        settings.update(flat(section, getattr(p, section).model_dump(mode="json")))
     return {"version": IDENTITY_VERSION,
             "space": {k: e.model_dump(mode="json") for k, e in p.sweep.space.items()},
             "params": params, "prepared": _files_digest(prepared_dir),
@@ -160,7 +160,7 @@ def _show(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _changes(old: dict[str, Any], new: dict[str, Any], missing: str,
+def changes(old: dict[str, Any], new: dict[str, Any], missing: str,
              prefixes: tuple[str, ...] = ("",)) -> str:
     """`key old -> new` for the keys (under `prefixes`) whose values differ, at most 3."""
     keys = [k for k in dict.fromkeys([*old, *new]) if k.startswith(prefixes)
@@ -177,7 +177,7 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     if old.get("version") != new["version"]:
         return [f"another version of simtune (identity v{old.get('version')})"]
     if old["params"] != new["params"]:
-        out.append(f"other params ({_changes(old['params'], new['params'], '(swept)')})")
+        out.append(f"other params ({changes(old['params'], new['params'], '(swept)')})")
     if old["space"] != new["space"]:
         keys = [k for k in dict.fromkeys([*old["space"], *new["space"]])
                 if old["space"].get(k) != new["space"].get(k)]
@@ -187,7 +187,7 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             ("cache", "another cache", ("encoders.", "cache."), "its vectors changed"),
             ("negatives", "other mined negatives", ("negatives.",), "its files changed")):
         if old[part] != new[part]:
-            since = _changes(old["settings"], new["settings"], "(none)", prefixes)
+            since = changes(old["settings"], new["settings"], "(none)", prefixes)
             out.append(f"{what} ({f'changed since: {since}' if since else otherwise})")
     return out
 

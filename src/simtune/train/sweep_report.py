@@ -1,8 +1,9 @@
 """What a sweep tells: one line per trial as it ends (`Progress`), the trials that failed
 (`Failures`, for the exit status), and the closing text (`summary`): the study's counts, the best
 trials, the importances, a tie at the best value (`tied`: validation cannot tell those trials
-apart) and the `dvc exp run --temp -S` line that reproduces the best one (`best_values`). Reads a
-study; runs nothing.
+apart) and the `dvc exp run --temp -S` line that reproduces the best one (`best_values`), and
+whether the params file still holds what the sweep ran under (`check_unchanged`, before
+`--apply` writes into it). Reads a study; runs nothing.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import optuna
 
 from simtune.errors import UserError
 from simtune.train import space
+from simtune.train import study as study_lib
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,32 @@ class Failures:
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if trial.state == optuna.trial.TrialState.FAIL and "duplicate_of" not in trial.user_attrs:
             self.numbers.append(trial.number)
+
+
+def _leaves(raw: Any) -> dict[str, Any]:
+    """A parsed params file as dotted key -> leaf value."""
+    if not isinstance(raw, dict):
+        return {"(the file)": raw}
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        out.update(study_lib.flat(str(key), value))
+    return out
+
+
+def check_unchanged(path: Path, ran_under: Any) -> None:
+    """Refuse, in one line naming the keys that differ (at most 3), when the params file `path`
+    no longer parses to `ran_under` (what the sweep read when it started): it was edited while
+    the sweep ran, so its values are not those the trials ran under, and writing the best
+    values into it would mix the two. Comments and layout are no change."""
+    from simtune import params as P
+
+    now = P.read_yaml(path)
+    if now == ran_under:
+        return
+    changes = study_lib.changes(_leaves(ran_under), _leaves(now), "(none)")
+    raise UserError(f"{path} changed while the sweep ran ({changes or 'its values'}): nothing "
+                    "applied (the trials ran under its earlier values); apply the line above "
+                    "with dvc exp run, or sweep again")
 
 
 def best_values(study: optuna.Study) -> dict[str, Any]:
