@@ -425,3 +425,18 @@ def test_trecs_layer_cache_has_one_size() -> None:
     assert [f for f in figures if f[1] != mb] == []
     assert layer_cache_figures({"b.md": "the layer cache (107 MB) is filled once"}) == [
         ("b.md", "107")]
+
+
+def test_a_benchs_out_file_records_what_it_ran_under_too(tmp_path: Path) -> None:
+    """bench/query_adapter.json and small_data.json were merged from `--out` runs, which wrote
+    no run_under; `write_results(..., path)` (every bench's --out) writes it as the default
+    file does."""
+    code = ("import sys; from bench.common import write_results; "
+            "write_results('probe', {'rows': [1]}, sys.argv[1])")
+    out = tmp_path / "elsewhere.json"
+    subprocess.run([sys.executable, "-c", code, str(out)], cwd=ROOT, check=True,
+                   env={"PATH": "/usr/bin:/bin"})
+    got = json.loads(out.read_text())
+    assert got["rows"] == [1] and set(got["run_under"]) == {"commit", "dirty", "params"}
+    assert got["run_under"]["params"] == report.flat(_today())
+    assert not (tmp_path / "probe.json").exists()

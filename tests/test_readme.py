@@ -227,3 +227,22 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
             assert all(re.match(r" ?-?\d\.\d{4}  \S", hit) for hit in hits)  # right-aligned
     assert set(outputs) == {"cp ~/tickets.csv", "dvc repro", "cat reports/metrics.json",
                             "git add", "dvc exp", "simtune compare", "simtune search"}
+
+
+def test_the_quick_targets_test_count_is_the_one_said() -> None:
+    """`make test-quick`'s count of tests (the README, the set-up page, the Makefile's message)
+    is within 15 % of what its selection collects: a selection that grew or shrank says so."""
+    import subprocess
+    import sys
+
+    makefile = (ROOT / "Makefile").read_text()
+    paths = re.search(r"^QUICK_TESTS := (.*?)\n(?=\S)", makefile, re.M | re.S).group(1)
+    said = {int(n) for n in re.findall(r"(\d+) unit tests", makefile + README.read_text()
+                                       + (ROOT / "docs" / "getting-started.md").read_text())}
+    assert len(said) == 1, said
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                          "-p", "no:cacheprovider", "-m", "not integration",
+                          *paths.replace("\\", " ").split()], cwd=ROOT, capture_output=True,
+                         text=True, check=False).stdout
+    collected = int(re.search(r"(\d+)(?:/\d+)? tests? collected", out).group(1))
+    assert abs(collected - said.pop()) <= 0.15 * collected, out[-300:]
