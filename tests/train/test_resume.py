@@ -28,16 +28,16 @@ from simtune.train import checkpoint, epoch_log
 from simtune.train import stage as train
 from simtune.train.data import load_data
 from tests.conftest import ROOT
-from tests.train_helpers import project, stage_args
+from tests.train_helpers import project, set_schedule, stage_args
 
 
 def _top_project(root: Path, model: Path, n: int, **encoder: Any) -> Path:
     """Top-layers mode with dropout on (the top layers' and the head's: the RNG matters) and
     every epoch but the last validating only the monitored metric (val_every 2)."""
-    raw, params_file = project(root, model, n=n, mode="top_layers", val_every=2)
+    raw, params_file = project(root, model, n=n, mode="top_layers")
     raw["train"]["head"]["dropout"] = 0.1
-    raw["train"]["encoder"].update({"top_layers": 1, "lr": 0.001, "head_lr": 0.01,
-                                    "batch_size": 8, "val_every": 2, **encoder})
+    set_schedule(raw, "top_layers", **{"layers": 1, "lr": 0.001, "head_lr": 0.01,
+                                       "batch_size": 8, "val_every": 2, **encoder})
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     p = P.validate(raw)
     cache.fill(root / "prepared", root / "cache", p.encoders, p.cache,
@@ -211,7 +211,8 @@ def test_a_checkpoint_from_other_settings_is_never_resumed(
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     ckpt = tmp_path / "ck"
     _crash_in_epoch_3(tmp_path, params_file, ckpt, monkeypatch)
-    raw["train"]["lr"] = 0.02  # other settings: the epoch-2 checkpoint must not be resumed
+    # other settings: the epoch-2 checkpoint must not be resumed
+    raw["train"]["schedule"]["head"]["lr"] = 0.02
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     caplog.set_level(logging.INFO, logger="simtune.train")
     other = _train(tmp_path, params_file, "other", ckpt)
@@ -235,6 +236,12 @@ def test_a_checkpoint_from_other_settings_is_never_resumed(
     assert "other settings" not in caplog.text
     assert resumed["best_val"] == pytest.approx(fresh["best_val"], abs=1e-6)
     assert resumed["best_epoch"] == fresh["best_epoch"]
+    # issue 44 item 15: the whole run's seconds (the crashed process's epochs 1-2 too), and
+    # that it was resumed; an uninterrupted run says nothing of the kind
+    before = resumed["resumed"]["seconds_before"]
+    assert resumed["resumed"]["after_epoch"] == 2 and before > 0
+    assert resumed["seconds"]["total"] > before
+    assert "resumed" not in fresh
     _same_heads(tmp_path / "headresumed", tmp_path / "headfresh")
     assert _curves(tmp_path / "liveresumed").keys() == _curves(tmp_path / "livefresh").keys()
 
@@ -254,12 +261,15 @@ def test_the_fingerprint_covers_the_params_the_data_and_the_cache(tmp_path: Path
     def with_params(**changes: Any) -> str:
         other = copy.deepcopy(raw)
         for key, value in changes.items():
-            section, name = key.split("__")
-            other[section][name] = value
+            *parents, name = key.split("__")
+            node = other
+            for part in parents:
+                node = node[part]
+            node[name] = value
         return checkpoint.fingerprint(P.validate(other), prepared, tables, None)
 
     assert with_params(train__seed=1) != base
-    assert with_params(train__max_epochs=4) != base
+    assert with_params(train__schedule__head__max_epochs=4) != base
     assert with_params(evaluate__corpus="test") != base
     assert with_params(cache__cache_type="cpu" if p.cache.cache_type != "cpu"
                        else "auto") != base

@@ -66,11 +66,18 @@ class EpochLoop(pl.Callback):
         self.per_query: dict[int, torch.Tensor] = {}
         self.train_loss: dict[int, float] = {}  # epoch -> its mean training loss (the curves)
         self._start = 0.0
+        # a resumed run (`checkpoint`): the epoch it resumed after and the seconds the
+        # interrupted processes had trained, so the report gives the whole run's time
+        self.resumed_after, self.seconds_before = 0, 0.0
+        self._fit_start = time.perf_counter()
         self.live_dir, self.live = live_dir, None  # a dvclive.Live on rank 0 while training
 
     @property
     def best_epoch(self) -> int:
         return self.schedule.best_epoch
+
+    def on_fit_start(self, trainer: pl.Trainer, module: Any) -> None:
+        self._fit_start = time.perf_counter()
 
     def on_train_start(self, trainer: pl.Trainer, module: Any) -> None:
         if self.live_dir is not None and trainer.is_global_zero:
@@ -210,7 +217,10 @@ class EpochLoop(pl.Callback):
                 "per_query": self.per_query,
                 "train_seconds": self.train_seconds, "train_cpu_seconds": self.train_cpu_seconds,
                 "validation_seconds": self.validation_seconds,
-                "full_validations": self.full_validations}
+                "full_validations": self.full_validations,
+                # the whole run's seconds so far (every process this run took), at this epoch
+                "fit_seconds": self.seconds_before + time.perf_counter() - self._fit_start,
+                "epoch": len(self.train_seconds)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history, self.state = state["history"], state["state"]
@@ -225,6 +235,8 @@ class EpochLoop(pl.Callback):
         self.train_cpu_seconds = state["train_cpu_seconds"]
         self.validation_seconds = state["validation_seconds"]
         self.full_validations = state["full_validations"]
+        self.seconds_before = float(state.get("fit_seconds", 0.0))
+        self.resumed_after = int(state.get("epoch", len(self.train_seconds)))
 
     def _validate(self, trainer: pl.Trainer, module: Any, full: bool
                   ) -> tuple[dict[str, float], bool]:

@@ -225,14 +225,19 @@ def report_of(loop: EpochLoop, total: float, n_train: int, monitor: str = "mrr@1
     kept epoch's monitored metric minus the frozen encoder's on the validation queries, its
     paired bootstrap 95 % interval (`resamples`, `seed`) and `resolved`: whether the interval
     excludes 0, i.e. the split can tell a lift of that size from none), the validations that
-    computed every metric, and seconds: `total` (trainer.fit), `train` (the training epochs),
+    computed every metric, and seconds: `total` (trainer.fit, every process of a resumed run:
+    `resumed` then says after which epoch and the seconds before), `train` (the training epochs),
     `validation` (every epoch's, epoch 0's and the kept epoch's at the end), `per_epoch_*`
     (each / epochs), `train_cpu` (the training epochs' CPU seconds, all threads of this
     process); train + validation <= total (the rest: set-up, curves, Lightning between
     epochs)."""
     epochs = len(loop.train_seconds)
     train_s, val_s = sum(loop.train_seconds), loop.validation_seconds
-    return {
+    total += loop.seconds_before  # a resumed run: the interrupted processes' seconds too
+    resumed = ({"resumed": {"after_epoch": loop.resumed_after,
+                            "seconds_before": loop.seconds_before}}
+               if loop.resumed_after else {})
+    return {**resumed,
         "epochs": epochs, "best_epoch": loop.best_epoch,
         "selected": "frozen" if loop.best_epoch == 0 else "trained",
         "best_val": loop.history[loop.best_epoch], "frozen_val": loop.history.get(0, {}),
