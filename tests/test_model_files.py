@@ -17,9 +17,9 @@ from simtune import heads, model_files
 from simtune.encoders import FrozenEncoder, load_pretrained
 from simtune.errors import UserError, echo
 from simtune.export.stage import export
+from simtune.layers import top_model
 from simtune.model import load_model
 from simtune.params import EncoderParams
-from simtune.train.layers import top_model
 from simtune.train.represent import LiveEncoder
 from tests.cache_helpers import encoder_params, sentences
 from tests.conftest import save_tiny_bert
@@ -49,6 +49,17 @@ def _edit_weights(folder: Path, edit: Any) -> None:
 
 def _edit_json(path: Path, **changes: Any) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def _rehash(folder: Path) -> None:
+    """Record the sha256 of the export's files as they are now: an export written with the
+    settings a test edited in (the record would refuse the edit first: tests/export/
+    test_copies.py), so the check the test is about is reached."""
+    from simtune.st_files import sha256_file
+
+    config = folder / "simtune.json"
+    recorded = json.loads(config.read_text())["sha256"]
+    _edit_json(config, sha256={rel: sha256_file(folder / rel) for rel in recorded})
 
 
 # --- item 2: weights that do not fit the config are an error, not random numbers -------------
@@ -327,6 +338,7 @@ def test_item2_a_model_folders_prompt_leaving_too_few_tokens_refused(tiny_bert: 
     config.write_text(json.dumps({**good, "encoder": {**good["encoder"], "prompts": prompts}}))
     _edit_json(out / "config_sentence_transformers.json", default_prompt_name="query",
                prompts={"query": prompts["query"], "document": prompts["document"]})
+    _rehash(out)
     assert _error(lambda: load_model(out, "cpu")) == (
         f"{config}: encoder.prompts.{role}: the prompt is 40 tokens, leaving 0 of max_length 32 "
         "for the text (2 special tokens); at least 15 are needed (half the window): shorten the "
@@ -419,11 +431,12 @@ def test_model_folder_prompts_of_simtune_json_must_be_the_st_configs(tiny_bert: 
     export(head, out, encoder=str(tiny_bert))
     want = load_model(out, "cpu").encode(TEXTS, role="document")
     config = out / "config_sentence_transformers.json"
+    written = config.read_bytes()
     _edit_json(config, default_prompt_name="document")
     assert _error(lambda: load_model(out, "cpu")) == (
         f"{config}: default_prompt_name 'document' must be 'query': plain encode() embeds as a "
         "query")
-    _edit_json(config, default_prompt_name="query")
+    config.write_bytes(written)
     assert torch.equal(load_model(out, "cpu").encode(TEXTS, role="document"), want)
 
 
@@ -505,8 +518,8 @@ ENCODER_DAMAGE = {  # edit of the export's encoder/ -> the end of the line
         "tokens (no tokenizer.json, vocab.txt, ... in the folder?): every word would be unknown"),
     "max_length past the positions": (lambda f: (_json_edit("simtune.json", lambda c: {
         **c, "encoder": {**c["encoder"], "max_length": 1000}})(f), _json_edit(
-            "encoder/sentence_bert_config.json", lambda c: {**c, "max_seq_length": 1000})(f)),
-        None),
+            "encoder/sentence_bert_config.json", lambda c: {**c, "max_seq_length": 1000})(f),
+        _rehash(f)), None),
     "another model's tokenizer": (_json_edit("encoder/tokenizer.json", lambda t: {
         **t, "model": {**t["model"], "vocab": {**t["model"]["vocab"], "zzzz": 5000}}}),
         "its tokenizer gives ids up to 5000, its embedding table has 143 rows (the tokenizer "

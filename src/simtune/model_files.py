@@ -80,9 +80,13 @@ class ExportConfig(_File):
     head: str
     normalize_output: StrictBool = False
     sentence_transformers: Literal["plain", "trust_remote_code"] | None = None
-    # path inside the folder -> sha256 of every file of the head's two copies (`head_copies`);
-    # exports written before it have none (nothing to check)
+    # path inside the folder -> sha256 of every file that decides how sentence-transformers
+    # computes a vector (`st_files.decisive_files`: the head's two copies, modules.json, the
+    # module configs); exports before `files` hashed the head's copies only, older ones nothing
     sha256: dict[str, Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] | None = None
+    # every path the export wrote (folders end in "/"), sorted: a re-export replaces these and
+    # nothing else (`simtune.export.destination`); exports written before it have none
+    files: list[str] | None = None
     head_side: Literal["both", "query"] = "both"  # query: documents keep the frozen vectors
     # a query tower's export: the frozen encoder documents are embedded with (a folder inside)
     document_encoder: str | None = None

@@ -3,8 +3,10 @@
 `check_st_files`: the module paths of `modules.json` (and of a `Router`'s `router_config.json`)
 stay inside the folder, `config_sentence_transformers.json`'s prompts are simtune.json's, and
 the `Pooling` and `Transformer` modules pool and truncate as simtune.json says, so
-`SentenceTransformer(dir)` embeds as `load_model(dir)` does. `head_copies` / `check_copies`: the
-head's two copies (`head/` and the `Dense` modules) are the files the export recorded by sha256.
+`SentenceTransformer(dir)` embeds as `load_model(dir)` does. `decisive_files` / `check_copies`:
+every file that decides how sentence-transformers computes a vector (the head's two copies,
+`head/` and the `Dense` modules, `modules.json` and every module's config) is the file the export
+recorded by sha256.
 `check_st_chain`: a plain sentence-transformers folder as an encoder chains nothing simtune
 would not run.
 """
@@ -186,31 +188,70 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def decisive_files(folder: Path) -> list[str]:
+    """Paths (inside export `folder`, sorted) of every file that decides how a vector is
+    computed and that simtune and sentence-transformers do not both read: the head's two copies
+    (`head_copies`), `modules.json`, `config_sentence_transformers.json` (prompts, and keys
+    such as `truncate_dim`), each `Transformer` module's `sentence_bert_config.json` and every
+    file of the other module folders (`Pooling`'s config, ...). Not the encoders' own Hugging
+    Face files: both read the same ones, so they cannot part the two vectors (and hashing the
+    weights would read them whole on every load)."""
+    folder = Path(folder)
+    found = set(head_copies(folder))
+    found |= {name for name in ("modules.json", "config_sentence_transformers.json")
+              if _present(folder / name)}
+    modules = read(folder / "modules.json", STModules).root if _present(
+        folder / "modules.json") else []
+    for kind, path in _flat(folder, modules):
+        if kind == "Transformer":  # the encoder's folder: only sentence-transformers' file
+            rel = f"{path}/{ST_BERT}" if path else ST_BERT
+            found |= {rel} if _present(folder / rel) else set()
+        elif path and kind != "Router":  # a Router's own file: in `head_copies`
+            root = inside(folder, path, f"{folder / 'modules.json'}: {path}")
+            found |= {p.relative_to(folder).as_posix() for p in root.rglob("*") if p.is_file()}
+    return sorted(found)
+
+
 def check_copies(folder: Path, config: ExportConfig) -> None:
-    """Every file of the head's two copies in export `folder` (`head_copies`) is the one its
-    simtune.json (`config`) records by sha256, and every one it records is there: a copy edited
-    after the export (the vectors of `load_model` and of `SentenceTransformer` would part) is
-    one `UserError` line naming the file. An export without hashes (older) is not checked."""
+    """Every file export `folder`'s simtune.json (`config`) records by sha256 is there and
+    unchanged, and every file of the head's two copies (`head_copies`) is recorded; an export
+    that records the files it wrote (`files`, since issue 44) records every one of
+    `decisive_files` too. A file edited after the export (the vectors of `load_model` and of
+    `SentenceTransformer` would part) or not recorded is one `UserError` line naming it. An
+    export without hashes (older) is not checked."""
     if config.sha256 is None:
         return
     folder = Path(folder)
     config_path = folder / "simtune.json"
     for rel in config.sha256:
         inside(folder, rel, f"{config_path}: sha256")
-    for rel in head_copies(folder):
-        if rel not in config.sha256:
-            raise UserError(f"{folder / rel}: a copy of the head that {config_path} does not "
-                            "record (sha256); export again")
+    head = head_copies(folder)
     for rel in sorted(config.sha256):
         if not (folder / rel).is_file():
             raise UserError(f"{folder / rel}: missing ({config_path} records it); export again")
-    for rel, want in sorted(config.sha256.items()):
+    for rel, want in sorted(config.sha256.items()):  # before trusting what modules.json says
         path = folder / rel
-        if sha256_file(path) != want:
-            raise UserError(f"{path}: changed since the export (its sha256 is not simtune.json's"
-                            "): the export's two copies of the head (head/ for simtune, the "
+        if sha256_file(path) == want:
+            continue
+        if rel in head:
+            raise UserError(f"{path}: changed since the export (its sha256 is not simtune.json"
+                            "'s): the export's two copies of the head (head/ for simtune, the "
                             "Dense modules for sentence-transformers) may no longer agree; "
                             "export again")
+        raise UserError(f"{path}: changed since the export (its sha256 is not simtune.json's): "
+                        "sentence-transformers would no longer compute simtune's vectors; "
+                        "export again")
+    for rel in head:
+        if rel not in config.sha256:
+            raise UserError(f"{folder / rel}: a copy of the head that {config_path} does not "
+                            "record (sha256); export again")
+    if config.files is None:  # written before the full record: its head copies only
+        return
+    for rel in decisive_files(folder):
+        if rel not in config.sha256:
+            raise UserError(f"{folder / rel}: decides how sentence-transformers computes a "
+                            f"vector, but {config_path} does not record it (sha256); export "
+                            "again")
 
 
 # what simtune runs of a sentence-transformers folder: its transformer, then its own pooling

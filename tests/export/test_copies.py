@@ -1,13 +1,17 @@
 """An export holds its head twice: `head/` (what `load_model` runs) and the sentence-transformers
 `Dense` modules (what `SentenceTransformer(dir)` runs). simtune.json records the sha256 of every
 file of both copies, and whatever simtune reads an export with (`load_model`, a distillation
-teacher) refuses a copy that changed, in one line (issue 35 item 3)."""
+teacher) refuses a copy that changed, in one line (issue 35 item 3); so it does every other file
+that decides how sentence-transformers computes a vector: modules.json, the module configs
+(issue 44 item 3)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -36,8 +40,11 @@ def test_simtune_json_records_every_file_of_both_copies(exported: Path) -> None:
     recorded = json.loads((exported / "simtune.json").read_text())["sha256"]
     dense = _dense(exported)
     assert len(dense) == 2  # the mlp: two Dense modules
-    files = sorted(p.relative_to(exported).as_posix() for folder in ("head", *dense)
-                   for p in (exported / folder).rglob("*") if p.is_file())
+    # with every other file that decides a vector (issue 44 item 3)
+    files = sorted([p.relative_to(exported).as_posix() for folder in ("head", *dense, "1_Pooling")
+                    for p in (exported / folder).rglob("*") if p.is_file()]
+                   + ["modules.json", "config_sentence_transformers.json",
+                      "encoder/sentence_bert_config.json"])
     assert sorted(recorded) == files
     assert "head/model.safetensors" in files and f"{dense[0]}/model.safetensors" in files
     assert recorded == {f: hashlib.sha256((exported / f).read_bytes()).hexdigest()
@@ -117,3 +124,80 @@ def test_an_export_without_hashes_still_loads(exported: Path) -> None:
     del config["sha256"]
     config_path.write_text(json.dumps(config))
     assert load_model(exported, "cpu").encode(TEXTS[:2]).shape == (2, 32)
+
+
+# --- issue 44 item 3: every file that decides how sentence-transformers computes a vector is
+# recorded (sha256) and checked, not only the head's weights ---------------------------------
+
+def _json_edit(rel: str, change: Any) -> Any:
+    def edit(folder: Path) -> None:
+        path = folder / rel
+        path.write_text(json.dumps(change(json.loads(path.read_text()))))
+    return edit
+
+
+DECISIVE = {  # an edit that check_st_files lets through, and the file it changed
+    "modules.json: the last Normalize dropped": ("modules.json", lambda m: m[:-1]),
+    "sentence_bert_config.json: lower case": ("encoder/sentence_bert_config.json",
+                                              lambda c: {**c, "do_lower_case": True}),
+    "config_sentence_transformers.json: truncate_dim": (
+        "config_sentence_transformers.json", lambda c: {**c, "truncate_dim": 8}),
+    "Pooling: a weighted mean too": ("1_Pooling/config.json",
+                                     lambda c: {**c, "pooling_mode_weightedmean_tokens": True}),
+}
+CHANGED = ("{path}: changed since the export (its sha256 is not simtune.json's): "
+           "sentence-transformers would no longer compute simtune's vectors; export again")
+
+
+@pytest.mark.parametrize("case", sorted(DECISIVE))
+def test_an_edited_file_that_decides_the_vectors_is_refused(exported: Path, tmp_path: Path,
+                                                            case: str) -> None:
+    rel, change = DECISIVE[case]
+    folder = tmp_path / "edited"
+    shutil.copytree(exported, folder)
+    _json_edit(rel, change)(folder)
+    with pytest.raises(UserError) as e:
+        load_model(folder, "cpu")
+    assert str(e.value) == CHANGED.format(path=folder / rel)
+    recorded = json.loads((exported / "simtune.json").read_text())["sha256"]
+    assert recorded[rel] == hashlib.sha256((exported / rel).read_bytes()).hexdigest()
+
+
+def test_dropping_the_last_normalize_parts_the_vectors_and_is_refused(exported: Path,
+                                                                      tmp_path: Path) -> None:
+    """The tester's edit: plain sentence-transformers then gives other vectors than simtune."""
+    st = pytest.importorskip("sentence_transformers")
+    folder = tmp_path / "edited"
+    shutil.copytree(exported, folder)
+    _json_edit("modules.json", lambda m: m[:-1])(folder)
+    want = load_model(exported, "cpu").encode(TEXTS)
+    got = torch.as_tensor(st.SentenceTransformer(str(folder), device="cpu").encode(TEXTS))
+    assert (got - want).abs().max() > 0.05  # what the record guards against
+    with pytest.raises(UserError, match=r"modules.json: changed since the export"):
+        load_model(folder, "cpu")
+
+
+def test_an_unrecorded_file_that_decides_the_vectors_is_refused(exported: Path) -> None:
+    config_path = exported / "simtune.json"
+    config = json.loads(config_path.read_text())
+    del config["sha256"]["1_Pooling/config.json"]
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(UserError) as e:
+        load_model(exported, "cpu")
+    assert str(e.value) == (f"{exported / '1_Pooling/config.json'}: decides how "
+                            f"sentence-transformers computes a vector, but {config_path} does "
+                            "not record it (sha256); export again")
+
+
+def test_an_export_without_the_record_of_its_files_checks_the_head_copies_only(
+        exported: Path) -> None:
+    """Exports written before `files` hashed the head's copies only: they load as before."""
+    config_path = exported / "simtune.json"
+    config = json.loads(config_path.read_text())
+    del config["files"]
+    config["sha256"] = {k: v for k, v in config["sha256"].items()
+                        if k.startswith(("head/", "2_Dense/", "3_Dense/"))}
+    config_path.write_text(json.dumps(config))
+    want = load_model(exported, "cpu").encode(TEXTS)
+    _json_edit("1_Pooling/config.json", lambda c: {**c, "word_embedding_dimension": 32})(exported)
+    assert torch.equal(load_model(exported, "cpu").encode(TEXTS), want)

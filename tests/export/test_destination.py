@@ -5,7 +5,9 @@ export's own input and a workspace's data are never an output."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -69,8 +71,7 @@ def test_an_export_with_a_users_file_added_is_refused(head: Path, tiny_bert: Pat
     export(head, out, encoder=str(tiny_bert))
     (out / "notes.md").write_text("mine")
     before = _tree(out)
-    assert _refused(head, out, tiny_bert).startswith(f"{out}: holds 'notes.md', which no simtune "
-                                                      "export holds")
+    assert _refused(head, out, tiny_bert) == f"{out}: " + FOREIGN.format(what="'notes.md'")
     assert _tree(out) == before
 
 
@@ -207,3 +208,99 @@ def test_the_command_refuses_a_users_folder_in_one_line(head: Path, tiny_bert: P
         f"error: {mine}: holds 'precious.txt', which no simtune export holds: not replaced "
         "(export to a new or empty folder, or move it away)")
     assert (mine / "precious.txt").read_text() == "x"
+
+
+# --- issue 44 item 2: a re-export replaces only the files the earlier export wrote (its
+# simtune.json's `files`), at any depth --------------------------------------------------------
+
+MINE = {"encoder/onnx/model.onnx": b"\x00onnx graph", "head/MY_NOTES.txt": b"my notes\n",
+        "7_Dense/mine.bin": b"\x01\x02\x03"}
+FOREIGN = ("holds {what}, which the export there did not write (not in its simtune.json's "
+           "files): not replaced (export to a new or empty folder, or move it away)")
+
+
+def test_the_record_lists_every_file_and_folder_the_export_wrote(head: Path, tiny_bert: Path,
+                                                                 tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    export(head, out, encoder=str(tiny_bert))
+    recorded = json.loads((out / "simtune.json").read_text())["files"]
+    written = sorted(p.relative_to(out).as_posix() + ("/" if p.is_dir() else "")
+                     for p in out.rglob("*"))
+    assert recorded == written
+    assert {"simtune.json", "README.md", "modules.json", "head/model.safetensors",
+            "encoder/config.json", "1_Pooling/config.json", "2_Dense/"} <= set(recorded)
+
+
+def test_files_added_inside_an_earlier_exports_folders_are_kept(head: Path, tiny_bert: Path,
+                                                                tmp_path: Path) -> None:
+    """The tester's re-export into ../exB deleted all three (only top-level names were
+    checked): now it is refused naming the first, and every byte stays."""
+    out = tmp_path / "exB"
+    export(head, out, encoder=str(tiny_bert))
+    for rel, data in MINE.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(data)
+    before = _tree(out)
+    assert _refused(head, out, tiny_bert) == f"{out}: " + FOREIGN.format(
+        what="'7_Dense/mine.bin' (and 2 more)")
+    assert _tree(out) == before
+    assert {rel: (out / rel).read_bytes() for rel in MINE} == MINE
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exB", "head-linear"]  # no temp left
+    shutil.rmtree(out / "7_Dense")  # the next one in path order is named
+    assert _refused(head, out, tiny_bert) == f"{out}: " + FOREIGN.format(
+        what="'encoder/onnx/model.onnx' (and 1 more)")
+    shutil.rmtree(out / "encoder" / "onnx")
+    assert _refused(head, out, tiny_bert) == f"{out}: " + FOREIGN.format(
+        what="'head/MY_NOTES.txt'")
+    assert (out / "head" / "MY_NOTES.txt").read_bytes() == MINE["head/MY_NOTES.txt"]
+
+
+def test_a_users_empty_folder_or_link_inside_an_export_is_refused(head: Path, tiny_bert: Path,
+                                                                  tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    export(head, out, encoder=str(tiny_bert))
+    (out / "head" / "mine").mkdir()
+    assert _refused(head, out, tiny_bert) == f"{out}: " + FOREIGN.format(what="'head/mine/'")
+    (out / "head" / "mine").rmdir()
+    (out / "encoder" / "link").symlink_to(out / "encoder" / "config.json")
+    assert _refused(head, out, tiny_bert) == f"{out}: " + FOREIGN.format(what="'encoder/link'")
+    (out / "encoder" / "link").unlink()
+    (out / "README.md").write_text("my own card")  # a file the export wrote, edited: replaced
+    export(head, out, encoder=str(tiny_bert))
+    assert (out / "README.md").read_text().startswith("---\n")
+
+
+def test_an_export_without_a_record_of_its_files_is_not_replaced(head: Path, tiny_bert: Path,
+                                                                  tmp_path: Path) -> None:
+    """An export written before simtune.json listed its files: what it wrote is unknown, so it
+    is not replaced (it still loads: tests/export/test_copies.py)."""
+    out = tmp_path / "out"
+    export(head, out, encoder=str(tiny_bert))
+    config = json.loads((out / "simtune.json").read_text())
+    del config["files"]
+    (out / "simtune.json").write_text(json.dumps(config))
+    before = _tree(out)
+    assert _refused(head, out, tiny_bert) == (
+        f"{out}: an export written before simtune recorded the files it writes (its "
+        "simtune.json has no `files`), so what it holds beyond them is unknown: not replaced "
+        "(export to a new folder, or delete this one yourself)")
+    assert _tree(out) == before
+
+
+def test_the_command_refuses_a_re_export_over_a_users_file_in_one_line(
+        head: Path, tiny_bert: Path, tmp_path: Path) -> None:
+    out = tmp_path / "exB"
+    export(head, out, encoder=str(tiny_bert))
+    (out / "head" / "MY_NOTES.txt").write_text("mine")
+    from tests.cache_helpers import encoder_params
+    from tests.conftest import repo_params, write_params
+
+    raw = repo_params()
+    raw["encoders"] = encoder_params(tiny_bert)
+    params = write_params(tmp_path / "params.yaml", raw)
+    result = CliRunner().invoke(app, ["export", "--head", str(head), "--out", str(out),
+                                      "--params", str(params)])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: {out}: " + FOREIGN.format(what="'head/MY_NOTES.txt'"))
+    assert (out / "head" / "MY_NOTES.txt").read_text() == "mine"

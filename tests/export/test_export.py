@@ -310,3 +310,41 @@ def test_the_card_shows_the_batch_each_size_of_data_trained_with() -> None:
                           "examples; train.min_steps 2, min_batch 32)")
     assert shown(4306) == "1024"
     assert shown(300, steps=0) == "300 (params.yaml 1024: one batch of all 300 training examples)"
+
+
+FROZEN = "the frozen encoder (no trained epoch beat it on validation)"
+
+
+def test_a_kept_frozen_encoder_is_exported_and_described_as_the_frozen_encoder(
+        tiny_bert: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 44 item 9: no trained epoch beat epoch 0, so train saved the mlp head at identity
+    (reports/train.json `selected: frozen`). The export called it a trained mlp head and chained
+    Normalize twice (the encoder's, then the output's over a head that is no module): now its
+    modules are the frozen encoder's, its card, tags and log line say so, and its vectors are
+    the frozen encoder's."""
+    head = heads.build("mlp", 32, 2, 0.1)
+    head.load_state_dict(head.identity_state())
+    directory = tmp_path / "head-frozen"
+    heads.save(head, directory)
+    enc = encoder_params(tiny_bert, max_length=8, normalize=True)["models"]["tiny"]
+    (directory / "training.json").write_text(json.dumps({
+        "mode": "head", "kind": "groups", "query_encoder": "tiny", "document_encoder": "tiny",
+        "encoder": enc, "normalize_output": True}))
+    out = tmp_path / "export"
+    with caplog.at_level(logging.INFO, logger="simtune.export.stage"):
+        assert export(directory, out, CardInputs(), encoder=str(tiny_bert)) is True
+    assert [t.rsplit(".", 1)[1] for t in _types(out)] == ["Transformer", "Pooling", "Normalize"]
+    frozen = FrozenEncoder("tiny", EncoderParams(**enc), torch.device("cpu")).encode(TEXTS, 4)
+    assert torch.allclose(frozen.norm(dim=1), torch.ones(len(TEXTS)), atol=1e-6)
+    for got in (_plain(out), load_model(out, "cpu").encode(TEXTS), _pipeline(directory)):
+        assert torch.allclose(got, frozen, atol=1e-6), (got - frozen).abs().max()
+    assert f"({FROZEN}: Transformer -> Pooling -> Normalize)" in caplog.text
+    assert "head 'mlp'" not in caplog.text
+    card = (out / "README.md").read_text()
+    tags = _front_matter(card)["tags"]
+    assert "frozen-encoder" in tags and "mlp-head" not in tags
+    assert f"# simtune tiny: {FROZEN}\n" in card
+    assert f"| head | none: {FROZEN}; no epoch of the trained `mlp` head was kept |" in card
+    assert f"This is {FROZEN}, exported with simtune" in card
+    assert "mlp head\n" not in card and "the head trained on cached embeddings" not in card
+    assert "| modules | Transformer -> Pooling -> Normalize |" in card

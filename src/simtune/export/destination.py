@@ -2,15 +2,18 @@
 
 The export replaces its folder whole (`simtune.atomic.atomic_dir`), so the folder must be new,
 empty, or itself a simtune export: its `simtune.json` reads as one (`ExportConfig`) and it holds
-nothing an export does not write. Anything else is refused in one line naming the folder, before
-any work. A link is written through (the folder it leads to is replaced, the link stays); a link
-to nothing, to a file, or a loop of links is refused. The export's own inputs (the head folder
+nothing but the files that export wrote (its `files`, at every depth: a user's file inside
+`encoder/` or a module folder counts). Anything else is refused in one line naming the folder
+and the first such file, before any work; an export written before `files` is refused too. A
+link is written through (the folder it leads to is replaced, the link stays); a link to
+nothing, to a file, or a loop of links is refused. The export's own inputs (the head folder
 and the encoder folder it copies) and a DVC workspace's data folders are never an output, nor
 inside or around one.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -94,20 +97,57 @@ def _outside_workspace_data(out: Path, where: Path) -> None:
 
 
 def _replaceable(out: Path, where: Path) -> None:
-    """An existing folder may be replaced when it is empty or a simtune export: one line naming
-    it (and what makes it not one) otherwise."""
+    """An existing folder may be replaced when it is empty or a simtune export holding only
+    what that export wrote (its simtune.json's `files`, at every depth): one line naming it and
+    the first thing it holds beyond that otherwise. An export written before `files` is not
+    replaced: what it wrote is unknown."""
     entries = sorted(p.name for p in where.iterdir())
     if not entries:
         return
-    foreign = [name for name in entries
-               if name not in _EXPORT_FILES and not _MODULE.fullmatch(name)]
-    if foreign:
-        more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
-        raise UserError(f"{out}: holds {echo(foreign[0])}{more}, which no simtune export holds: "
-                        "not replaced (export to a new or empty folder, or move it away)")
-    config = where / "simtune.json"
+    config_path = where / "simtune.json"
     try:
-        model_files.read(config, model_files.ExportConfig)
+        config = model_files.read(config_path, model_files.ExportConfig)
     except UserError as e:
-        raise UserError(f"{out}: not a simtune export (its simtune.json: {e}): not replaced "
-                        "(export to a new or empty folder, or move it away)") from None
+        config, error = None, e
+    if config is None or config.files is None:  # a user's folder, or an older export
+        foreign = [name for name in entries
+                   if name not in _EXPORT_FILES and not _MODULE.fullmatch(name)]
+        if foreign:
+            raise UserError(f"{out}: holds {_first(foreign)}, which no simtune export holds: "
+                            f"not replaced ({_AWAY})")
+        if config is None:
+            raise UserError(f"{out}: not a simtune export (its simtune.json: {error}): not "
+                            f"replaced ({_AWAY})")
+        raise UserError(f"{out}: an export written before simtune recorded the files it writes "
+                        "(its simtune.json has no `files`), so what it holds beyond them is "
+                        "unknown: not replaced (export to a new folder, or delete this one "
+                        "yourself)")
+    foreign = _unrecorded(where, set(config.files))
+    if foreign:
+        raise UserError(f"{out}: holds {_first(foreign)}, which the export there did not write "
+                        f"(not in its simtune.json's files): not replaced ({_AWAY})")
+
+
+_AWAY = "export to a new or empty folder, or move it away"
+
+
+def _first(names: list[str]) -> str:
+    more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+    return f"{echo(names[0])}{more}"
+
+
+def _unrecorded(where: Path, recorded: set[str]) -> list[str]:
+    """Paths under `where` (sorted; relative, posix) that `recorded` does not list: a file or a
+    link (never followed), or an empty folder (named with a trailing "/"); a folder that holds
+    anything is named by what it holds."""
+    found = []
+    for root, dirs, files in os.walk(where):  # links to folders are listed, not followed
+        for name in (*dirs, *files):
+            path = Path(root) / name
+            rel = path.relative_to(where).as_posix()
+            if path.is_dir() and not path.is_symlink():
+                if f"{rel}/" not in recorded and not any(path.iterdir()):
+                    found.append(f"{rel}/")
+            elif rel not in recorded or path.is_symlink():  # the export writes no link
+                found.append(rel)
+    return sorted(found)

@@ -31,12 +31,18 @@ LOSS_KEYS = {"supcon": ("temperature",), "triplet": ("margin", "mining"),
              "contrastive": ("margin",), "arcface": ("margin", "scale"),
              "mnrl": ("scale", "symmetric")}
 # min_steps and min_batch: with batch_size, what a small set's batch became (`examples.batch_for`)
-MODE_KEYS = {"head": ("lr", "batch_size", "min_steps", "min_batch", "max_epochs", "patience"),
-             "top_layers": ("encoder.top_layers", "encoder.lr", "encoder.head_lr",
-                            "encoder.batch_size", "min_steps", "min_batch",
-                            "encoder.max_epochs", "encoder.patience"),
-             "full": ("encoder.lr", "encoder.head_lr", "encoder.batch_size", "min_steps",
-                      "min_batch", "encoder.max_epochs", "encoder.patience")}
+# each mode's own schedule section (`train.schedule.<mode>`), the one in force
+MODE_KEYS = {"head": ("schedule.head.lr", "schedule.head.batch_size", "min_steps", "min_batch",
+                      "schedule.head.max_epochs", "schedule.head.patience"),
+             "top_layers": ("schedule.top_layers.layers", "schedule.top_layers.lr",
+                            "schedule.top_layers.head_lr", "schedule.top_layers.batch_size",
+                            "min_steps", "min_batch", "schedule.top_layers.max_epochs",
+                            "schedule.top_layers.patience"),
+             "full": ("schedule.full.lr", "schedule.full.head_lr", "schedule.full.batch_size",
+                      "min_steps", "min_batch", "schedule.full.max_epochs",
+                      "schedule.full.patience")}
+# a head folder saved at identity (`simtune.export.stage.kept_frozen`): what the model is
+FROZEN = "the frozen encoder (no trained epoch beat it on validation)"
 MODES = {"head": "encoder frozen; the head trained on cached embeddings",
          "top_layers": "the encoder's top layers and the head trained (lower layers frozen)",
          "full": "the whole encoder fine-tuned with the head"}
@@ -128,7 +134,7 @@ def _dataset(p: Params | None, kind: str) -> str:
 KINDS = {"groups": "groups: texts with the same label are similar",
          "pairs": "pairs: each query with the documents relevant to it",
          "texts": "texts without labels"}
-BATCH_KEYS = ("train.batch_size", "train.encoder.batch_size")
+BATCH_KEYS = tuple(f"train.schedule.{m}.batch_size" for m in ("head", "top_layers", "full"))
 
 
 def in_force(params: list[tuple[str, Any]], report: dict[str, Any] | None
@@ -159,11 +165,12 @@ def in_force(params: list[tuple[str, Any]], report: dict[str, Any] | None
 
 
 def _front_matter(meta: dict[str, Any], head: dict[str, Any], title: str, dataset: str,
-                  metrics: dict[str, Any] | None) -> dict[str, Any]:
+                  metrics: dict[str, Any] | None, frozen: bool) -> dict[str, Any]:
+    kind = "frozen-encoder" if frozen else f"{head['type']}-head"  # frozen: no head kept
     front: dict[str, Any] = {
         "library_name": "sentence-transformers", "pipeline_tag": "sentence-similarity",
         "tags": ["sentence-transformers", "sentence-similarity", "feature-extraction",
-                 "simtune", f"{head['type']}-head", f"{meta['mode']}-training"]}
+                 "simtune", kind, f"{meta['mode']}-training"]}
     if meta["encoder"]["model"] in HUB_IDS:
         front["base_model"] = HUB_IDS[meta["encoder"]["model"]]
     if metrics is not None:
@@ -210,26 +217,36 @@ def _verdict_lines(v: Any) -> list[str]:
 
 
 def render(meta: dict[str, Any], head: dict[str, Any], plain: bool, modules: list[str],
-           inputs: CardInputs) -> str:
+           inputs: CardInputs, frozen: bool = False) -> str:
     """The card's text. `meta`: the head's `training.json`; `head`: its `config.json`;
     `plain`: True when plain `SentenceTransformer(dir)` loads it; `modules`: the
-    sentence-transformers module names of `modules.json`, in order."""
+    sentence-transformers module names of `modules.json`, in order; `frozen`: the head was
+    saved at identity (no trained epoch beat the frozen encoder): the card says the model is
+    the frozen encoder, never a trained head."""
     p, report, metrics = inputs.params, inputs.data_report, inputs.metrics
     enc = meta["encoder"]
     name = meta["query_encoder"]
-    title = f"simtune {name} + {head['type']} head"
+    title = f"simtune {name}: {FROZEN}" if frozen else f"simtune {name} + {head['type']} head"
     dataset = _dataset(p, meta["kind"])
-    front = _front_matter(meta, head, title, dataset, metrics)
+    front = _front_matter(meta, head, title, dataset, metrics, frozen)
     hub = f" ({HUB_IDS[enc['model']]})" if enc["model"] in HUB_IDS else ""
     head_desc = head["type"] + (f" (expansion {head['expansion']}, dropout {head['dropout']})"
                                 if head["type"] == "mlp" else "")
+    mode = f"{meta['mode']}: {MODES[meta['mode']]}"
+    if frozen:
+        head_desc = f"none: {FROZEN}; no epoch of the trained `{head['type']}` head was kept"
+        mode = f"{meta['mode']}: encoder frozen; a head trained on cached embeddings, none kept"
     output = ("unit vectors (compare by cosine or dot product)" if meta.get("normalize_output")
               else "unnormalised vectors")
+    about = (f"This is {FROZEN}, exported with simtune: simtune trained a `{head['type']}` "
+             "head on it, and no trained epoch ranked the validation queries better than the "
+             f"encoder alone, so it gives the encoder's own {head['dim']}-dimensional {output}."
+             if frozen else f"A sentence-transformers model trained with simtune: "
+             f"{head['dim']}-dimensional {output}.")
     load = ('SentenceTransformer("path/to/export")' if plain else
             'SentenceTransformer("path/to/export", trust_remote_code=True)  # head: simtune code')
     lines = ["---", yaml.safe_dump(front, sort_keys=False).rstrip(), "---", "", f"# {title}", "",
-             f"A sentence-transformers model trained with simtune: {head['dim']}-dimensional "
-             f"{output}.", "", "## Usage", "", "```python",
+             about, "", "## Usage", "", "```python",
              "from sentence_transformers import SentenceTransformer", "",
              f"model = {load}", 'vectors = model.encode(["how far is the moon ?"])', "```", "",
              "or `simtune.load_model(\"path/to/export\").encode([...])` (the same vectors).", "",
@@ -238,7 +255,7 @@ def render(meta: dict[str, Any], head: dict[str, Any], plain: bool, modules: lis
              f"| pooling | {enc['pooling']}{', L2-normalised' if enc['normalize'] else ''}, "
              f"max {enc['max_length']} tokens |",
              f"| head | {head_desc} |",
-             f"| training mode | {meta['mode']}: {MODES[meta['mode']]} |",
+             f"| training mode | {mode} |",
              f"| modules | {' -> '.join(modules)} |", ""]
     if not plain:
         lines += ["The head has no plain sentence-transformers form: loading it needs "

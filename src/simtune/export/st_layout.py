@@ -2,7 +2,8 @@
 
 `SentenceTransformer(export_dir)` reads `modules.json`: `Transformer` (`encoder/`) -> `Pooling`
 (`1_Pooling/`, with `include_prompt` when prompts are set) -> `Normalize` when the encoder
-normalises -> the head -> `Normalize` when `normalize_output`; the encoder's prompts are
+normalises -> the head -> `Normalize` when `normalize_output` (not twice in a row: a head at
+identity, the frozen encoder kept, is no module); the encoder's prompts are
 `config_sentence_transformers.json`'s `prompts` (`query`, `document`; `query` the default).
 Every simtune head is affine or a residual MLP, so each is written as sentence-transformers'
 own `Dense` modules: no code of ours runs, no `trust_remote_code`.
@@ -152,10 +153,14 @@ def write(root: Path, spec: dict[str, Any], head: heads.Head, normalize_output: 
         pool_config["include_prompt"] = bool(prompts["include_prompt"])
     write_json(pooling / "config.json", pool_config)
     chain = dense_chain(head)
+    # the output's Normalize right after the encoder's (no head module: the frozen encoder
+    # kept) would normalise unit vectors again: the same vectors (to float rounding), written
+    # once
+    last_normalize = normalize_output and not (chain == [] and spec["normalize"])
     if towers:  # the Router is the folder itself: both towers (`query_side.write_towers`)
         from simtune.export.query_side import write_towers
 
-        write_towers(root, chain, spec["normalize"], normalize_output, _write_dense)
+        write_towers(root, chain, spec["normalize"], last_normalize, _write_dense)
     else:
         add(ST + "Pooling", "1_Pooling")
         if spec["normalize"]:
@@ -164,13 +169,13 @@ def write(root: Path, spec: dict[str, Any], head: heads.Head, normalize_output: 
             from simtune.export.query_side import write_router
 
             write_router(add(ST + "Router", f"{len(modules)}_Router"), chain,
-                         normalize_output, _write_dense)
+                         last_normalize, _write_dense)
         else:
             if chain is None:
                 add("simtune.st_module.HeadModule", "head")
             for dense in chain or []:
                 _write_dense(add(ST + "Dense", f"{len(modules)}_Dense"), dense)
-            if normalize_output:
+            if last_normalize:
                 add(ST + "Normalize", f"{len(modules)}_Normalize").mkdir()
     write_json(root / "modules.json", modules)
     config: dict[str, Any] = {"model_type": "SentenceTransformer", "prompts": {},

@@ -14,7 +14,7 @@ from simtune.atomic import atomic_dir, write_json
 from simtune.encoders import model_dir
 from simtune.export import st_layout
 from simtune.export.destination import destination
-from simtune.export.model_card import CardInputs, render
+from simtune.export.model_card import FROZEN, CardInputs, render
 from simtune.model import (
     FORMAT_VERSION,
     _trained_as,
@@ -22,7 +22,7 @@ from simtune.model import (
     trained_encoder,
     training_meta,
 )
-from simtune.params import resolve_loss
+from simtune.params import effective, resolve_loss
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +50,12 @@ def export(head_dir: Path, out: Path, card: CardInputs | None = None,
     model_files.contained(head_dir)  # the copy below follows links: none may leave the folder
     if card.params is not None and meta.kind is not None:  # the loss that ran (`auto` resolved)
         p = card.params
-        train = resolve_loss(p.train, meta.kind, f"the data {head_dir} was trained on")
+        train = resolve_loss(effective(p.train, meta.mode, "as trained (training.json)"),
+                             meta.kind, f"the data {head_dir} was trained on")
         card = replace(card, params=p.model_copy(update={"train": train}))
     name, normalize_output = _trained_as(meta)
     head = heads.load(head_dir)
+    frozen_kept = kept_frozen(head, head_dir)
     if encoder is None and card.params is not None:
         encoder = card.params.encoders.models[card.params.encoders.query].model
     source = model_dir("encoder", meta.encoder.model_copy(
@@ -75,28 +77,49 @@ def export(head_dir: Path, out: Path, card: CardInputs | None = None,
         spec = {**meta.encoder.model_dump(), "model": "encoder"}
         shutil.copytree(head_dir, tmp / "head", ignore=shutil.ignore_patterns("encoder"))
         plain = st_layout.write(tmp, spec, head, normalize_output, similarity, meta.head_side)
+        modules = [m["type"].rsplit(".", 1)[-1]
+                   for m in json.loads((tmp / "modules.json").read_text())]
+        (tmp / "README.md").write_text(render(meta.model_dump(), head.config, plain, modules, card,
+                                              frozen=frozen_kept), encoding="utf-8")
         write_json(tmp / "simtune.json", {
             "format_version": FORMAT_VERSION, "encoder_name": name, "encoder": spec,
             "head": "head", "normalize_output": normalize_output,
             "sentence_transformers": "plain" if plain else "trust_remote_code",
-            # both copies of the head, checked whenever simtune reads the export back
+            # every file that decides how sentence-transformers computes a vector (the head's
+            # two copies, modules.json, the module configs), checked whenever simtune reads
+            # the export back
             "sha256": {rel: st_files.sha256_file(tmp / rel)
-                       for rel in st_files.head_copies(tmp)},
+                       for rel in st_files.decisive_files(tmp)},
+            # what a later export may replace (`destination`): this list and nothing else
+            "files": _written(tmp, "simtune.json"),
             **({"head_side": meta.head_side} if meta.head_side != "both" else {}),
             **({"document_encoder": "document_encoder"} if frozen is not None else {})})
-        modules = [m["type"].rsplit(".", 1)[-1]
-                   for m in json.loads((tmp / "modules.json").read_text())]
-        (tmp / "README.md").write_text(render(meta.model_dump(), head.config, plain, modules, card),
-                                       encoding="utf-8")
+    what = f"{FROZEN}:" if frozen_kept else f"head '{head.config['type']}' as"
     if plain:
-        log.info("exported %s: loads with plain SentenceTransformer(%r) (head '%s' as %s)", out,
-                 str(out), head.config["type"], " -> ".join(modules))
+        log.info("exported %s: loads with plain SentenceTransformer(%r) (%s %s)", out,
+                 str(out), what, " -> ".join(modules))
     else:
         log.warning("exported %s: head '%s' has no plain sentence-transformers form; "
                     "SentenceTransformer(%r, trust_remote_code=True) loads it (simtune installed)",
                     out, head.config["type"], str(out))
     return plain
 
+
+
+def kept_frozen(head: heads.Head, head_dir: Path) -> bool:
+    """Whether a trained head folder is the frozen encoder itself: train saves the head at its
+    identity state when no trained epoch beat epoch 0 on validation (reports/train.json
+    `selected: frozen`), and in head mode (no fine-tuned `encoder/` beside it) that is the
+    whole model. An `identity` head type trains nothing: no selection to report."""
+    return (head.config["type"] != "identity" and not (head_dir / "encoder").is_dir()
+            and head.at_identity())
+
+
+def _written(root: Path, *more: str) -> list[str]:
+    """Every path under `root` (relative, posix; folders end in "/") and `more`, sorted."""
+    paths = [p.relative_to(root).as_posix() + ("/" if p.is_dir() else "")
+             for p in root.rglob("*")]
+    return sorted({*paths, *more})
 
 
 def _copy_tree(src: Path, dest: Path) -> None:
