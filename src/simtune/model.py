@@ -10,10 +10,12 @@ Export directory layout (`simtune export`), format version 3:
   arcface), so the output is L2-normalised: unit vectors, the same cosine ranking. `prompts`
   (null: none) are also in `config_sentence_transformers.json`, so `encode_query` /
   `encode_document` of sentence-transformers put the same prompts before the texts. `sha256`
-  (path -> sha256) covers every file of the head's two copies (`head/` and the `Dense` module
-  folders; `simtune.st_files.head_copies`), checked on every load (exports written before
-  it have none). Read through `simtune.model_files.ExportConfig`; its paths must stay inside
-  the folder.
+  (path -> sha256) covers every file that decides how sentence-transformers computes a vector
+  (the head's two copies, `head/` and the `Dense` modules, `modules.json` and each module's
+  config; `simtune.st_files.decisive_files`), checked on every load (exports written before
+  `files` hashed the head's copies only, older ones nothing). `files` lists every path the
+  export wrote: a re-export replaces those only. Read through `simtune.model_files.ExportConfig`;
+  its paths must stay inside the folder.
 - `encoder/` — the Hugging Face model files (hard-linked where possible), the bundled `minilm`
   included, plus sentence-transformers' `sentence_bert_config.json` (`max_seq_length`).
 - `head/` — `model.safetensors` + `config.json` (see `simtune.heads`): what `load_model` reads.
