@@ -69,6 +69,8 @@ class TrainingMeta(_File):
     # hashed), checked by evaluate and search against the cache's; heads before: None
     encoder_description: dict[str, Any] | None = None
     head_side: Literal["both", "query"] = "both"  # query: documents keep the frozen vectors
+    # why this mode ran (`train.mode: auto`'s estimate, or the mode set); heads before: None
+    mode_reason: str | None = None
 
 
 class ExportConfig(_File):

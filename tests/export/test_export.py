@@ -208,9 +208,9 @@ def test_the_stage_writes_a_model_card_with_the_evaluated_metrics(tiny_bert: Pat
     # train.min_batch 32 (the train stage's `examples.batch_for`: steps of 32 and 8)
     assert ("## Data\n\nTREC question classification (fine labels, 50 classes); groups: texts "
             "with the same label are similar. 80 distinct texts;") in card
-    assert ("| `train.batch_size` | 32 (params.yaml 1024: 2 steps an epoch over 40 training "
-            "examples; train.min_steps 4, min_batch 32) |") in card
-    assert "-S train.batch_size=1024" in card  # the reproduction repeats params.yaml
+    assert ("| `train.schedule.head.batch_size` | 32 (params.yaml 1024: 2 steps an epoch over "
+            "40 training examples; train.min_steps 4, min_batch 32) |") in card
+    assert "-S train.schedule.head.batch_size=1024" in card  # the reproduction repeats params.yaml
     assert "| `train.head.type` | skip_connection |" in card
     # params.yaml's `auto` on the head's groups data: the card names the loss that ran
     assert P.load(params_file).train.loss.name == "auto"
@@ -302,8 +302,9 @@ def test_the_card_shows_the_batch_each_size_of_data_trained_with() -> None:
     from simtune.export.model_card import in_force
 
     def shown(n: int, steps: int = 2) -> str:
-        keys = [("train.batch_size", 1024), ("train.min_steps", steps), ("train.min_batch", 32)]
-        return dict(in_force(keys, {"examples": {"train": n}}))["train.batch_size"]
+        keys = [("train.schedule.head.batch_size", 1024), ("train.min_steps", steps),
+                ("train.min_batch", 32)]
+        return dict(in_force(keys, {"examples": {"train": n}}))["train.schedule.head.batch_size"]
 
     assert shown(20) == "20 (params.yaml 1024: one batch of all 20 training examples)"
     assert shown(300) == ("150 (params.yaml 1024: 2 steps an epoch over 300 training "

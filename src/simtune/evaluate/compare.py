@@ -20,14 +20,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 # the metrics shown, in order; the first two always, the rest while the table fits the width
-METRICS = ("trained.p@1", "trained.mrr@10", "kept_epoch", "train_s")
+# (`mode`: the mode that trained, `train.mode: auto` resolved; its schedule is the row's
+# `train.schedule.<mode>` params)
+METRICS = ("trained.p@1", "trained.mrr@10", "mode", "kept_epoch", "train_s")
 ALWAYS = 2
 GAP = "  "
 MIN_CELL = 8  # a param column is cut to no fewer characters (then `…`)
 # the shown metrics by the DVC metrics file that holds them (reports/metrics.json: evaluate's
 # headline; reports/train_metrics.json: train's kept epoch and seconds): a row's metrics file is
 # its own or the parent's as a whole
-METRIC_FILES = (("trained.p@1", "trained.mrr@10"), ("kept_epoch", "train_s"))
+METRIC_FILES = (("trained.p@1", "trained.mrr@10"), ("mode", "kept_epoch", "train_s"))
 # DVC's `State` of an experiment (its executor's: `dvc queue status`) -> the word shown; a row
 # without one (a commit, an experiment read from its git ref) ran to the end
 STATES = {"success": "done", "failed": "failed", "running": "running", "queued": "queued"}

@@ -233,6 +233,8 @@ def render(meta: dict[str, Any], head: dict[str, Any], plain: bool, modules: lis
     head_desc = head["type"] + (f" (expansion {head['expansion']}, dropout {head['dropout']})"
                                 if head["type"] == "mlp" else "")
     mode = f"{meta['mode']}: {MODES[meta['mode']]}"
+    if meta.get("mode_reason"):  # train.mode auto: what chose it
+        mode += f" ({meta['mode_reason']})"
     if frozen:
         head_desc = f"none: {FROZEN}; no epoch of the trained `{head['type']}` head was kept"
         mode = f"{meta['mode']}: encoder frozen; a head trained on cached embeddings, none kept"

@@ -289,9 +289,12 @@ def log_selection(result: dict[str, Any], monitor: str) -> None:
 
 
 def headline(result: dict[str, Any]) -> dict[str, Any]:
-    """The DVC metrics of a training report: the kept epoch and the seconds of `trainer.fit`
-    (the validation detail, the time split and the throughput stay in the full report)."""
-    return {"kept_epoch": result["best_epoch"], "train_s": result["seconds"]["total"]}
+    """The DVC metrics of a training report: the mode that trained (`train.mode: auto`
+    resolved, so `simtune compare` and `dvc exp show` show it), the kept epoch and the seconds
+    of `trainer.fit` (the validation detail, the time split and the throughput stay in the full
+    report)."""
+    return {"mode": result["mode"], "kept_epoch": result["best_epoch"],
+            "train_s": result["seconds"]["total"]}
 
 
 def save(module: SimilarityModule, loop: EpochLoop, p: Params, out: Path) -> None:
