@@ -641,15 +641,16 @@ class TrainParams(Section):
     auto: AutoParams
     head: HeadParams
     loss: LossParams
-    m_per_label: int = Field(ge=0, description="groups: m examples of each label per batch "
-                             "(0: plain shuffling)")
-    weight_decay: Number = Field(ge=0, description="AdamW weight decay")
-    min_steps: int = Field(ge=0, description="optimizer steps an epoch gets at least: the batch "
-                           "(the mode's `train.schedule.<mode>.batch_size`) shrinks to training "
-                           "examples // min_steps, not below `min_batch` (the train log says "
+    m_per_label: int = Field(ge=0, le=2**20, description="groups: m examples of each label "
+                             "per batch (0: plain shuffling)")
+    weight_decay: Number = Field(ge=0, le=10, description="AdamW weight decay")
+    min_steps: int = Field(ge=0, le=100_000, description="optimizer steps an epoch gets at "
+                           "least: the batch (the mode's `train.schedule.<mode>.batch_size`) "
+                           "shrinks to training examples // min_steps, not below `min_batch` "
+                           "(the train log says "
                            "which batch and why); 0: the batch as set")
-    min_batch: int = Field(gt=1, description="the smallest batch `min_steps` shrinks to (a "
-                           "batch must hold positives for the loss)")
+    min_batch: int = Field(gt=1, le=2**20, description="the smallest batch `min_steps` "
+                           "shrinks to (a batch must hold positives for the loss)")
     frozen_candidate: bool = Field(description="epoch 0, the frozen encoder (the head at "
                                          "identity, the untouched layers), competes with the "
                                          "trained epochs and is kept when none beats it on "
@@ -664,16 +665,17 @@ class TrainParams(Section):
         description="`32-true` (CPU default), `bf16-mixed` or `16-mixed` (GPU; loss scaler)"
     )
     accelerator: Literal["auto", "cpu", "gpu"] = Field(description="Lightning accelerator")
-    devices: int = Field(gt=0, description="processes (GPUs, or CPU processes) per node")
+    devices: int = Field(gt=0, le=4096, description="processes (GPUs, or CPU processes) per node")
     strategy: Literal["auto", "ddp", "ddp_spawn", "fsdp"] = Field(
         description="Lightning strategy: `ddp` (torchrun/SLURM/multi-GPU), `ddp_spawn`, `fsdp`"
     )
-    num_nodes: int = Field(gt=0, description="nodes for multi-node DDP")
-    num_workers: int = Field(ge=0, description="full mode: DataLoader workers that tokenise")
+    num_nodes: int = Field(gt=0, le=4096, description="nodes for multi-node DDP")
+    num_workers: int = Field(ge=0, le=256, description="full mode: DataLoader workers that "
+                             "tokenise")
     gradcache: GradCacheParams
-    hard_negatives: int = Field(ge=0, description="mnrl, head mode: mined negatives per query "
-                                "(from the negatives stage) added to the in-batch candidates; 0: "
-                                "off")
+    hard_negatives: int = Field(ge=0, le=1000, description="mnrl, head mode: mined negatives "
+                                "per query (from the negatives stage) added to the in-batch "
+                                "candidates; 0: off")
     schedule: Schedules
     lora: LoraParams
     _run: InForce | None = PrivateAttr(default=None)
