@@ -31,6 +31,12 @@ def export(
     from simtune import params as P
     from simtune.export import stage as lib
     from simtune.export.model_card import CardInputs, read_report
+    from simtune.static import is_static
 
+    if is_static(head):  # a static student (train.mode static): StaticEmbedding + Normalize
+        from simtune.export import static
+
+        static.export(head, out, static.figures(read_report(metrics)))
+        return
     card = CardInputs(P.load(params), read_report(data_report), read_report(metrics))
     lib.export(head, out, card)

@@ -457,6 +457,25 @@ class TopLayersSchedule(EncoderSchedule):
                         "(the states after the others are cached once)")
 
 
+class StaticSchedule(HeadSchedule):
+    """`train.schedule.static`: the static student's schedule and its own knobs (`train.mode:
+    static`, `simtune.train.static`): a token table (+ a linear map folded in at the end)
+    learns to give the teacher's vectors (`train.distill.teacher`, shared with distillation so
+    the cache stage fills its vectors alike). Validation is cheap: every metric every epoch
+    unless `val_every` says otherwise."""
+
+    lr: Number = Field(gt=0, le=10, description="Adam learning rate of the token table and "
+                       "the map")
+    label_weight: Number = Field(ge=0, le=1000, description="weight of SupCon on the training "
+                                 "labels (train.loss.temperature), added to the cosine to the "
+                                 "teacher's vectors (0: labels unused; unlabelled texts never "
+                                 "enter it)")
+    pca_dims: int = Field(ge=2, le=4096, description="the table's width before the map: "
+                          "model2vec's distill of the query encoder (its tokenizer, every token "
+                          "through it alone) is cut to this many principal components; the "
+                          "served table has the teacher's width (the map folded in)")
+
+
 class Schedules(Section):
     """`train.schedule`: each mode's own schedule; the one of the mode that runs is in force
     (`reports/train.json`, `simtune compare` and the model card show it)."""
@@ -464,6 +483,7 @@ class Schedules(Section):
     head: HeadSchedule
     top_layers: TopLayersSchedule
     full: EncoderSchedule
+    static: StaticSchedule
 
 
 class AutoParams(Section):
@@ -484,7 +504,7 @@ class InForce(Section):
     """The schedule a run trains with: the resolved mode and its `train.schedule` section,
     made once per stage by `in_force` (never read from params.yaml)."""
 
-    mode: Literal["head", "top_layers", "full"]
+    mode: Literal["head", "top_layers", "full", "static"]
     reason: str = Field(description="why this mode (`auto`: the estimate against train.auto)")
     lr: Number = Field(description="the head's (and loss parameters') learning rate")
     encoder_lr: Number | None = Field(description="the trainable encoder layers' (None: head)")
@@ -493,19 +513,24 @@ class InForce(Section):
     max_epochs: int
     patience: int
     val_every: int
+    label_weight: Number = Field(default=0.0, description="static: SupCon's weight")
+    pca_dims: int = Field(default=0, description="static: the table's width before the map")
 
     def shown(self) -> dict[str, Any]:
         """The settings as `train.*` keys, as a report, `compare` and a model card show
         them (the mode's own schedule section)."""
         base = f"train.schedule.{self.mode}"
         out: dict[str, Any] = {"train.mode": self.mode}
-        if self.mode != "head":
+        if self.mode not in ("head", "static"):
             out[f"{base}.lr"] = self.encoder_lr
             out[f"{base}.head_lr"] = self.lr
         else:
             out[f"{base}.lr"] = self.lr
         if self.mode == "top_layers":
             out[f"{base}.layers"] = self.layers
+        if self.mode == "static":
+            out[f"{base}.label_weight"] = self.label_weight
+            out[f"{base}.pca_dims"] = self.pca_dims
         out.update({f"{base}.{k}": getattr(self, k)
                     for k in ("batch_size", "max_epochs", "patience", "val_every")})
         return out
@@ -515,14 +540,16 @@ def in_force(t: TrainParams, mode: str | None = None, reason: str = "") -> InFor
     """The schedule of `mode` (default `t.mode`; `auto` must be resolved first, by
     `simtune.modes.choose`, and given here): its `train.schedule` section, one object."""
     mode = mode or t.mode
-    if mode not in ("head", "top_layers", "full"):
+    if mode not in ("head", "top_layers", "full", "static"):
         raise ValueError(f"train.mode {mode!r}: resolve it first (simtune.modes.choose)")
     s = getattr(t.schedule, mode)
     return InForce(mode=mode, reason=reason or f"train.mode: {mode}",
                    lr=getattr(s, "head_lr", s.lr),
-                   encoder_lr=None if mode == "head" else s.lr,
+                   encoder_lr=None if mode in ("head", "static") else s.lr,
                    layers=getattr(s, "layers", 0), batch_size=s.batch_size,
-                   max_epochs=s.max_epochs, patience=s.patience, val_every=s.val_every)
+                   max_epochs=s.max_epochs, patience=s.patience, val_every=s.val_every,
+                   label_weight=getattr(s, "label_weight", 0.0),
+                   pca_dims=getattr(s, "pca_dims", 0))
 
 
 def effective(t: TrainParams, mode: str | None = None, reason: str = "") -> TrainParams:
@@ -605,8 +632,9 @@ def resolve_loss(t: TrainParams, kind: str, data: str = "the prepared data") -> 
 
 def teacher_of(t: TrainParams) -> str | None:
     """The teacher encoder a run needs (its vectors filled, read and scored): the
-    `train.distill.teacher` of a distillation, None for `objective: similarity`."""
-    return t.distill.teacher if t.objective == "distill" else None
+    `train.distill.teacher` of a distillation or of a static student (`train.mode: static`),
+    None for `objective: similarity` in another mode."""
+    return t.distill.teacher if t.objective == "distill" or t.mode == "static" else None
 
 
 def check_unlabelled(t: TrainParams, unlabelled: int, data: str = "the prepared data") -> None:
@@ -631,12 +659,14 @@ class TrainParams(Section):
         description="`similarity`: the similarity loss `train.loss` on the labels or pairs; "
         "`distill`: match a teacher's cached vectors (`train.distill`; groups data)")
     distill: DistillParams
-    mode: Literal["auto", "head", "top_layers", "full"] = Field(
+    mode: Literal["auto", "head", "top_layers", "full", "static"] = Field(
         description="`auto`: the top layers where the data fits `train.auto`, the head beyond "
         "(the train log, reports/train.json and the model card say which and why); `head`: "
         "train the head on cached embeddings (fast); `top_layers`: train the encoder's top "
         "`train.schedule.top_layers.layers` layers (+ head) on cached lower-layer token "
-        "states; `full`: the whole encoder in the loop and trainable, no cache (the slow path)"
+        "states; `full`: the whole encoder in the loop and trainable, no cache (the slow path); "
+        "`static`: a token table student taught by `train.distill.teacher` (groups data; "
+        "`train.schedule.static`; served ~100x faster on a CPU; never chosen by auto)"
     )
     auto: AutoParams
     head: HeadParams
@@ -698,6 +728,12 @@ class TrainParams(Section):
         if self.objective == "distill" and self.distill.teacher is None:
             raise ValueError("distill.teacher: objective distill needs a teacher (a name in "
                              "encoders.models)")
+        if self.mode == "static" and self.distill.teacher is None:
+            raise ValueError("distill.teacher: train.mode static needs a teacher (a name in "
+                             "encoders.models, typically a simtune export)")
+        if self.mode == "static" and self.head.side != "both":
+            raise ValueError("head.side: query is not with train.mode static (the student "
+                             "embeds queries and documents alike); set both")
         if self.objective == "distill" and self.loss.matryoshka_dims:
             raise ValueError("loss.matryoshka_dims: not with objective distill (set [])")
         if self.m_per_label == 1:

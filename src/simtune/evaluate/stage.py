@@ -39,6 +39,7 @@ from simtune.prepare.prepared import load as load_prepared
 from simtune.retrieval import metrics, significance
 from simtune.retrieval.metrics import HEADLINE
 from simtune.retrieval.task import RetrievalTask, by_rows, retrieval_task
+from simtune.static import is_static
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +71,15 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, head_dir: Path, out: Pat
     """Evaluate trained vs baseline on the test split; write the headline metrics (`out`,
     returned), the Recall@k plot, the detail report (per test label, groups) and, given
     `run_files` (trained, baseline), both rankings as TREC run files."""
-    trained_on.check(head_dir, p.encoders)
-    head = heads.load(head_dir)
+    student = is_static(head_dir)  # a static student (train.mode static): a token table
+    if not student:  # its own tokenizer and table, from the text: no cached input to match
+        trained_on.check(head_dir, p.encoders)
     prepared = load_prepared(prepared_dir)
     q_table, d_table = open_pair(cache_dir, p.encoders, p.cache, prepared.kind, placed=False)
     data = examples.load(prepared.kind, prepared.examples, q_table, d_table)
     if len(data.splits["test"]) == 0:
         raise UserError(f"{prepared_dir}: the test split is empty")
+    head = heads.build("identity", data.dim, 1, 0.0) if student else heads.load(head_dir)
     if head.config["dim"] != data.dim:
         raise UserError(f"{head_dir}: head expects {head.config['dim']}-d vectors, the cache "
                         f"holds {data.dim}-d (encoder changed since training? rerun train)")

@@ -65,12 +65,16 @@ def trained(data: Data, head: heads.Head, head_dir: Path, p: Params,
              prepared_dir: Path, cache: tuple[Path, Any, Any]) -> Vectors:
     """(rows, role) -> the trained model's vectors: the head over the cached vectors (head
     mode), the trained top layers over the cached states (`top_layers`), or the fine-tuned
-    encoder from the text (full mode). `cache`: (cache dir, query view, document view)."""
-    if not (head_dir / "encoder").is_dir():
+    encoder from the text (full mode), or a static student's table from the text
+    (`train.mode: static`). `cache`: (cache dir, query view, document view)."""
+    from simtune.static import is_static
+
+    student = is_static(head_dir)
+    if not (head_dir / "encoder").is_dir() and not student:
         return cached(data, head)
     from simtune.model import training_meta
 
-    if training_meta(head_dir).mode == "top_layers":
+    if not student and training_meta(head_dir).mode == "top_layers":
         return top_layers(head, head_dir, p, prepared_dir, cache)
     # top_layers and full modes: the fine-tuned encoder (saved with the head) embeds the test
     # texts (a query tower: the queries; `run` ranks them against the frozen cached corpus)

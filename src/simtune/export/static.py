@@ -8,13 +8,19 @@ from pathlib import Path
 from typing import Any
 
 from simtune import static
+from simtune.errors import UserError, echo
+
+# what a static export holds at its top (`simtune.static.write` and the card): an existing
+# folder holding these alone, with a static simtune.json, is an earlier export and replaced
+_STATIC_FILES = {"simtune.json", "modules.json", "config_sentence_transformers.json",
+                 "README.md", static.TABLE, static.NORMALIZE}
 
 
 def card(teacher: str | None, figures: dict[str, Any]) -> str:
     """The model card (Markdown) of a static student: `figures` may hold `p@1`, `teacher_p@1`,
     `frozen_p@1` (test P@1 of the student, its teacher and the frozen encoder), `share` (the
     student's P@1 gain over the frozen encoder as a share of the teacher's), `speed_x` (encode
-    speed against the frozen encoder, one thread), `dim`, `vocab`."""
+    speed against the frozen encoder's), `dim`, `vocab`."""
     def fig(key: str, fmt: str = "{:.3f}") -> str:
         value = figures.get(key)
         return "not measured" if value is None else fmt.format(value)
@@ -31,15 +37,55 @@ def card(teacher: str | None, figures: dict[str, Any]) -> str:
         f"- test P@1: {fig('p@1')} (teacher {fig('teacher_p@1')}, frozen encoder "
         f"{fig('frozen_p@1')})",
         f"- share of the teacher's lift over the frozen encoder: {fig('share', '{:.0%}')}",
-        f"- encode speed, one thread: {fig('speed_x', '{:.0f}x')} the frozen encoder's", "",
+        f"- encode speed: {fig('speed_x', '{:.0f}x')} the frozen encoder's (texts/s on the "
+        "test texts, evaluate's measure)", "",
         "```python", "from sentence_transformers import SentenceTransformer",
         "model = SentenceTransformer(\"path/to/this/folder\")",
         "vectors = model.encode([\"a text\", \"another\"])", "```", ""])
 
 
+def figures(report: dict[str, Any] | None) -> dict[str, Any]:
+    """The card's figures (`card`) from evaluate's report (reports/evaluate.json; None: none):
+    test P@1 of the student, the frozen encoder and the teacher, the share of the teacher's
+    P@1 lift (`distill.recovered`) and the encode speed over the frozen encoder's (the
+    evaluate stage's `distill.speed`: every thread of `cache.device`)."""
+    if not report:
+        return {}
+    d = report.get("distill") or {}
+    out = {"p@1": report.get("trained", {}).get("p@1"),
+           "frozen_p@1": report.get("baseline", {}).get("p@1"),
+           "teacher_p@1": d.get("teacher", {}).get("p@1"),
+           "share": (d.get("recovered") or {}).get("p@1")}
+    rate = (d.get("speed") or {}).get("texts_per_s") or {}
+    if rate.get("trained") and rate.get("baseline"):
+        out["speed_x"] = rate["trained"] / rate["baseline"]
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _check_destination(model_dir: Path, out: Path) -> None:
+    """`out` must be new, empty or an earlier static export (`_STATIC_FILES` alone, a static
+    simtune.json), and neither the input folder nor inside or around it: one line otherwise,
+    before any work (the export replaces the folder whole)."""
+    where, source = Path(out).resolve(), Path(model_dir).resolve()
+    if where == source or where.is_relative_to(source) or source.is_relative_to(where):
+        raise UserError(f"{out}: is, holds or lies inside the export's own input {source}; "
+                        "export to another folder")
+    if where.exists() and not where.is_dir():
+        raise UserError(f"{out}: not a folder; export to a folder")
+    if not where.is_dir() or not any(where.iterdir()):
+        return
+    foreign = sorted(e.name for e in where.iterdir() if e.name not in _STATIC_FILES)
+    if foreign or not static.is_static(where):
+        what = echo(foreign[0]) if foreign else "a simtune.json of no static export"
+        raise UserError(f"{out}: holds {what}, which no static export holds: not replaced "
+                        "(export to a new or empty folder, or move it away)")
+
+
 def export(model_dir: Path, out: Path, figures: dict[str, Any] | None = None) -> Path:
-    """Write the export `out` of the static model folder `model_dir` (the train stage's
-    output, read through `simtune.static.load`: its hashes checked) with the model card."""
+    """Write the export `out` (new, empty or an earlier static export) of the static model
+    folder `model_dir` (the train stage's output, read through `simtune.static.load`: its
+    hashes checked) with the model card."""
+    _check_destination(model_dir, out)
     encoder, config = static.load(Path(model_dir))
     figures = {"dim": encoder.dim, "vocab": int(encoder.weight.shape[0]), **(figures or {})}
     text = card(config.teacher, figures).encode()

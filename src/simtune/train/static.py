@@ -101,8 +101,9 @@ def least_squares_map(student: StaticStudent, tokens: Tokens, teacher: torch.Ten
     """(d, D) W minimising ||M W - T||^2 + ridge ||W||^2 over the rows: M the table's means of
     the texts (unit rows), T the teacher's unit vectors: the map epoch 0 starts from."""
     with torch.no_grad():
-        means = F.normalize(F.embedding_bag(*tokens.batch(torch.arange(len(tokens))),
-                                            student.table, mode="mean").double(), dim=1)
+        ids, offsets = tokens.batch(torch.arange(len(tokens)))
+        means = F.normalize(F.embedding_bag(ids, student.table, offsets, mode="mean").double(),
+                            dim=1)
         target = F.normalize(teacher.double(), dim=1)
         gram = means.T @ means + ridge * len(means) * torch.eye(means.shape[1],
                                                                  dtype=torch.float64)
