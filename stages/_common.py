@@ -4,6 +4,7 @@ path, and turning user mistakes into one line."""
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import sys
@@ -50,19 +51,76 @@ def dir_option(default: str, help: str) -> Any:
     return typer.Option(Path(default), help=help, file_okay=False)
 
 
+PARAMS_FILE = "params.yaml"  # DVC's default params file, the one dvc.yaml's stages list
+
+
+def _yaml(name: str) -> Any:
+    """A file of the stage's folder as DVC parses it (ruamel's safe loader, YAML 1.2)."""
+    from ruamel.yaml import YAML
+
+    return YAML(typ="safe").load(Path(name).read_text(encoding="utf-8"))
+
+
+def _at(tree: Any, key: str) -> str:
+    """The value at dotted `key` as JSON (NaN equals NaN, absent is its own value)."""
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return "(absent)"
+        tree = tree[part]
+    return json.dumps(tree, sort_keys=True, default=str)
+
+
+def check_params_unchanged(when: str) -> None:
+    """`UserError` (one line) when a stage run by DVC (`$DVC_STAGE` names it; the folder
+    holds dvc.yaml and dvc.lock) finds a params.yaml key dvc.yaml lists for it other than DVC
+    recorded for the check stage in dvc.lock, which DVC writes as each stage ends.
+
+    Two `dvc exp run` in one workspace: the second writes its `-S` values into params.yaml
+    before DVC refuses it, and the first would train on them, record them and end on DVC's
+    own error. The record is DVC's, in the run's own folder (`--temp` and queued runs have
+    theirs), so it needs no output of its own: the check stage's bytes stay the same and a
+    valid edit still reruns only the stages whose params it touches. A stage run by hand, or
+    a folder without that record, is not compared; nor is anything DVC cannot parse (the
+    stage's own reading says what is wrong)."""
+    stage = os.environ.get("DVC_STAGE", "")
+    if not stage or stage == "check":
+        return
+    try:
+        declared = _yaml("dvc.yaml")["stages"][stage].get("params") or []
+        checked = _yaml("dvc.lock")["stages"]["check"]["params"][PARAMS_FILE]
+        now = _yaml(PARAMS_FILE)
+    except Exception:  # no record to compare with, or a file only the stage may report on
+        return
+    keys = [k for k in declared if isinstance(k, str)] + [
+        k for entry in declared if isinstance(entry, dict)
+        for k in entry.get(PARAMS_FILE) or []]
+    changed = [k for k in keys if _at(checked, k) != _at(now, k)]
+    if changed:
+        raise UserError(f"{PARAMS_FILE}'s {', '.join(changed)} changed {when} (another dvc exp "
+                        "run, or an edit, meanwhile?): refused, so DVC records no values this "
+                        "stage did not run on; run it again (dvc repro or dvc exp run)")
+
+
 def user_errors(fn: F) -> F:
     """Run a stage; a `UserError` becomes `error: <one line>` on stderr and exit status 1.
 
     So does an `OSError` about a path the user gave (permission denied, disk full, a file where
     a directory must be created): `error: <path>: <reason>`. Any other exception is a bug and
     keeps its traceback.
+
+    Run by DVC, a stage also refuses when its params changed since the check stage read them,
+    before it starts and again when it ends (`check_params_unchanged`).
     """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         setup_logging()
         try:
-            return fn(*args, **kwargs)
+            check_params_unchanged("since the check stage read it")
+            result = fn(*args, **kwargs)
+            stage = os.environ.get("DVC_STAGE", "")
+            check_params_unchanged(f"while the {stage} stage ran")
+            return result
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             raise typer.Exit(1) from None
