@@ -14,7 +14,6 @@ from simtune.train.module import SimilarityModule
 from tests.cache_helpers import cache_params, encoder_params, sentences
 from tests.conftest import repo_params
 
-
 SCHEDULE_KEYS = ("lr", "batch_size", "max_epochs", "patience", "val_every")
 
 
@@ -33,6 +32,17 @@ def train_raw(model: Path, data: Path, **train: Any) -> dict[str, Any]:
                                              "lr": 0.01, **schedule})
     raw["train"].update(train)
     raw["train"]["head"]["dropout"] = 0.0
+    return raw
+
+
+def set_schedule(raw: dict[str, Any], mode: str, lora: dict[str, Any] | None = None,
+                 **values: Any) -> dict[str, Any]:
+    """`raw` with `values` set in `train.schedule.<mode>` (e.g. `layers=1, lr=0.001` for
+    top_layers) and `lora`'s keys in `train.lora`; `train.mode` itself is left as it is.
+    Returns `raw` (changed in place)."""
+    raw["train"]["schedule"][mode].update(values)
+    if lora is not None:
+        raw["train"]["lora"].update(lora)
     return raw
 
 

@@ -39,7 +39,8 @@ def _chunked_project(root: Path, model: Path, mode: str = "full") -> tuple[Path,
     raw, params_file = project(root, model, n=48)  # 24 training texts: 3 steps of 8
     raw["encoders"]["models"]["tiny"].update(CHUNKS)
     raw["train"]["mode"] = mode
-    raw["train"]["encoder"].update(max_epochs=1, batch_size=8, top_layers=1)
+    raw["train"]["schedule"][mode].update(max_epochs=1, batch_size=8)
+    raw["train"]["schedule"]["top_layers"]["layers"] = 1
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     p = P.validate(raw)
     cache.fill(root / "prepared", root / "cache", p.encoders, p.cache,
@@ -73,7 +74,7 @@ def test_top_layers_pool_each_windows_top_to_the_frozen_encoders_vectors(
     model = dropout_free(tiny_bert, tmp_path / "bert")
     raw, _ = project(tmp_path, model, mode="top_layers")
     raw["encoders"]["models"]["tiny"].update(CHUNKS)
-    raw["train"]["encoder"]["top_layers"] = 1
+    raw["train"]["schedule"]["top_layers"]["layers"] = 1
     p = P.validate(raw)
     layer = layer_for(p.encoders, p.train)
     cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache, layer=layer)
@@ -114,7 +115,7 @@ def test_ddp_two_processes_over_windows_equal_one(tmp_path: Path, tiny_bert: Pat
     keeps together; one all-reduce per step) == 1 process, batch 16, no GradCache."""
     params_file, _ = _chunked_project(tmp_path, dropout_free(tiny_bert, tmp_path / "bert"))
     raw = yaml.safe_load(params_file.read_text())
-    raw["train"]["encoder"]["batch_size"] = 16
+    raw["train"]["schedule"]["full"]["batch_size"] = 16
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     trained_by_one_and_two_processes(tmp_path, params_file)
     one = load_file(str(tmp_path / "headone" / "model.safetensors"))

@@ -141,7 +141,7 @@ def test_the_train_stage_with_gradcache_steps_as_without(
     """The module's distill step (teacher rows gathered per batch, 48-d teacher projected onto
     the 32-d student for mse) with GradCache chunks of 3 == without, every step."""
     raw = distill_raw(tmp_path, tiny_bert, loss=loss, label_weight=0.5)
-    raw["train"]["max_epochs"] = 1
+    raw["train"]["schedule"]["head"]["max_epochs"] = 1
     fill(tmp_path, raw)
     steps = step_gradients(tmp_path, tmp_path / "params.yaml", monkeypatch)
     assert len(steps["plain"]) == len(steps["gc"]) == 3  # 20 training rows, batch 8
@@ -155,7 +155,7 @@ def test_head_mode_distillation_lowers_the_loss_and_saves_a_normalised_model(
     import logging
 
     raw = distill_raw(tmp_path, tiny_bert, n=80)
-    raw["train"].update(max_epochs=6, patience=6, lr=0.01)
+    raw["train"]["schedule"]["head"].update(max_epochs=6, patience=6, lr=0.01)
     fill(tmp_path, raw)
     p = P.load(tmp_path / "params.yaml")
     live = tmp_path / "live"
@@ -360,12 +360,13 @@ def test_probe_kl_over_batches_of_two_is_refused(tmp_path: Path, tiny_bert: Path
 
     raw = distill_raw(tmp_path, tiny_bert, loss="kl")
     head = mode == "head"  # the other mode's batch key at 8: the mode's own key is read
-    raw["train"].update(mode=mode, batch_size=2 if head else 8, max_epochs=1)
-    raw["train"]["encoder"].update(batch_size=8 if head else 2, max_epochs=1)
+    raw["train"]["mode"] = mode
+    raw["train"]["schedule"]["head"].update(batch_size=2 if head else 8, max_epochs=1)
+    raw["train"]["schedule"]["full"].update(batch_size=8 if head else 2, max_epochs=1)
     fill(tmp_path, raw)
     result = CliRunner().invoke(app, stage_args(tmp_path, tmp_path / "params.yaml"))
     assert result.exit_code != 0
-    key = "train.batch_size" if head else "train.encoder.batch_size"
+    key = f"train.schedule.{mode}.batch_size"
     assert result.output.strip().splitlines()[-1] == (
         f"error: {key}: 2 gives batches of 2 texts (of 20); train.distill.loss kl softmaxes "
         "each text's similarities over the batch's other texts, and over one other it is 1 "

@@ -28,7 +28,8 @@ def _encoder_project(root: Path, bert: Path, mode: str, loss: str) -> Path:
     """A distill project in `mode` (top_layers: the top 1 of 2 layers), one epoch, batch 8."""
     raw = distill_raw(root, dropout_free(bert, root / "bert"), loss=loss, label_weight=0.5)
     raw["train"]["mode"] = mode
-    raw["train"]["encoder"].update(max_epochs=1, batch_size=8, top_layers=1)
+    raw["train"]["schedule"][mode].update(max_epochs=1, batch_size=8)
+    raw["train"]["schedule"]["top_layers"]["layers"] = 1
     results = fill(root, raw)
     assert {r.view for r in results} >= {"tiny", "teacher"}
     return root / "params.yaml"
@@ -119,7 +120,7 @@ def test_ddp_two_processes_train_as_one(tmp_path: Path, tiny_bert: Path) -> None
 
     params_file = _encoder_project(tmp_path, tiny_bert, "full", "kl")
     raw = yaml.safe_load(params_file.read_text())
-    raw["train"]["encoder"]["batch_size"] = 16
+    raw["train"]["schedule"]["full"]["batch_size"] = 16
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     trained_by_one_and_two_processes(tmp_path, params_file)
     for part in ("model.safetensors", "encoder/model.safetensors"):

@@ -1,4 +1,4 @@
-"""Top-layers mode for every common architecture through one mechanism (`simtune.train.layers`):
+"""Top-layers mode for every common architecture through one mechanism (`simtune.layers`):
 each family's own layers from layer k, with its own masks and positions, give exactly the whole
 model's last hidden state; each trains one epoch and exports as an ordinary model of its family
 that plain sentence-transformers loads, giving the pipeline's vectors."""
@@ -15,18 +15,19 @@ import yaml
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+from simtune import layers
 from simtune import params as P
 from simtune.cache import stage as cache
 from simtune.cache.views import layer_for
 from simtune.encoders import FrozenEncoder
 from simtune.errors import UserError
 from simtune.prepare.prepared import text_id
-from simtune.train import layers, represent
+from simtune.train import represent
 from simtune.train.data import load_data
 from stages import app
 from tests.cache_helpers import sentences
 from tests.conftest import WORDS
-from tests.train_helpers import project, stage_args
+from tests.train_helpers import project, set_schedule, stage_args
 
 H, LAYERS, TOP = 32, 4, 2  # the cut: k = 2, so the top holds layers 2 and 3
 SIZES = {"hidden_size": H, "num_hidden_layers": LAYERS, "num_attention_heads": 2,
@@ -178,8 +179,8 @@ def _train_and_export(tmp_path: Path, model: Path, family: str, **encoder: objec
     sentence-transformers gives the pipeline's vectors; returns the changed weights' names."""
     raw, params_file = project(tmp_path, model, mode="top_layers")
     raw["train"]["frozen_candidate"] = False  # the trained layers are what is checked
-    raw["train"]["encoder"].update({"top_layers": TOP, "lr": 0.003, "head_lr": 0.01,
-                                    "batch_size": 8, "max_epochs": 1, "patience": 1, **encoder})
+    set_schedule(raw, "top_layers", layers=TOP, lr=0.003, head_lr=0.01, batch_size=8,
+                 max_epochs=1, patience=1, **encoder)
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     p = P.validate(raw)
     cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache,

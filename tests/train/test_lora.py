@@ -1,4 +1,4 @@
-"""LoRA (`train.encoder.lora`, through peft): off by default; the adapted model merged into plain
+"""LoRA (`train.lora`, through peft): off by default; the adapted model merged into plain
 weights equals the adapted model, for the cut top (top_layers) and the whole encoder (full);
 bad settings are one line naming the key. (GradCache and DDP with LoRA on: test_top_layers.py,
 test_train.py; training and export of a merged model: test_layers.py.)"""
@@ -14,11 +14,12 @@ import transformers
 import yaml
 from typer.testing import CliRunner
 
+from simtune import layers
 from simtune import params as P
 from simtune.cache import stage as cache
 from simtune.cache.views import layer_for
 from simtune.errors import UserError
-from simtune.train import layers, lora
+from simtune.train import lora
 from stages import app
 from tests.cache_helpers import sentences
 from tests.conftest import repo_params
@@ -37,7 +38,7 @@ def _trained(model: torch.nn.Module) -> None:
 
 
 def test_lora_is_off_by_default_and_then_changes_nothing(tiny_bert: Path) -> None:
-    off = P.validate(repo_params()).train.encoder.lora
+    off = P.validate(repo_params()).train.lora
     assert off.r == 0
     model = transformers.AutoModel.from_pretrained(tiny_bert)
     assert lora.adapt(model, off) is model and lora.merged(model) is model
@@ -88,19 +89,19 @@ def test_merged_encoder_equals_the_adapted_encoder_in_full_mode(tmp_path: Path,
 def test_bad_lora_settings_are_one_line_naming_the_key(tmp_path: Path, tiny_bert: Path
                                                        ) -> None:
     raw = repo_params()
-    raw["train"]["encoder"]["lora"]["target_modules"] = []
-    with pytest.raises(UserError, match=r"^params.yaml: train\.encoder\.lora: .*target_modules"):
+    raw["train"]["lora"]["target_modules"] = []
+    with pytest.raises(UserError, match=r"^params.yaml: train\.lora: .*target_modules"):
         P.validate(raw)
     raw, params_file = project(tmp_path, tiny_bert, mode="top_layers")
-    raw["train"]["encoder"].update(top_layers=1, max_epochs=1, batch_size=8, lora={
-        "r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj"]})
+    raw["train"]["schedule"]["top_layers"].update(layers=1, max_epochs=1, batch_size=8)
+    raw["train"]["lora"] = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj"]}
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     p = P.validate(raw)
     cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache,
                layer=layer_for(p.encoders, p.train))
     result = CliRunner().invoke(app, stage_args(tmp_path, params_file))
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert re.fullmatch(r"error: train\.encoder\.lora\.target_modules: \['q_proj'\]: no such "
+    assert re.fullmatch(r"error: train\.lora\.target_modules: \['q_proj'\]: no such "
                         r"linear modules in the trainable layers of a BertModel \(.*q_proj.*\)",
                         result.stderr.strip().splitlines()[-1]), result.output
 
@@ -113,7 +114,7 @@ def test_item9_lora_rank_above_the_layer_width_is_refused(tiny_bert: Path) -> No
     with pytest.raises(UserError) as e:
         lora.adapt(top, wide)
     assert str(e.value) == (
-        "train.encoder.lora.r: 33 is more than the width of the layers it adapts (hidden_size "
+        "train.lora.r: 33 is more than the width of the layers it adapts (hidden_size "
         "32): a rank above it adds no capacity, only compute; use at most 32 (LoRA's point is "
         "r much smaller)")
     adapted = lora.adapt(layers.top_model(tiny_bert, 1), ON.model_copy(update={"r": 32}))
@@ -129,11 +130,11 @@ def test_item9_lora_in_head_mode_is_said_to_be_ignored(tmp_path: Path, tiny_bert
 
     raw, _ = project(tmp_path, tiny_bert, n=24)
     for r, said in ((4, True), (0, False)):
-        raw["train"]["encoder"]["lora"]["r"] = r
+        raw["train"]["lora"]["r"] = r
         p = P.validate(raw)
         caplog.clear()
         check_trainable(load_data(p, tmp_path / "prepared", tmp_path / "cache"), p.train, 1)
         warned = [m for m in caplog.messages if "lora" in m]
-        assert warned == (["train.encoder.lora.r: 4 is ignored in head mode (no encoder layer "
+        assert warned == (["train.lora.r: 4 is ignored in head mode (no encoder layer "
                            "trains); LoRA applies in train.mode top_layers or full"]
                           if said else [])

@@ -15,16 +15,14 @@ from simtune.encoders import FrozenEncoder
 from simtune.prepare.prepared import text_id
 from simtune.train import represent
 from simtune.train.data import load_data
-from tests.cache.test_prompts import E5, _pairs
+from tests.cache.test_prompts import E5, ENCODER_SCHEDULE, _pairs
 from tests.cache_helpers import sentences
 
 
 @pytest.mark.parametrize("mode", ["top_layers", "full"])
 def test_each_role_gets_the_frozen_encoders_role_vectors(tmp_path: Path, tiny_bert: Path,
                                                          mode: str) -> None:
-    p = _pairs(tmp_path, tiny_bert, E5, mode=mode, encoder={
-        "top_layers": 1, "lr": 0.001, "head_lr": 0.01, "batch_size": 4, "max_epochs": 1,
-        "patience": 1, "val_every": 1})
+    p = _pairs(tmp_path, tiny_bert, E5, mode=mode, schedule=ENCODER_SCHEDULE)
     cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache,
                layer=layer_for(p.encoders, p.train))
     if mode == "top_layers":
@@ -67,7 +65,7 @@ def test_item4_groups_data_with_two_prompts_trains_on_its_one_view(
                             for i, t in enumerate(sentences(24))))
     raw = train_raw(tiny_bert, data, mode=mode)
     raw["encoders"]["models"]["tiny"]["prompts"] = E5
-    raw["train"]["encoder"].update(top_layers=1)
+    raw["train"]["schedule"]["top_layers"]["layers"] = 1
     p = P.validate(raw)
     write_prepared(prepare.build(p.prepare), tmp_path / "prepared", tmp_path / "prepare.json")
     cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache,

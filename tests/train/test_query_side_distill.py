@@ -57,7 +57,8 @@ def test_a_query_side_distillation_refuses_what_does_not_rank_frozen_documents(
 def test_a_query_side_head_distils_and_the_documents_stay_frozen(tmp_path: Path,
                                                                 tiny_bert: Path) -> None:
     raw = distill_raw(tmp_path, tiny_bert, n=80, loss="kl")
-    raw["train"].update(max_epochs=6, patience=6, lr=0.01, frozen_candidate=False)
+    raw["train"]["schedule"]["head"].update(max_epochs=6, patience=6, lr=0.01)
+    raw["train"]["frozen_candidate"] = False
     raw["train"]["head"].update(side="query", dropout=0.0)
     fill(tmp_path, raw)
     p = P.load(tmp_path / "params.yaml")

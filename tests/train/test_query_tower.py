@@ -39,8 +39,8 @@ def tower(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path) -> dict[str
     t = raw["train"]
     t["head"].update(side="query", dropout=0.0)
     t["frozen_candidate"] = False  # a trained epoch is kept: the tower differs from frozen
-    t["encoder"].update({"top_layers": 1, "lr": 0.01, "head_lr": 0.05, "batch_size": 16,
-                         "max_epochs": 3, "patience": 3})
+    t["schedule"]["top_layers"].update({"layers": 1, "lr": 0.01, "head_lr": 0.05,
+                                        "batch_size": 16, "max_epochs": 3, "patience": 3})
     write_params(params_file, raw)
     p = P.validate(raw)
     cache.fill(root / "prepared", root / "cache", p.encoders, p.cache,

@@ -176,14 +176,16 @@ def test_separation_of_groups_and_pairs() -> None:
 
 
 def test_the_default_params_give_a_300_row_set_several_steps_per_epoch() -> None:
-    """Issue 34: 300 training rows at the repository's params.yaml (batch_size 1024) got one
-    optimizer step per epoch; now `min_steps` of them, and TREC's 4,306 keep batch 1,024."""
+    """Issue 34: 300 training rows at the repository's params.yaml (head mode's batch_size
+    1024) got one optimizer step per epoch; now `min_steps` of them, and TREC's 4,306 keep
+    batch 1,024."""
     from tests.conftest import repo_params
 
-    t = P.validate(repo_params()).train
-    batch, _ = batch_for(300, t.batch_size, t.min_steps, t.min_batch)
+    t = P.effective(P.validate(repo_params()).train)  # repo_params: train.mode head
+    batch, _ = batch_for(300, t.run.batch_size, t.min_steps, t.min_batch)
     assert len(EpochBatches(300, batch, 13)) >= t.min_steps > 1
-    assert batch_for(4306, t.batch_size, t.min_steps, t.min_batch)[0] == t.batch_size == 1024
+    assert batch_for(4306, t.run.batch_size, t.min_steps, t.min_batch)[0] == t.run.batch_size \
+        == 1024
 
 
 def test_a_300_row_set_gets_many_steps_per_epoch() -> None:

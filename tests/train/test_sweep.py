@@ -33,9 +33,9 @@ from stages import app
 from tests.conftest import ROOT, repo_params
 from tests.train_helpers import project, stage_args
 
-SPACE = {"train.lr": {"low": 0.002, "high": 0.05, "log": True},
+SPACE = {"train.schedule.head.lr": {"low": 0.002, "high": 0.05, "log": True},
          "train.head.type": {"choices": ["linear", "mlp"]},
-         "train.batch_size": {"choices": [8, 16]}}
+         "train.schedule.head.batch_size": {"choices": [8, 16]}}
 
 
 def _sweep_project(root: Path, model: Path, trials: int) -> tuple[dict[str, Any], Path]:
@@ -44,7 +44,8 @@ def _sweep_project(root: Path, model: Path, trials: int) -> tuple[dict[str, Any]
     # fixed keys out would not reproduce the trial
     raw["sweep"].update(trials=trials, storage=str(root / "reports" / "sweep.db"),
                         study="test", space=SPACE, min_epochs=1,
-                        fixed={"train.max_epochs": 4, "train.patience": 3})
+                        fixed={"train.schedule.head.max_epochs": 4,
+                               "train.schedule.head.patience": 3})
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     return raw, params_file
 
@@ -59,24 +60,25 @@ def _args(root: Path, params_file: Path, *extra: str) -> list[str]:
 @pytest.mark.parametrize(("entry", "message"), [
     ({"train.lrr": {"low": 0.1, "high": 1.0}},
      "params.yaml: sweep: space.train.lrr: not a key of the train section (a sweep varies "
-     "train.* keys, e.g. train.lr)"),
+     "train.* keys, e.g. train.schedule.head.lr)"),
     ({"model.lr": {"low": 0.1, "high": 1.0}},
      "params.yaml: sweep: space.model.lr: not a key of the train section (a sweep varies "
-     "train.* keys, e.g. train.lr)"),
+     "train.* keys, e.g. train.schedule.head.lr)"),
     ({"train.head": {"choices": ["mlp"]}},
      "params.yaml: sweep: space.train.head: a section or a list, not one value"),
     ({"train.mode": {"choices": ["head", "full"]}},
      "params.yaml: sweep: space.train.mode: cannot be swept (the loaded representation "
      "depends on it)"),
-    ({"train.lr": {"low": 0.1, "high": 0.01}},
-     "params.yaml: sweep.space.train.lr: low 0.1 must be below high 0.01"),
-    ({"train.lr": {"low": 0.0, "high": 0.01, "log": True}},
-     "params.yaml: sweep.space.train.lr: log scale needs low > 0, got low 0.0"),
-    ({"train.lr": {"low": 0.001, "high": 0.01, "choices": [0.1]}},
-     "params.yaml: sweep.space.train.lr: give either choices or low/high (log), not both"),
-    ({"train.lr": {"lo": 0.001, "high": 0.01}},
-     "params.yaml: unknown key 'lo' in section 'sweep.space.train.lr' (allowed: low, high, "
-     "log, choices)"),
+    ({"train.schedule.head.lr": {"low": 0.1, "high": 0.01}},
+     "params.yaml: sweep.space.train.schedule.head.lr: low 0.1 must be below high 0.01"),
+    ({"train.schedule.head.lr": {"low": 0.0, "high": 0.01, "log": True}},
+     "params.yaml: sweep.space.train.schedule.head.lr: log scale needs low > 0, got low 0.0"),
+    ({"train.schedule.head.lr": {"low": 0.001, "high": 0.01, "choices": [0.1]}},
+     "params.yaml: sweep.space.train.schedule.head.lr: give either choices or low/high (log), "
+     "not both"),
+    ({"train.schedule.head.lr": {"lo": 0.001, "high": 0.01}},
+     "params.yaml: unknown key 'lo' in section 'sweep.space.train.schedule.head.lr' (allowed: "
+     "low, high, log, choices)"),
     ({"train.head.dropout": {"low": 0.5, "high": 1.0}},
      "params.yaml: sweep.space.train.head.dropout: the value 1.0 is refused by the train "
      "schema (train.head.dropout: Input should be less than 1)"),
@@ -84,26 +86,27 @@ def _args(root: Path, params_file: Path, *extra: str) -> list[str]:
      "params.yaml: sweep.space.train.head.type: the value 'cnn' is refused by the train "
      "schema (train.head.type: Input should be 'identity', 'linear', 'skip_connection', "
      "'gated' or 'mlp')"),
-    ({"train.batch_size": {"low": 8.5, "high": 64}},
-     "params.yaml: sweep.space.train.batch_size: the value 8.5 is refused by the train "
-     "schema (train.batch_size: Input should be a valid integer)"),
+    ({"train.schedule.head.batch_size": {"low": 8.5, "high": 64}},
+     "params.yaml: sweep.space.train.schedule.head.batch_size: the value 8.5 is refused by the "
+     "train schema (train.schedule.head.batch_size: Input should be a valid integer)"),
     ({"fixed": {"train.max_epoch": 40}},
      "params.yaml: sweep: fixed.train.max_epoch: not a key of the train section (a sweep "
-     "varies train.* keys, e.g. train.lr)"),
+     "varies train.* keys, e.g. train.schedule.head.lr)"),
     ({"fixed": {"train.hard_negatives": 2}},
      "params.yaml: sweep: fixed.train.hard_negatives: cannot be swept (the loaded training "
      "rows depend on it)"),
-    ({"fixed": {"train.lr": 0.01}},
-     "params.yaml: sweep: fixed.train.lr: also in sweep.space (a key is either searched or "
-     "fixed)"),
-    ({"fixed": {"train.patience": -1}},
-     "params.yaml: sweep.fixed.train.patience: the value -1 is refused by the train schema "
-     "(train.patience: Input should be greater than or equal to 0)"),
+    ({"fixed": {"train.schedule.head.lr": 0.01}},
+     "params.yaml: sweep: fixed.train.schedule.head.lr: also in sweep.space (a key is either "
+     "searched or fixed)"),
+    ({"fixed": {"train.schedule.head.patience": -1}},
+     "params.yaml: sweep.fixed.train.schedule.head.patience: the value -1 is refused by the "
+     "train schema (train.schedule.head.patience: Input should be greater than or equal to 0)"),
     # the fixed values hold while the space is checked (params.yaml's batch 1024 fits chunks
     # of 512; a swept 256 does not)
-    ({"fixed": {"train.gradcache.chunk_size": 512}, "train.batch_size": {"choices": [256, 1024]}},
-     "params.yaml: sweep.space.train.batch_size: the value 256 is refused by the train schema "
-     "(train: gradcache.chunk_size (512) is larger than the batch size (256))"),
+    ({"fixed": {"train.gradcache.chunk_size": 512},
+      "train.schedule.head.batch_size": {"choices": [256, 1024]}},
+     "params.yaml: sweep.space.train.schedule.head.batch_size: the value 256 is refused by the "
+     "train schema (train: gradcache.chunk_size (512) is larger than the batch size (256))"),
 ])
 def test_a_bad_space_gives_one_line_naming_the_key(entry: dict[str, Any], message: str
                                                   ) -> None:
@@ -119,59 +122,61 @@ def test_a_key_the_mode_ignores_is_refused_when_the_sweep_starts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # sweep.storage: reports/sweep.db, never created here
     raw = repo_params()
-    raw["sweep"]["space"] = {"train.encoder.lr": {"low": 0.001, "high": 0.01}}
+    raw["sweep"]["space"] = {"train.schedule.top_layers.lr": {"low": 0.001, "high": 0.01}}
     p = P.validate(raw)  # params.yaml stays valid for the pipeline's stages
     with pytest.raises(UserError) as e:
         lib.run(p, tmp_path / "prepared", tmp_path / "cache")
-    assert str(e.value) == ("sweep.space.train.encoder.lr: has no effect in train.mode head "
-                            "(see train.encoder)")
+    assert str(e.value) == ("sweep.space.train.schedule.top_layers.lr: has no effect in "
+                            "train.mode head (see train.encoder)")
     raw["train"]["mode"] = "top_layers"
-    raw["sweep"]["space"] = {"train.lr": {"low": 0.001, "high": 0.01}}
+    raw["sweep"]["space"] = {"train.schedule.head.lr": {"low": 0.001, "high": 0.01}}
     with pytest.raises(UserError) as e:
         lib.run(P.validate(raw), tmp_path / "prepared", tmp_path / "cache")
-    assert str(e.value) == ("sweep.space.train.lr: has no effect in train.mode top_layers "
-                            "(see train.encoder)")
+    assert str(e.value) == ("sweep.space.train.schedule.head.lr: has no effect in train.mode "
+                            "top_layers (see train.encoder)")
     assert not (tmp_path / "reports").exists()
 
 
 def test_the_cli_prints_the_space_error_as_one_line(tmp_path: Path) -> None:
     raw = repo_params()
-    raw["sweep"]["space"] = {"train.lr": {"low": 0.1, "high": 0.01}}
+    raw["sweep"]["space"] = {"train.schedule.head.lr": {"low": 0.1, "high": 0.01}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     result = CliRunner().invoke(app, ["sweep", "--params", str(tmp_path / "params.yaml")])
     assert result.exit_code == 1
     assert result.output == ("error: " + str(tmp_path / "params.yaml") + ": sweep.space."
-                             "train.lr: low 0.1 must be below high 0.01\n")
+                             "train.schedule.head.lr: low 0.1 must be below high 0.01\n")
 
 
 def test_suggest_picks_ints_for_int_keys_and_the_overrides_line_round_trips() -> None:
     entries = {k: P.SpaceEntry.model_validate(v) for k, v in {
-        "train.max_epochs": {"low": 2, "high": 9}, "train.lr": {"low": 0.001, "high": 0.1,
-                                                                  "log": True},
+        "train.schedule.head.max_epochs": {"low": 2, "high": 9},
+        "train.schedule.head.lr": {"low": 0.001, "high": 0.1, "log": True},
         "train.head.type": {"choices": ["linear", "mlp"]}}.items()}
     trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
     values = space.suggest(trial, entries)
-    assert type(values["train.max_epochs"]) is int and 2 <= values["train.max_epochs"] <= 9
-    assert type(values["train.lr"]) is float and 0.001 <= values["train.lr"] <= 0.1
-    exact = {"train.lr": 1.2345678901234568e-05, "train.head.type": "mlp",
-             "train.batch_size": 512, "train.loss.symmetric": True}
+    epochs, lr = values["train.schedule.head.max_epochs"], values["train.schedule.head.lr"]
+    assert type(epochs) is int and 2 <= epochs <= 9
+    assert type(lr) is float and 0.001 <= lr <= 0.1
+    exact = {"train.schedule.head.lr": 1.2345678901234568e-05, "train.head.type": "mlp",
+             "train.schedule.head.batch_size": 512, "train.loss.symmetric": True}
     line = space.overrides(exact)
-    assert line == ("dvc exp run -S train.lr=1.2345678901234568e-05 -S train.head.type=mlp "
-                    "-S train.batch_size=512 -S train.loss.symmetric=true")
+    assert line == ("dvc exp run -S train.schedule.head.lr=1.2345678901234568e-05 "
+                    "-S train.head.type=mlp -S train.schedule.head.batch_size=512 "
+                    "-S train.loss.symmetric=true")
     assert space.parse_overrides(line) == exact
 
 
 def test_write_yaml_changes_only_the_values_and_keeps_comments(tmp_path: Path) -> None:
     f = tmp_path / "params.yaml"
     f.write_text((ROOT / "params.yaml").read_text())
-    space.write_yaml(f, {"train.lr": 1.5e-05, "train.head.type": "linear"})
+    space.write_yaml(f, {"train.schedule.head.lr": 1.5e-05, "train.head.type": "linear"})
     before, after = (ROOT / "params.yaml").read_text().splitlines(), f.read_text().splitlines()
     changed = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
     assert changed == [
         ("    type: mlp             # identity | linear | skip_connection | gated | mlp",
          "    type: linear          # identity | linear | skip_connection | gated | mlp"),
-        ("  lr: 0.005", "  lr: 1.5e-05")]
-    assert P.load(f).train.lr == 1.5e-05
+        ("      lr: 0.005", "      lr: 1.5e-05")]
+    assert P.load(f).train.schedule.head.lr == 1.5e-05
 
 
 # --- pruning ----------------------------------------------------------------------------------
@@ -228,7 +233,8 @@ def test_the_best_trial_through_its_line_and_apply_reproduces_its_value(
     study = optuna.load_study(study_name="test", storage=storage)
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 3
     line = result.stdout.strip().splitlines()[-1]
-    assert line == space.overrides({"train.max_epochs": 4, "train.patience": 3,
+    assert line == space.overrides({"train.schedule.head.max_epochs": 4,
+                                    "train.schedule.head.patience": 3,
                                     **study.best_trial.params}, temp=True)  # fixed keys first
     # the -S line applied to params.yaml as DVC does, then the train stage
     for key, value in space.parse_overrides(line).items():
@@ -255,11 +261,11 @@ def test_a_top_layers_trial_trains_as_the_train_stage(tmp_path: Path, tiny_bert:
     from simtune.cache.views import layer_for
 
     raw, params_file = project(tmp_path, tiny_bert, n=48, mode="top_layers")
-    raw["train"]["encoder"].update({"top_layers": 1, "batch_size": 8, "max_epochs": 2,
-                                    "patience": 2})
+    raw["train"]["schedule"]["top_layers"].update({"layers": 1, "batch_size": 8,
+                                                   "max_epochs": 2, "patience": 2})
     raw["sweep"].update(trials=2, storage=str(tmp_path / "sweep.db"), study="top", space={
-        "train.encoder.lr": {"low": 0.0005, "high": 0.005, "log": True},
-        "train.encoder.head_lr": {"low": 0.001, "high": 0.05, "log": True}}, fixed={})
+        "train.schedule.top_layers.lr": {"low": 0.0005, "high": 0.005, "log": True},
+        "train.schedule.top_layers.head_lr": {"low": 0.001, "high": 0.05, "log": True}}, fixed={})
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     p = P.validate(raw)
     cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache,
@@ -268,7 +274,7 @@ def test_a_top_layers_trial_trains_as_the_train_stage(tmp_path: Path, tiny_bert:
     assert len(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))) == 2
     best = study.best_trial.params
     space.write_yaml(params_file, best)
-    assert P.load(params_file).train.encoder.lr == best["train.encoder.lr"]
+    assert P.load(params_file).train.schedule.top_layers.lr == best["train.schedule.top_layers.lr"]
     train = CliRunner().invoke(app, stage_args(tmp_path, params_file))
     assert train.exit_code == 0, train.output
     report = json.loads((tmp_path / "train.json").read_text())
@@ -281,7 +287,7 @@ def test_trials_leave_no_module_behind(tmp_path: Path, tiny_bert: Path) -> None:
     _, params_file = _sweep_project(tmp_path, tiny_bert, trials=2)
     loaded = lib.load(P.load(params_file), tmp_path / "prepared", tmp_path / "cache")
     for lr in (0.01, 0.02):
-        lib.train_trial(loaded, {"train.lr": lr})
+        lib.train_trial(loaded, {"train.schedule.head.lr": lr})
     gc.collect()
     assert [o for o in gc.get_objects() if type(o) is SimilarityModule] == []
 
@@ -342,7 +348,7 @@ def fake_training(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
              ) -> tuple[float, int, int]:
         lib._checked(loaded, values)
         calls.append(values)
-        return 0.5 + values.get("train.lr", 0.0), 2, 0
+        return 0.5 + values.get("train.schedule.head.lr", 0.0), 2, 0
 
     monkeypatch.setattr(lib, "train_trial", fake)
     return calls
@@ -465,11 +471,11 @@ def test_item6_a_resumed_sweep_never_repeats_a_finished_trial(
     assert len(params) == 6 and all(a != b for i, a in enumerate(params) for b in params[:i])
     # a space of 4 combinations: 4 distinct trials, repeats proposed are skipped, not run
     grid = {"train.head.type": {"choices": ["linear", "mlp"]},
-            "train.batch_size": {"choices": [8, 16]}}
+            "train.schedule.head.batch_size": {"choices": [8, 16]}}
     q = _with(params_file, sweep__space=grid, sweep__study="grid", sweep__trials=4)
     fake_training.clear()
     study = lib.run(q, *dirs)
-    ran = sorted((v["train.head.type"], v["train.batch_size"]) for v in fake_training)
+    ran = sorted((v["train.head.type"], v["train.schedule.head.batch_size"]) for v in fake_training)
     assert ran == [("linear", 8), ("linear", 16), ("mlp", 8), ("mlp", 16)]
     skipped = [t for t in study.trials if "duplicate_of" in t.user_attrs]
     assert all(t.params == study.trials[t.user_attrs["duplicate_of"]].params for t in skipped)
@@ -591,7 +597,7 @@ def test_item8_a_choice_that_can_never_train_is_refused_when_the_sweep_starts(
         tmp_path: Path, tiny_bert: Path, fake_training: list[dict[str, Any]]) -> None:
     _, params_file = _sweep_project(tmp_path, tiny_bert, trials=3)
     p = _with(params_file, sweep__space={"train.loss.name": {"choices": ["supcon", "mnrl"]},
-                                         "train.lr": {"low": 0.001, "high": 0.01}})
+                                         "train.schedule.head.lr": {"low": 0.001, "high": 0.01}})
     with pytest.raises(UserError) as e:
         lib.run(p, tmp_path / "prepared", tmp_path / "cache")
     assert str(e.value) == (
@@ -621,7 +627,8 @@ def test_item8_a_failing_trial_is_one_line_and_the_sweep_exits_non_zero(
                      ) -> tuple[float, int, int]:
         if len(fake_training) == 1:
             fake_training.append(values)
-            raise UserError("train.lr: training diverged at epoch 1, step 2: the loss is nan")
+            raise UserError("train.schedule.head.lr: training diverged at epoch 1, step 2: the "
+                            "loss is nan")
         return fake(loaded, values, trial)
 
     monkeypatch.setattr(lib, "train_trial", second_fails)
@@ -629,12 +636,12 @@ def test_item8_a_failing_trial_is_one_line_and_the_sweep_exits_non_zero(
     assert result.exit_code == 1
     failed = [line for line in result.output.splitlines() if "failed" in line]
     assert len(failed) == 3 and "Traceback" not in result.output
-    assert re.fullmatch(r".*: trial 1: failed: train.lr: training diverged at "
+    assert re.fullmatch(r".*: trial 1: failed: train.schedule.head.lr: training diverged at "
                         r"epoch 1, step 2: the loss is nan, \d+\.\d s", failed[0])
     assert failed[1] == "study 'test': 2 of 3 finished (2 complete, 1 failed)"
     assert failed[2] == ("error: sweep: 1 trial(s) failed in this run (trial 1, see its line "
                          "above); run the sweep again for the missing ones; nothing applied")
-    assert P.load(params_file).train.lr == 0.01  # not applied
+    assert P.load(params_file).train.schedule.head.lr == 0.01  # not applied
     again = CliRunner().invoke(app, _args(tmp_path, params_file))  # runs the missing one
     assert again.exit_code == 0, again.output
     assert "study 'test': 3 of 3 finished (3 complete, 1 failed)" in again.stdout
@@ -649,7 +656,7 @@ def test_item9_a_swept_key_the_loss_ignores_is_warned_or_refused(
             space.check_ignored(P.validate(raw), kind)
         assert str(e.value) == (f"sweep.space: train.loss.name {loss} reads none of the swept "
                                 "keys (train.loss.margin): every trial would train the same")
-    raw["sweep"]["space"]["train.lr"] = {"low": 0.001, "high": 0.01}
+    raw["sweep"]["space"]["train.schedule.head.lr"] = {"low": 0.001, "high": 0.01}
     raw["sweep"]["fixed"] = {"train.loss.scale": 30.0}
     with caplog.at_level("WARNING"):
         space.check_ignored(P.validate(raw), "groups")
@@ -683,7 +690,7 @@ def test_probe_a_key_the_distillation_ignores_is_warned_or_refused(
     assert str(e.value) == (
         "sweep.space: train.objective distill with train.distill.label_weight 0 reads none of "
         "the swept keys (train.loss.temperature): every trial would train the same")
-    raw["sweep"]["space"]["train.lr"] = {"low": 0.001, "high": 0.01}
+    raw["sweep"]["space"]["train.schedule.head.lr"] = {"low": 0.001, "high": 0.01}
     raw["sweep"]["fixed"] = {"train.distill.temperature": 0.1}
     with caplog.at_level("WARNING"):
         space.check_ignored(P.validate(raw), "groups")
@@ -753,14 +760,14 @@ def test_item9_the_table_of_loss_keys_is_what_each_loss_reads(kind: str, name: s
 
 
 @pytest.mark.parametrize(("entry", "message"), [
-    ({"train.lr": {"low": "abc", "high": 1}},
-     "sweep.space.train.lr.low: expected an integer or a number, got 'abc'"),
-    ({"train.lr": {"choices": [0.1, [2]]}},
-     "sweep.space.train.lr.choices.1: expected true or false, an integer, a number or a "
-     "string, got [2]"),
-    ({"fixed": {"train.lr": [0.1]}},
-     "sweep.fixed.train.lr: expected true or false, an integer, a number or a string, got "
-     "[0.1]"),
+    ({"train.schedule.head.lr": {"low": "abc", "high": 1}},
+     "sweep.space.train.schedule.head.lr.low: expected an integer or a number, got 'abc'"),
+    ({"train.schedule.head.lr": {"choices": [0.1, [2]]}},
+     "sweep.space.train.schedule.head.lr.choices.1: expected true or false, an integer, a "
+     "number or a string, got [2]"),
+    ({"fixed": {"train.schedule.head.lr": [0.1]}},
+     "sweep.fixed.train.schedule.head.lr: expected true or false, an integer, a number or a "
+     "string, got [0.1]"),
 ])
 def test_item10_sweep_space_type_errors_name_the_key_in_plain_words(
         entry: dict[str, Any], message: str) -> None:
@@ -794,7 +801,7 @@ def test_issue29_item3_trials_and_study_options_override_the_params_for_one_run(
                                             "quick", "--apply"))
     assert applied.exit_code == 0, applied.output
     assert len(fake_training) == 2  # complete: nothing ran
-    assert P.load(params_file).train.lr == study.best_params["train.lr"]
+    assert P.load(params_file).train.schedule.head.lr == study.best_params["train.schedule.head.lr"]
     assert P.load(params_file).sweep.trials == 5 and P.load(params_file).sweep.study == "test"
     empty = CliRunner().invoke(app, _args(tmp_path, params_file, "--study", " "))
     assert empty.exit_code == 1 and empty.output == "error: --study: give the study a name\n"
@@ -833,8 +840,10 @@ def test_probe_importances_of_trials_that_cannot_be_told_apart_are_not_shown(
         s = optuna.create_study(direction="maximize")
         for i, v in enumerate(values):
             s.add_trial(optuna.trial.create_trial(
-                params={"train.lr": 0.01 * (i + 1), "train.head.type": ["linear", "mlp"][i % 2]},
-                distributions={"train.lr": optuna.distributions.FloatDistribution(0.001, 1.0),
+                params={"train.schedule.head.lr": 0.01 * (i + 1),
+                        "train.head.type": ["linear", "mlp"][i % 2]},
+                distributions={"train.schedule.head.lr":
+                               optuna.distributions.FloatDistribution(0.001, 1.0),
                                "train.head.type": optuna.distributions.CategoricalDistribution(
                                    ["linear", "mlp"])}, value=v))
         return s
@@ -842,7 +851,7 @@ def test_probe_importances_of_trials_that_cannot_be_told_apart_are_not_shown(
     assert report.importances(same) == {}
     assert "importance:" not in report.summary(same, 5, 3)
     told = report.importances(study([0.1, 0.9, 0.2, 0.8, 0.15, 0.85]))
-    assert set(told) == {"train.lr", "train.head.type"}
+    assert set(told) == {"train.schedule.head.lr", "train.head.type"}
     assert sum(told.values()) == pytest.approx(1)
     assert [str(w.message) for w in recwarn if issubclass(w.category, UserWarning)] == []
 
@@ -886,25 +895,29 @@ def test_issue34_item6_a_tie_in_a_sweep_is_reported_and_not_applied(
             "said to matter") in out
     assert out[-1] == (f"not applied: 3 trials tie at the best value, so {params_file} keeps its "
                        "values (--apply --apply-tie writes the first of them anyway)")
-    assert out[-2].startswith("dvc exp run --temp -S train.max_epochs=4 -S train.patience=3 ")
+    assert out[-2].startswith("dvc exp run --temp -S train.schedule.head.max_epochs=4 "
+                              "-S train.schedule.head.patience=3 ")
     assert params_file.read_text() == before
     forced = CliRunner().invoke(app, _args(tmp_path, params_file, "--apply", "--apply-tie"))
     assert forced.exit_code == 0, forced.output
     study = _study(tmp_path)
     assert report.tied(study) == [0, 1, 2] and study.best_trial.number == 0
-    assert P.load(params_file).train.lr == study.trials[0].params["train.lr"]
+    assert (P.load(params_file).train.schedule.head.lr
+            == study.trials[0].params["train.schedule.head.lr"])
 
 
 def test_issue34_item6_one_best_trial_is_no_tie() -> None:
     s = optuna.create_study(direction="maximize")
     for v in (0.5, 0.9, 0.5):
         s.add_trial(optuna.trial.create_trial(
-            params={"train.lr": v}, value=v,
-            distributions={"train.lr": optuna.distributions.FloatDistribution(0.001, 1.0)}))
+            params={"train.schedule.head.lr": v}, value=v,
+            distributions={"train.schedule.head.lr":
+                           optuna.distributions.FloatDistribution(0.001, 1.0)}))
     assert report.tied(s) == [1] and report.tie_lines(s) == []
     s.add_trial(optuna.trial.create_trial(
-        params={"train.lr": 0.2}, value=0.9,
-        distributions={"train.lr": optuna.distributions.FloatDistribution(0.001, 1.0)}))
+        params={"train.schedule.head.lr": 0.2}, value=0.9,
+        distributions={"train.schedule.head.lr":
+                       optuna.distributions.FloatDistribution(0.001, 1.0)}))
     assert report.tied(s) == [1, 3]
     assert report.tie_lines(s)[0].startswith("tie: 2 of 4 complete trials score the best "
                                              "validation value 0.9000 (trials 1, 3)")

@@ -14,6 +14,7 @@ import yaml
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+from simtune import layers
 from simtune import params as P
 from simtune.cache import stage as cache
 from simtune.cache.views import layer_for
@@ -24,13 +25,14 @@ from simtune.train.data import load_data
 from simtune.train.losses import GroupLoss
 from stages import app
 from tests.cache_helpers import sentences
-from tests.train_helpers import project, stage_args, trained_by_one_and_two_processes
+from tests.train_helpers import project, set_schedule, stage_args, trained_by_one_and_two_processes
 
 
 def _top_project(root: Path, model: Path, **encoder) -> tuple[Path, P.Params]:
     raw, params_file = project(root, model, mode="top_layers")
-    raw["train"]["encoder"].update({"top_layers": 1, "lr": 0.001, "head_lr": 0.01,
-                                    "batch_size": 8, "max_epochs": 3, "patience": 2, **encoder})
+    set_schedule(raw, "top_layers", **{"layers": 1, "lr": 0.001, "head_lr": 0.01,
+                                       "batch_size": 8, "max_epochs": 3, "patience": 2,
+                                       **encoder})
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     p = P.validate(raw)
     cache.fill(root / "prepared", root / "cache", p.encoders, p.cache,
@@ -53,12 +55,12 @@ def test_length_groups_are_the_cheapest_partition(overhead: int) -> None:
     for _ in range(20):
         lengths = torch.randint(1, 60, (int(torch.randint(1, 10, (1,), generator=gen)),),
                                 generator=gen)
-        groups = represent.length_groups(lengths, overhead)
+        groups = layers.length_groups(lengths, overhead)
         assert sorted(torch.cat(groups).tolist()) == list(range(len(lengths)))  # a partition
         cost = sum(int(lengths[g].max()) * len(g) + overhead for g in groups)
         assert cost == _brute_force_groups(lengths.tolist(), overhead)
-    assert len(represent.length_groups(torch.tensor([40, 10, 40, 10]), 0)) == 2
-    assert len(represent.length_groups(torch.tensor([40, 10, 40, 10]), 100)) == 1
+    assert len(layers.length_groups(torch.tensor([40, 10, 40, 10]), 0)) == 2
+    assert len(layers.length_groups(torch.tensor([40, 10, 40, 10]), 100)) == 1
 
 
 @pytest.mark.parametrize(("tokens_per_chunk", "overhead"), [(4096, 256), (50, 256), (4096, 0)])

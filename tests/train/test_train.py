@@ -27,7 +27,7 @@ from simtune.train.data import load_data
 from simtune.train.sampling import EpochBatches
 from stages import app
 from tests.conftest import ROOT
-from tests.train_helpers import project, stage_args
+from tests.train_helpers import SCHEDULE_KEYS, project, stage_args
 
 
 def _train(root: Path, params_file: Path, tag: str = "") -> dict[str, Any]:
@@ -41,9 +41,11 @@ def _weights(root: Path, tag: str = "") -> dict[str, torch.Tensor]:
 
 
 def _edit(params_file: Path, **train: Any) -> None:
+    """Set `train` keys in `params_file` (`a__b`: train.a.b; a schedule key, `SCHEDULE_KEYS`,
+    in head mode's `train.schedule.head`)."""
     raw = yaml.safe_load(params_file.read_text())
     for key, value in train.items():
-        section = raw["train"]
+        section = raw["train"]["schedule"]["head"] if key in SCHEDULE_KEYS else raw["train"]
         *path, last = key.split("__")
         for part in path:
             section = section[part]
@@ -150,10 +152,10 @@ def test_full_mode_gradcache_gradients_equal_plain(tmp_path: Path, tiny_bert: Pa
     from tests.train_helpers import dropout_free, relative_errors, step_gradients
 
     _, params_file = project(tmp_path, dropout_free(tiny_bert, tmp_path / "bert"))
-    _edit(params_file, mode="full", encoder__max_epochs=1, encoder__batch_size=8)
+    _edit(params_file, mode="full", schedule__full__max_epochs=1, schedule__full__batch_size=8)
     if lora:
-        _edit(params_file, encoder__lora={"r": 4, "alpha": 8, "dropout": 0.0,
-                                          "target_modules": "all-linear"})
+        _edit(params_file, lora={"r": 4, "alpha": 8, "dropout": 0.0,
+                                 "target_modules": "all-linear"})
     steps = step_gradients(tmp_path, params_file, monkeypatch)
     assert len(steps["plain"]) == len(steps["gc"]) == 5  # 40 training examples / 8
     for got, want in zip(steps["gc"], steps["plain"], strict=True):
@@ -235,9 +237,9 @@ def test_batch_larger_than_the_training_set_is_reduced(caplog: pytest.LogCapture
                                "training examples: using 241 per process (one batch per epoch)"]
     caplog.clear()
     with caplog.at_level("WARNING", logger="simtune.train.sampling"):  # encoder modes' own key
-        EpochBatches(10, 64, 13, key="train.encoder.batch_size")
-    assert caplog.messages == ["train.encoder.batch_size 64 is more than the 10 training "
-                               "examples: using 10 (one batch per epoch)"]
+        EpochBatches(10, 64, 13, key="train.schedule.top_layers.batch_size")
+    assert caplog.messages == ["train.schedule.top_layers.batch_size 64 is more than the 10 "
+                               "training examples: using 10 (one batch per epoch)"]
 
 
 def test_m_per_label_uses_every_example_in_runs_of_at_least_m() -> None:
@@ -356,14 +358,14 @@ def test_stage_reduces_a_too_large_batch_and_trains(small: tuple[Path, Path]) ->
     _edit(params_file, batch_size=64, max_epochs=1, min_steps=0)
     result = CliRunner().invoke(app, stage_args(root, params_file))
     assert result.exit_code == 0, result.output
-    assert ("train.batch_size 64 is more than the 40 training examples: using 40 (one batch "
-            "per epoch)") in result.output
+    assert ("train.schedule.head.batch_size 64 is more than the 40 training examples: using 40 "
+            "(one batch per epoch)") in result.output
     assert json.loads((root / "train.json").read_text())["epochs"] == 1
     _edit(params_file, min_steps=4, min_batch=8)  # issue 34: 40 // 4 = 10 per batch
     result = CliRunner().invoke(app, stage_args(root, params_file))
     assert result.exit_code == 0, result.output
-    assert ("train.batch_size 64 -> 10: 40 training examples, train.min_steps 4 steps per "
-            "epoch (not below train.min_batch 8), so 4 steps per epoch") in result.output
+    assert ("train.schedule.head.batch_size 64 -> 10: 40 training examples, train.min_steps 4 "
+            "steps per epoch (not below train.min_batch 8), so 4 steps per epoch") in result.output
     assert "is more than the 40 training examples" not in result.output
 
 
@@ -398,8 +400,8 @@ def test_identity_head_trains_the_layers_in_full_mode(small: tuple[Path, Path]) 
     """No head (identity) is refused in head mode only: with the encoder training, the saved
     model is the fine-tuned encoder alone."""
     root, params_file = small
-    _edit(params_file, mode="full", head__type="identity", encoder__max_epochs=1,
-          encoder__batch_size=8)
+    _edit(params_file, mode="full", head__type="identity", schedule__full__max_epochs=1,
+          schedule__full__batch_size=8)
     _train(root, params_file)
     assert (root / "head" / "encoder" / "config.json").is_file()
     assert _weights(root) == {}
@@ -421,8 +423,8 @@ def test_full_mode_trains_the_encoder_and_evaluate_uses_it(small: tuple[Path, Pa
     """full mode: texts tokenised by the DataLoader, encoder trainable and saved with the head;
     evaluate embeds the test texts with that fine-tuned encoder (not the frozen cache)."""
     root, params_file = small
-    _edit(params_file, mode="full", encoder__max_epochs=1, encoder__lr=0.001,
-          encoder__batch_size=8, gradcache__chunk_size=4)
+    _edit(params_file, mode="full", schedule__full__max_epochs=1, schedule__full__lr=0.001,
+          schedule__full__batch_size=8, gradcache__chunk_size=4)
     _train(root, params_file)
     encoder_dir = root / "head" / "encoder"
     assert (encoder_dir / "config.json").is_file()
@@ -474,9 +476,9 @@ def test_non_finite_loss_stops_training(small: tuple[Path, Path]) -> None:
     root, params_file = small
     _edit(params_file, lr=1e8, max_epochs=3)
     line = _diverged(root, params_file)
-    assert re.fullmatch(r"error: train\.lr: training diverged at epoch 1, step [2-5]: the loss "
-                        r"is (nan|inf); the learning rate 1e\+08 is likely too high; nothing "
-                        r"saved", line), line
+    assert re.fullmatch(r"error: train\.schedule\.head\.lr: training diverged at epoch 1, "
+                        r"step [2-5]: the loss is (nan|inf); the learning rate 1e\+08 is likely "
+                        r"too high; nothing saved", line), line
 
 
 def test_weights_that_turn_non_finite_on_the_last_step_are_caught(small: tuple[Path, Path]
@@ -486,9 +488,9 @@ def test_weights_that_turn_non_finite_on_the_last_step_are_caught(small: tuple[P
     root, params_file = small
     _edit(params_file, lr=1e36, max_epochs=1, batch_size=100000, min_steps=0)  # clamped: 1 step
     line = _diverged(root, params_file)
-    assert line == ("error: train.lr: training diverged at epoch 1, step 1: the validation "
-                    "vectors are no longer finite; the learning rate 1e+36 is likely too high; "
-                    "nothing saved")
+    assert line == ("error: train.schedule.head.lr: training diverged at epoch 1, step 1: the "
+                    "validation vectors are no longer finite; the learning rate 1e+36 is likely "
+                    "too high; nothing saved")
 
 
 def test_an_update_beyond_float32_is_divergence_not_a_traceback(small: tuple[Path, Path]
@@ -499,8 +501,8 @@ def test_an_update_beyond_float32_is_divergence_not_a_traceback(small: tuple[Pat
     root, params_file = small
     _edit(params_file, lr=1e40, max_epochs=1)
     line = _diverged(root, params_file)
-    assert line == ("error: train.lr: training diverged at epoch 1, step 2: the loss is nan; "
-                    "the learning rate 1e+40 is likely too high; nothing saved")
+    assert line == ("error: train.schedule.head.lr: training diverged at epoch 1, step 2: the "
+                    "loss is nan; the learning rate 1e+40 is likely too high; nothing saved")
 
 
 def test_item11_diverged_run_prints_no_warning(small: tuple[Path, Path]) -> None:
