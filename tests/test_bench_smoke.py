@@ -101,11 +101,13 @@ def test_item12_train_sweep_parses_settings(tmp_path: Path) -> None:
     """bench.train_sweep takes `key=value,...` settings: each becomes a params file."""
     from bench import train_sweep
 
-    f = train_sweep.params_file("train.batch_size=512,train.lr=0.01", tmp_path)
+    f = train_sweep.params_file("train.schedule.head.batch_size=512,train.schedule.head.lr=0.01",
+                                tmp_path)
     import yaml
 
     raw = yaml.safe_load(f.read_text())
-    assert (raw["train"]["batch_size"], raw["train"]["lr"]) == (512, 0.01)
+    head = raw["train"]["schedule"]["head"]
+    assert (head["batch_size"], head["lr"]) == (512, 0.01)
 
 
 def test_item12_cache_fill_synthetic_cache_opens(tmp_path: Path) -> None:

@@ -120,7 +120,8 @@ def trained_encoder(directory: Path, meta: TrainingMeta, encoder: str | None) ->
     directory = Path(directory)
     if (directory / "encoder").is_dir():
         return str(model_files.inside(directory, "encoder", f"{directory}/encoder"))
-    if meta.mode != "head":  # its layers trained: the frozen encoder would serve it silently
+    if meta.mode != "head" and meta.selected != "frozen":
+        # its layers trained: the frozen encoder would serve it silently
         raise UserError(f"{directory}: training.json says train.mode {meta.mode}, but the "
                         "fine-tuned encoder/ beside it is missing; train again")
     return frozen_encoder(directory, meta, encoder)

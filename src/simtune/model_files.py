@@ -71,6 +71,9 @@ class TrainingMeta(_File):
     head_side: Literal["both", "query"] = "both"  # query: documents keep the frozen vectors
     # why this mode ran (`train.mode: auto`'s estimate, or the mode set); heads before: None
     mode_reason: str | None = None
+    # "frozen": no trained epoch beat epoch 0, the untouched encoder (the head saved at
+    # identity; in top_layers and full modes no encoder/ is saved: the frozen one serves it)
+    selected: Literal["trained", "frozen"] | None = None
 
 
 class ExportConfig(_File):
@@ -90,6 +93,8 @@ class ExportConfig(_File):
     # nothing else (`simtune.export.destination`); exports written before it have none
     files: list[str] | None = None
     head_side: Literal["both", "query"] = "both"  # query: documents keep the frozen vectors
+    # why this mode ran (`train.mode: auto`'s estimate, or the mode set); heads before: None
+    mode_reason: str | None = None
     # a query tower's export: the frozen encoder documents are embedded with (a folder inside)
     document_encoder: str | None = None
 

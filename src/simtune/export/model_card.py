@@ -237,11 +237,17 @@ def render(meta: dict[str, Any], head: dict[str, Any], plain: bool, modules: lis
         mode += f" ({meta['mode_reason']})"
     if frozen:
         head_desc = f"none: {FROZEN}; no epoch of the trained `{head['type']}` head was kept"
-        mode = f"{meta['mode']}: encoder frozen; a head trained on cached embeddings, none kept"
+        trained = {"head": "a head trained on cached embeddings",
+                   "top_layers": "the top layers and a head trained on cached states",
+                   "full": "the whole encoder and a head trained"}.get(meta["mode"], "trained")
+        mode = f"{meta['mode']}: {trained}, no epoch kept: the encoder frozen"
     output = ("unit vectors (compare by cosine or dot product)" if meta.get("normalize_output")
               else "unnormalised vectors")
-    about = (f"This is {FROZEN}, exported with simtune: simtune trained a `{head['type']}` "
-             "head on it, and no trained epoch ranked the validation queries better than the "
+    what = (f"a `{head['type']}` head on it" if meta["mode"] == "head" else
+            f"{'its top layers' if meta['mode'] == 'top_layers' else 'the whole encoder'} "
+            f"and a `{head['type']}` head ({meta['mode']} mode)")
+    about = (f"This is {FROZEN}, exported with simtune: simtune trained {what}, and no "
+             "trained epoch ranked the validation queries better than the "
              f"encoder alone, so it gives the encoder's own {head['dim']}-dimensional {output}."
              if frozen else f"A sentence-transformers model trained with simtune: "
              f"{head['dim']}-dimensional {output}.")

@@ -55,7 +55,7 @@ def export(head_dir: Path, out: Path, card: CardInputs | None = None,
         card = replace(card, params=p.model_copy(update={"train": train}))
     name, normalize_output = _trained_as(meta)
     head = heads.load(head_dir)
-    frozen_kept = kept_frozen(head, head_dir)
+    frozen_kept = meta.selected == "frozen" or kept_frozen(head, head_dir)
     if encoder is None and card.params is not None:
         encoder = card.params.encoders.models[card.params.encoders.query].model
     source = model_dir("encoder", meta.encoder.model_copy(

@@ -307,7 +307,9 @@ def save(module: SimilarityModule, loop: EpochLoop, p: Params, out: Path) -> Non
     module.head.load_state_dict(best["head"])
     with atomic_dir(out) as tmp:
         heads.save(module.head, tmp)
-        if p.train.mode != "head":  # the fine-tuned encoder, an ordinary transformers model
+        # the fine-tuned encoder, an ordinary transformers model; none when epoch 0 (the
+        # untouched encoder) was kept: the frozen encoder serves it (no 90 MB copy of it)
+        if p.train.mode != "head" and loop.best_epoch > 0:
             module.rep.load_state_dict(best["rep"])
             module.rep.save(tmp / "encoder")
         enc, loss = p.encoders, p.train.loss
@@ -323,6 +325,7 @@ def save(module: SimilarityModule, loop: EpochLoop, p: Params, out: Path) -> Non
                 # what evaluate and search check the cache against (`evaluate.trained_on`)
                 "encoder_description": describe(enc.query, enc.models[enc.query], role="query")}
         meta["mode_reason"] = p.train.run.reason
+        meta["selected"] = "frozen" if loop.best_epoch == 0 else "trained"
         if p.train.head.side != "both":  # the key only when set: `both` writes what it did
             meta["head_side"] = p.train.head.side
         write_json(tmp / "training.json", meta)
