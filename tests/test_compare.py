@@ -16,16 +16,17 @@ HASH = "0123456789abcdef0123456789abcdef.dir"
 
 
 def _records() -> list[dict[str, object]]:
-    base = {"train.lr": 0.005, "train.mode": "head", "prepare.file.path": "data/raw/mine.csv",
-            "train.batch_size": 1024, "cache": HASH, "models/head": HASH, "kept_epoch": 57,
-            "train_s": 84.671, "lift.p@1": 0.33}
+    base = {"train.schedule.head.lr": 0.005, "train.mode": "head",
+            "prepare.file.path": "data/raw/mine.csv", "train.schedule.head.batch_size": 1024,
+            "cache": HASH, "models/head": HASH, "kept_epoch": 57, "train_s": 84.671,
+            "lift.p@1": 0.33}
     return [
         {**base, "Experiment": None, "rev": "workspace", "typ": "baseline",  # as dvc.api has it
          "trained.p@1": 0.78253, "trained.mrr@10": 0.81722},
         {**base, "Experiment": "main", "rev": "f3a16f9", "typ": "baseline",
          "trained.p@1": 0.78253, "trained.mrr@10": 0.81722},
         {**base, "Experiment": "weeny-yegg", "rev": "1bac24c", "typ": "branch_commit",
-         "train.lr": 0.003, "trained.p@1": 0.73234, "trained.mrr@10": 0.7711},
+         "train.schedule.head.lr": 0.003, "trained.p@1": 0.73234, "trained.mrr@10": 0.7711},
         {**base, "Experiment": "oaken-pail", "rev": "9ab01cd", "typ": "branch_commit",
          "train.mode": "top_layers", "prepare.file.path": "data/raw/tickets-2026-with-more.csv",
          "trained.p@1": 0.859, "trained.mrr@10": 0.886},
@@ -33,19 +34,26 @@ def _records() -> list[dict[str, object]]:
 
 
 def test_flat_keys_and_changed_params() -> None:
-    keys = flat_keys({"train": {"lr": 1, "head": {"type": "mlp"}}, "prepare": {"seed": 3}})
-    assert keys == ["train.lr", "train.head.type", "prepare.seed"]
-    keys = ["train.lr", "train.mode", "prepare.file.path", "train.batch_size"]
-    assert changed_params(_records(), keys) == ["train.lr", "train.mode", "prepare.file.path"]
+    keys = flat_keys({"train": {"schedule": {"head": {"lr": 1}}, "head": {"type": "mlp"}},
+                      "prepare": {"seed": 3}})
+    assert keys == ["train.schedule.head.lr", "train.head.type", "prepare.seed"]
+    keys = ["train.schedule.head.lr", "train.mode", "prepare.file.path",
+            "train.schedule.head.batch_size"]
+    assert changed_params(_records(), keys) == ["train.schedule.head.lr", "train.mode",
+                                                "prepare.file.path"]
 
 
 def test_render_keeps_changed_params_and_metrics_drops_hashes() -> None:
-    keys = ["prepare.file.path", "train.lr", "train.mode", "train.batch_size"]
-    lines = render(_records(), keys, 120)
-    assert max(map(len, lines)) <= 120
+    keys = ["prepare.file.path", "train.schedule.head.lr", "train.mode",
+            "train.schedule.head.batch_size"]
+    # 134 columns: the layout 120 gave when the learning rate's key was `train.lr`, 14
+    # characters shorter than `train.schedule.head.lr`
+    lines = render(_records(), keys, 134)
+    assert max(map(len, lines)) <= 134
     # the changed params first; the kept epoch fits too, the seconds no longer do
-    assert lines[0].split() == ["Experiment", "state", "prepare.file.path", "train.lr",
-                                "train.mode", "trained.p@1", "trained.mrr@10", "kept_epoch"]
+    assert lines[0].split() == ["Experiment", "state", "prepare.file.path",
+                                "train.schedule.head.lr", "train.mode", "trained.p@1",
+                                "trained.mrr@10", "kept_epoch"]
     assert lines[1].split() == ["workspace", "-", "data/raw/mine.csv", "0.005", "head", "0.7825",
                                 "0.8172", "57"]
     assert lines[3].split() == ["weeny-yegg", "done", "data/raw/mine.csv", "0.003", "head",
@@ -66,18 +74,18 @@ def test_an_unfinished_row_says_its_state_and_shows_no_metrics_of_its_parent() -
     records = _records()
     parent = records[1]  # main, the commit the experiments were queued on
     failed = {**parent, "Experiment": "faced-jock", "rev": "f68a6aa", "typ": "branch_commit",
-              "State": "Failed", "train.lr": 1e8}
+              "State": "Failed", "train.schedule.head.lr": 1e8}
     running = {**parent, "Experiment": "top-run", "rev": "77aa01c", "typ": "branch_commit",
                "State": "Running", "train.mode": "top_layers", "kept_epoch": 2,
                "train_s": 412.5}
     queued = {**parent, "Experiment": "next-one", "rev": "5d0e1f2", "typ": "branch_base",
-              "State": "Queued", "train.lr": 0.01, "trained.p@1": None,
+              "State": "Queued", "train.schedule.head.lr": 0.01, "trained.p@1": None,
               "trained.mrr@10": None, "kept_epoch": None, "train_s": None}  # as DVC gives it
     done = {**records[2], "State": "Success"}  # a queued one that ended: its own metrics
-    keys = ["train.lr", "train.mode"]
+    keys = ["train.schedule.head.lr", "train.mode"]
     lines = render([*records[:2], done, failed, running, queued], keys, 200)
-    assert lines[0].split() == ["Experiment", "state", "train.lr", "train.mode", "trained.p@1",
-                                "trained.mrr@10", "kept_epoch", "train_s"]
+    assert lines[0].split() == ["Experiment", "state", "train.schedule.head.lr", "train.mode",
+                                "trained.p@1", "trained.mrr@10", "kept_epoch", "train_s"]
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
     assert rows["main"] == ["done", "0.005", "head", "0.7825", "0.8172", "57", "84.671"]
     assert rows["weeny-yegg"] == ["done", "0.003", "head", "0.7323", "0.7711", "57", "84.671"]
@@ -91,7 +99,7 @@ def test_an_unfinished_row_says_its_state_and_shows_no_metrics_of_its_parent() -
 
 
 def test_render_narrow_moves_params_to_a_further_table_hides_nothing() -> None:
-    keys = ["prepare.file.path", "train.lr", "train.mode"]
+    keys = ["prepare.file.path", "train.schedule.head.lr", "train.mode"]
     lines = render(_records(), keys, 70)
     assert max(map(len, lines)) <= 70
     blank = lines.index("")
@@ -115,7 +123,7 @@ def test_compare_after_a_temp_experiment_on_other_data_fits_120_columns(
         f'"an extra text number {i} about topic {i % 3}",L{i % 3}\n' for i in range(6)))
     project.git("add", "-A")
     project.git("commit", "-q", "-m", "more data")
-    project.dvc("exp", "run", "--temp", "-S", "train.lr=0.003",
+    project.dvc("exp", "run", "--temp", "-S", "train.schedule.head.lr=0.003",
                 "-S", "prepare.file.path=data/raw/more.csv")
     # DVC's records of the experiment and its commit, to check the figures shown against
     shown = json.loads(project.dvc("exp", "show", "--json").stdout)
@@ -124,8 +132,8 @@ def test_compare_after_a_temp_experiment_on_other_data_fits_120_columns(
     lines = out.splitlines()
     assert lines and max(map(len, lines)) <= 120, out
     header = lines[0].split()
-    assert header == ["Experiment", "prepare.file.path", "train.lr", "trained.p@1",
-                      "trained.mrr@10", "kept_epoch", "train_s"], out
+    assert header == ["Experiment", "prepare.file.path", "train.schedule.head.lr",
+                      "trained.p@1", "trained.mrr@10", "kept_epoch", "train_s"], out
     rows = {line.split()[0]: dict(zip(header, line.split(), strict=True)) for line in lines[1:]}
     commit = next(c for c in shown if c.get("experiments"))
     (experiment,) = commit["experiments"]
@@ -135,12 +143,13 @@ def test_compare_after_a_temp_experiment_on_other_data_fits_120_columns(
     for row, data_ in ((branch, commit["data"]), (name, experiment["revs"][0]["data"])):
         p = data_["params"]["params.yaml"]["data"]
         trained = data_["metrics"]["reports/metrics.json"]["data"]["trained"]
-        assert rows[row]["train.lr"] == f"{p['train']['lr']:.6g}", out
+        lr = p["train"]["schedule"]["head"]["lr"]
+        assert rows[row]["train.schedule.head.lr"] == f"{lr:.6g}", out
         assert rows[row]["prepare.file.path"] == p["prepare"]["file"]["path"]
         assert rows[row]["trained.p@1"] == f"{trained['p@1']:.4f}", out
         assert rows[row]["trained.mrr@10"] == f"{trained['mrr@10']:.4f}"
-    assert (rows[name]["prepare.file.path"], rows[name]["train.lr"]) == ("data/raw/more.csv",
-                                                                         "0.003")
+    assert (rows[name]["prepare.file.path"], rows[name]["train.schedule.head.lr"]) == (
+        "data/raw/more.csv", "0.003")
     assert yaml.safe_load(params.read_text()) == raw  # --temp left params.yaml as it was
 
 
@@ -185,8 +194,8 @@ def test_a_failed_queued_experiment_shows_its_state_and_not_its_parents_metrics(
 
 def _page_example() -> tuple[list[dict[str, object]], list[str]]:
     """The records behind docs/experiments.md's example (its figures are illustrative)."""
-    base = {"prepare.file.path": "data/raw/mine.csv", "train.lr": 0.005, "train.mode": "head",
-            "cache": HASH, "lift.p@1": 0.33}
+    base = {"prepare.file.path": "data/raw/mine.csv", "train.schedule.head.lr": 0.005,
+            "train.mode": "head", "cache": HASH, "lift.p@1": 0.33}
     rows = [("workspace", None, 0.78253, 0.81722, 57, 84.671),
             ("baseline", "main", 0.78253, 0.81722, 57, 84.671),
             ("branch_commit", "weeny-yegg", 0.73234, 0.77114, 20, 50.606),
@@ -194,9 +203,9 @@ def _page_example() -> tuple[list[dict[str, object]], list[str]]:
     records = [{**base, "typ": typ, "Experiment": name, "rev": "1bac24c",
                 "trained.p@1": p1, "trained.mrr@10": mrr, "kept_epoch": kept, "train_s": s}
                for typ, name, p1, mrr, kept, s in rows]
-    records[2]["train.lr"] = 0.003
+    records[2]["train.schedule.head.lr"] = 0.003
     records[3].update({"train.mode": "top_layers", "prepare.file.path": "data/raw/more.csv"})
-    return records, ["prepare.file.path", "train.lr", "train.mode"]
+    return records, ["prepare.file.path", "train.schedule.head.lr", "train.mode"]
 
 
 def test_the_experiments_page_shows_what_compare_prints() -> None:

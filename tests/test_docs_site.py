@@ -115,8 +115,8 @@ def test_the_home_page_shows_the_pipeline_drawn_from_dvc_yaml(site: Path) -> Non
             for g in tree.iterfind(".//s:g[@class='row']", ns)}
     assert rows["params train"] == ("train export", "evaluate")
     assert rows["params negatives"] == ("negatives", "train evaluate export")
-    assert rows["params train.mode, train.encoder.top_layers"] == ("cache train export",
-                                                                   "negatives evaluate")
+    assert rows["params train.mode, train.auto, train.schedule.top_layers.layers"] == (
+        "cache train export", "negatives evaluate")
     assert rows["the cache stage's code"] == ("cache", "negatives train evaluate export")
     assert rows["your data data/raw"] == ("prepare", "cache negatives train evaluate export")
     assert rows["core simtune/params.py"] == (" ".join(stages), "")

@@ -5,7 +5,7 @@ Checked: every `simtune.x.y` in a docstring, and every backticked `x.y` whose fi
 last part of a simtune module's name (`metrics.Ranker`, `cache.vectors`), names a module of
 `src/simtune` or `stages`, or a name one of them defines (a function, class, constant, `__all__`
 entry; a class's member one step further). Not module names, and so skipped: params keys (or a
-run of their parts: `lora.r` of `train.encoder.lora.r`), file names (`meta.json`) and strings the
+run of their parts: `lora.r` of `train.lora.r`), file names (`meta.json`) and strings the
 code itself writes (the Arrow metadata key `simtune.hidden`). And every logger of the package is
 `logging.getLogger(__name__)`, so a log line names the module that wrote it.
 """
@@ -168,7 +168,8 @@ def test_the_check_tells_a_moved_module_from_a_params_key_or_a_file() -> None:
     for name in ("simtune.shared", "simtune.represent", "metrics.topk", "simtune.cache.nothing",
                  "validation.Schedule.nothing"):
         assert not known(name), name
-    assert is_params_key("train.encoder.lora") and is_params_key("lora.r")
+    assert is_params_key("train.lora") and is_params_key("schedule.top_layers.layers")
+    assert is_params_key("lora.r") and not is_params_key("train.encoder.lora")
     assert is_params_key("encoders.models.minilm.pooling")
     assert not is_params_key("cache.vectors")
     assert "simtune.hidden" in code_strings() and "simtune.shared" not in code_strings()

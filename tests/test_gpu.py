@@ -137,7 +137,7 @@ def test_train_stage_gradcache_gradient_equals_plain_under_fp16(
 
     _, params_file = project(tmp_path, dropout_free(tiny_bert, tmp_path / "bert"))
     _edit(params_file, mode="full", precision="16-mixed", accelerator="gpu",
-          encoder__max_epochs=2, encoder__batch_size=8, encoder__lr=0.001)
+          schedule__full__max_epochs=2, schedule__full__batch_size=8, schedule__full__lr=0.001)
     steps = step_gradients(tmp_path, params_file, monkeypatch)
 
     def finite(step: dict[str, torch.Tensor]) -> bool:
@@ -203,7 +203,8 @@ def test_distillation_on_the_gpu_under_fp16_steps_as_without_gradcache(
 
     raw = distill_raw(tmp_path, dropout_free(tiny_bert, tmp_path / "bert"), loss=loss)
     raw["train"].update(mode=mode, precision="16-mixed", accelerator="gpu")
-    raw["train"]["encoder"].update(max_epochs=1, batch_size=8, top_layers=1)
+    raw["train"]["schedule"][mode].update(max_epochs=1, batch_size=8)
+    raw["train"]["schedule"]["top_layers"]["layers"] = 1
     fill(tmp_path, raw)
     params_file = tmp_path / "params.yaml"
     assert yaml.safe_load(params_file.read_text())["train"]["accelerator"] == "gpu"
@@ -298,8 +299,8 @@ def test_a_query_tower_trains_on_the_gpu_against_the_frozen_corpus(
     raw["train"].update(mode="top_layers", precision="16-mixed", accelerator="gpu",
                         frozen_candidate=False)
     raw["train"]["head"]["side"] = "query"
-    raw["train"]["encoder"].update(top_layers=1, max_epochs=2, patience=2, batch_size=16,
-                                   lr=0.01, head_lr=0.05)
+    raw["train"]["schedule"]["top_layers"].update(layers=1, max_epochs=2, patience=2,
+                                                  batch_size=16, lr=0.01, head_lr=0.05)
     write_params(params_file, raw)
     p = P.load(params_file)
     if objective == "distill":  # the teacher's vectors and the student's layer states

@@ -55,7 +55,10 @@ def _small_project(tmp_path: Path) -> tuple[DvcProject, dict[str, Any], Path, Pa
     raw["prepare"]["file"]["path"] = "data/raw/mine.csv"
     raw["encoders"] = encoder_params(model)
     raw["cache"]["device"] = "cpu"
-    raw["train"].update(batch_size=8, max_epochs=2)
+    # head mode, as these tests were written for (params.yaml's `auto` would pick the top
+    # layers of the tiny BERT); the pipeline tests that run params.yaml as shipped keep `auto`
+    raw["train"]["mode"] = "head"
+    raw["train"]["schedule"]["head"].update(batch_size=8, max_epochs=2)
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
     return project, raw, params, data
 
@@ -66,7 +69,7 @@ def build_baseline(folder: Path) -> None:
     fixture of tests/conftest.py builds it once per session)."""
     project, raw, params, _ = _small_project(folder)
     project.env["SIMTUNE_STORE"] = str(folder / "store")
-    raw["train"]["max_epochs"] = 1
+    raw["train"]["schedule"]["head"]["max_epochs"] = 1
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
     first = project.dvc("repro")
     assert _ran(first) == set(STAGES) and any((folder / "store" / "vectors").iterdir())
@@ -98,7 +101,7 @@ def test_the_edit_rerun_loop(tmp_path: Path) -> None:
     assert _ran(project.dvc("repro")) == set()
 
     # a train key: train, evaluate and export rerun; no encoder is loaded
-    raw["train"]["lr"] = 0.002
+    raw["train"]["schedule"]["head"]["lr"] = 0.002
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
     retrain = project.dvc("repro")
     assert _ran(retrain) == {"train", "evaluate", "export"}
@@ -128,8 +131,8 @@ def test_the_edit_rerun_loop(tmp_path: Path) -> None:
 def two_experiments(tmp_path_factory: pytest.TempPathFactory, pipeline_baseline: Path
                     ) -> tuple[DvcProject, bytes]:
     """A small project run (the baseline's copy), rerun with the same params, committed, then
-    two experiments (`dvc exp run -S train.lr=...`): shared by the tests that read what DVC
-    shows of it. Returns it and reports/evaluate.json's bytes after the first run."""
+    two experiments (`dvc exp run -S train.schedule.head.lr=...`): shared by the tests that
+    read what DVC shows of it. Returns it and reports/evaluate.json's bytes after the first run."""
     folder = tmp_path_factory.mktemp("experiments")
     project, *_ = _baseline_copy(pipeline_baseline, folder, folder / "store")
     before = (project.path / "reports" / "evaluate.json").read_bytes()
@@ -138,7 +141,7 @@ def two_experiments(tmp_path_factory: pytest.TempPathFactory, pipeline_baseline:
     project.git("add", "-A")
     project.git("commit", "-q", "-m", "baseline run")
     for lr in ("0.004", "0.02"):
-        run = project.dvc("exp", "run", "-S", f"train.lr={lr}")
+        run = project.dvc("exp", "run", "-S", f"train.schedule.head.lr={lr}")
         assert "Running stage 'train'" in run.stdout
     return project, before
 
@@ -152,7 +155,7 @@ def test_experiments_and_identical_reruns(two_experiments: tuple[DvcProject, byt
     lrs = set()
     for exp in experiments:
         data = exp["revs"][0]["data"]
-        lrs.add(data["params"]["params.yaml"]["data"]["train"]["lr"])
+        lrs.add(data["params"]["params.yaml"]["data"]["train"]["schedule"]["head"]["lr"])
         metric_files = data["metrics"]
         assert set(metric_files["reports/metrics.json"]["data"]) == {"trained", "lift"}
         assert set(metric_files["reports/train_metrics.json"]["data"]) == {"kept_epoch",
@@ -164,13 +167,13 @@ def test_experiments_and_identical_reruns(two_experiments: tuple[DvcProject, byt
     header = project.dvc("exp", "show", "--only-changed", "--csv").stdout.splitlines()[0]
     columns = header.split(",")
     assert len(columns) <= 20, columns
-    assert "train.lr" in columns and "train_s" in columns, columns
+    assert "train.schedule.head.lr" in columns and "train_s" in columns, columns
     headline = {f"{part}.{m}" for part in ("trained", "lift")
                 for m in ("p@1", "mrr@10", "ndcg@10", "map@r")}
     listing = {"Experiment", "rev", "typ", "Created", "parent", "State", "Executor"}
     outputs = {"models/head", "reports/evaluate.json"}  # deps of evaluate and export
-    assert set(columns) <= listing | {"train.lr", "kept_epoch", "train_s"} | headline | outputs, (
-        columns)
+    assert set(columns) <= (listing | {"train.schedule.head.lr", "kept_epoch", "train_s"}
+                            | headline | outputs), columns
 
 
 def _plain_exp_show_columns(project: DvcProject) -> list[str]:
@@ -200,7 +203,8 @@ def test_plain_exp_show_lists_metrics_then_params_then_one_column_per_stage_pack
     project = two_experiments[0]
     params = _leaves(yaml.safe_load((project.path / "params.yaml").read_text()))
     assert len(params) == len(_leaves(yaml.safe_load((ROOT / "params.yaml").read_text())))
-    assert sorted(columns[12:12 + len(params)]) == sorted(params) and "train.lr" in params
+    assert sorted(columns[12:12 + len(params)]) == sorted(params)
+    assert "train.schedule.head.lr" in params
     code = {d for s in ("check", *STAGES) for d in stage_deps(s)}
     data = {"data/raw", "data/prepared", "cache", "negatives", "models/head",
             "reports/evaluate.json", "reports/prepare.json", "reports/params_checked.json"}
@@ -262,7 +266,7 @@ def test_a_queued_grid_and_a_temp_experiment_embed_nothing(
     import time
 
     project, *_ = _committed_baseline(pipeline_baseline, tmp_path)
-    project.dvc("exp", "run", "--queue", "-S", "train.lr=0.001,0.01",
+    project.dvc("exp", "run", "--queue", "-S", "train.schedule.head.lr=0.001,0.01",
                 "-S", "train.head.type=mlp,skip_connection")
     project.dvc("queue", "start", "-j", "2")
     deadline = time.monotonic() + 900
@@ -279,13 +283,13 @@ def test_a_queued_grid_and_a_temp_experiment_embed_nothing(
         assert "Running stage 'train'" in logs and _nothing_embedded(logs), logs[-3000:]
     shown = json.loads(project.dvc("exp", "show", "--json").stdout)
     experiments = [e for commit in shown for e in commit.get("experiments") or []]
-    grid = {(e["revs"][0]["data"]["params"]["params.yaml"]["data"]["train"]["lr"],
-             e["revs"][0]["data"]["params"]["params.yaml"]["data"]["train"]["head"]["type"])
-            for e in experiments}
+    trains = [e["revs"][0]["data"]["params"]["params.yaml"]["data"]["train"]
+              for e in experiments]
+    grid = {(t["schedule"]["head"]["lr"], t["head"]["type"]) for t in trains}
     assert grid == {(lr, h) for lr in (0.001, 0.01) for h in ("mlp", "skip_connection")}
     assert all("lift" in e["revs"][0]["data"]["metrics"]["reports/metrics.json"]["data"]
                for e in experiments)
-    temp = project.dvc("exp", "run", "--temp", "-S", "train.lr=0.02")
+    temp = project.dvc("exp", "run", "--temp", "-S", "train.schedule.head.lr=0.02")
     assert "Running stage 'train'" in temp.stdout
     assert _nothing_embedded(temp.stdout + temp.stderr)
 
@@ -336,9 +340,10 @@ def test_a_failing_stage_loses_nothing_dvc_checkout_restores(
     # deletes a stage's outputs before its command, so the check is a stage of its own that
     # every stage follows; the last good model stays (issue 35 item 13)
     text = params.read_text()
-    for bad, said in ((text.replace("\n  lr: ", "\n  learning_rate: ", 1),
-                       "unknown key 'learning_rate' in section 'train'"),
-                      (text.replace("\n  max_epochs: ", "\n  max_epochs: 3\n  max_epochs: ", 1),
+    for bad, said in ((text.replace("\n      lr: ", "\n      learning_rate: ", 1),
+                       "unknown key 'learning_rate' in section 'train.schedule.head'"),
+                      (text.replace("\n      max_epochs: ",
+                                    "\n      max_epochs: 3\n      max_epochs: ", 1),
                        "found duplicate key \"max_epochs\"")):  # DVC's own refusal
         params.write_text(bad)
         failed = project.dvc("repro", check=False)
@@ -387,7 +392,7 @@ def test_top_layers_views_reference_the_store_and_a_teammate_refills(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     project, raw, params, _ = _small_project(tmp_path)
     raw["train"]["mode"] = "top_layers"
-    raw["train"]["encoder"].update(top_layers=1, max_epochs=1, batch_size=16)
+    raw["train"]["schedule"]["top_layers"].update(layers=1, max_epochs=1, batch_size=16)
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
     first = project.dvc("repro")
     assert "cache tiny@layer1: 0 cached, 60 to embed" in first.stderr

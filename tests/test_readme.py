@@ -181,8 +181,9 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
     raw = yaml.safe_load(params.read_text())
     raw["encoders"] = encoder_params(save_tiny_bert(tmp_path / "tiny-bert"))
     raw["cache"]["device"] = "cpu"
-    raw["train"].update(batch_size=8, max_epochs=2)
-    raw["train"]["encoder"].update(batch_size=8, max_epochs=1)
+    raw["train"]["schedule"]["head"].update(batch_size=8, max_epochs=2)
+    for mode in ("top_layers", "full"):
+        raw["train"]["schedule"][mode].update(batch_size=8, max_epochs=1)
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
 
     lines = _quickstart()
@@ -218,8 +219,8 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
             # the two experiments' changed params and trained metrics, in 120 columns
             shown = proc.stdout.splitlines()
             assert max(map(len, shown)) <= 120, proc.stdout
-            assert {"train.lr", "train.mode", "trained.p@1", "trained.mrr@10"} <= set(
-                shown[0].split()), proc.stdout
+            assert {"train.schedule.head.lr", "train.mode", "trained.p@1",
+                    "trained.mrr@10"} <= set(shown[0].split()), proc.stdout
             assert "top_layers" in proc.stdout and "0.003" in proc.stdout
         elif command.startswith("simtune search"):
             hits = proc.stdout.strip().splitlines()

@@ -178,7 +178,7 @@ def test_two_process_top_layers_fill_equals_one_process(tmp_path: Path, tiny_ber
     raw["encoders"] = encoder_params(tiny_bert)
     raw["cache"] = cache_params(shard_rows=10)
     raw["train"]["mode"] = "top_layers"
-    raw["train"]["encoder"]["top_layers"] = 1
+    raw["train"]["schedule"]["top_layers"]["layers"] = 1
     params_file = tmp_path / "params.yaml"
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     store_two = tmp_path / "store-two"

@@ -26,6 +26,13 @@ from tests.conftest import WORDS, repo_params
 E5 = {"query": "what is ", "document": "the ", "include_prompt": False}
 
 
+# a short schedule for both encoder modes (`_pairs(..., schedule=ENCODER_SCHEDULE)`): one epoch
+# of batch 4, the top 1 layer in top_layers mode
+_ENCODER = {"lr": 0.001, "head_lr": 0.01, "batch_size": 4, "max_epochs": 1, "patience": 1,
+            "val_every": 1}
+ENCODER_SCHEDULE = {"top_layers": {**_ENCODER, "layers": 1}, "full": _ENCODER}
+
+
 def _pairs(root: Path, model: Path, prompts: dict[str, Any] | None,
            enc: dict[str, Any] | None = None, **train: Any) -> P.Params:
     """12 (query, document) pairs prepared under `root`, params for the tiny encoder (`enc`
@@ -40,12 +47,17 @@ def _pairs(root: Path, model: Path, prompts: dict[str, Any] | None,
     raw["encoders"] = encoder_params(model, prompts=prompts, **(enc or {}))
     raw["cache"] = cache_params()
     raw["train"]["loss"]["name"] = "mnrl"
-    # an `encoder` given in part keeps the rest of params.yaml's train.encoder (lora, ...)
-    raw["train"].update({k: {**raw["train"][k], **v} if k == "encoder" else v
-                         for k, v in train.items()})
+    # a section given in part (`schedule={"full": {"lr": ...}}`) keeps the rest of params.yaml's
+    raw["train"] = _merged(raw["train"], train)
     p = P.validate(raw)
     write_prepared(prepare.build(p.prepare), root / "prepared", root / "prepare.json")
     return p
+
+
+def _merged(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `new`'s keys set, a mapping in both merged key by key."""
+    return {**base, **{k: _merged(base[k], v) if isinstance(v, dict)
+                       and isinstance(base.get(k), dict) else v for k, v in new.items()}}
 
 
 def _by_id(table: vectors.CacheTable) -> dict[str, torch.Tensor]:

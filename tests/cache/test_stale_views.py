@@ -72,7 +72,7 @@ def test_probe_a_moved_project_keeps_its_layer_states_until_prune_missing(
     _fill(make_prepared(other, sentences(12, 40)), other / "cache", p, layer=0)
     raw = P.Params.model_validate(p.model_dump()).model_dump()
     raw["train"].update(mode="top_layers")
-    raw["train"]["encoder"]["top_layers"] = 2  # layer 0 of the 2-layer tiny BERT
+    raw["train"]["schedule"]["top_layers"]["layers"] = 2  # layer 0 of the 2-layer tiny BERT
     params_file = write_params(other / "params.yaml", raw)
     result = CliRunner().invoke(app, ["cache", "gc", "--params", str(params_file),
                                       "--max-gb", "0"])

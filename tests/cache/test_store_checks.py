@@ -63,7 +63,7 @@ def _project(tmp_path: Path, model: Path, train: dict[str, Any] | None = None) -
     raw["encoders"] = encoder_params(model)
     raw["cache"] = cache_params(shard_rows=10)
     raw["train"].update(train or {})
-    raw["train"]["encoder"]["top_layers"] = 1
+    raw["train"]["schedule"]["top_layers"]["layers"] = 1
     params_file = write_params(tmp_path / "params.yaml", raw)
     return ["--params", str(params_file), "--prepared", str(tmp_path / "prepared"),
             "--out", str(tmp_path / "cache")]
@@ -296,7 +296,7 @@ def test_item10_verify_checks_the_top_layers_state_cache(tmp_path: Path,
     opts = _project(tmp_path, tiny_bert, {"mode": "top_layers"})
     assert _cli("cache", *opts)[0] == 0
     layer_view = tmp_path / "cache" / "tiny@layer1"
-    assert layer_view.is_dir()  # train.encoder.top_layers 1 of 2 layers: the states after 1
+    assert layer_view.is_dir()  # train.schedule.top_layers.layers 1 of 2: the states after 1
     code, output = _cli("cache", "verify", *opts, "--sample", "4")
     assert code == 0, output
     assert "tiny: ok: 30 rows, 4 re-embedded" in output

@@ -22,7 +22,7 @@ from tests.train.distill_helpers import distill_raw, fill
 
 def _distilled(root: Path, bert: Path, **evaluate_params: Any) -> P.Params:
     raw = distill_raw(root, bert, n=48)
-    raw["train"].update(max_epochs=2, patience=2)
+    raw["train"]["schedule"]["head"].update(max_epochs=2, patience=2)
     raw["evaluate"].update(evaluate_params)
     fill(root, raw)
     p = P.load(root / "params.yaml")
@@ -108,7 +108,7 @@ def test_the_stages_end_to_end_with_an_export_teacher_and_unlabelled_texts(
     raw = texts_project(tmp_path, tiny_bert)
     raw["encoders"]["models"]["teacher"]["model"] = str(teacher)
     raw["train"].update(mode="top_layers")
-    raw["train"]["encoder"].update(max_epochs=1, top_layers=1, batch_size=8)
+    raw["train"]["schedule"]["top_layers"].update(max_epochs=1, layers=1, batch_size=8)
     raw["evaluate"]["speed_texts"] = 4
     params = str(write_params(tmp_path / "params.yaml", raw))
     r = {k: str(tmp_path / k) for k in ("prepared", "cache", "head", "export", "reports")}

@@ -189,8 +189,8 @@ def _pairs_project(root: Path, model: Path, **train: Any) -> Path:
     raw["encoders"] = encoder_params(model)
     raw["cache"] = cache_params()
     raw["negatives"].update(count=3)
-    raw["train"].update({"batch_size": 8, "max_epochs": 2, "patience": 5, "lr": 0.01,
-                         "hard_negatives": 2, **train})
+    raw["train"]["schedule"]["head"].update(batch_size=8, max_epochs=2, patience=5, lr=0.01)
+    raw["train"].update({"hard_negatives": 2, **train})
     assert raw["train"]["loss"]["name"] == "auto"  # mnrl on pairs: mined negatives apply
     raw["train"]["head"]["dropout"] = 0.0
     p = P.validate(raw)
