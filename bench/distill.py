@@ -227,7 +227,8 @@ def child_peer(job_path: str) -> None:
 
     job = json.loads(Path(job_path).read_text())
     p, prepared = P.load(job["params"]), Path(job["prepared"])
-    t, spec = p.train, p.encoders.models["minilm"]
+    # the full row's params (student_params "full") and its schedule in force (`t.run`)
+    t, spec = P.effective(p.train), p.encoders.models["minilm"]
     texts = _texts(prepared)
     ex = load(prepared).examples.to_pydict()
     train = [texts[i] for i, s in zip(ex["text_id"], ex["split"], strict=True) if s == "train"]
@@ -243,8 +244,8 @@ def child_peer(job_path: str) -> None:
         targets = targets @ PCA(n_components=width).fit(targets).components_.T
     ds = Dataset.from_dict({"text": train, "label": targets.tolist()})
     args = SentenceTransformerTrainingArguments(
-        output_dir=str(Path(job["work"]) / "st"), num_train_epochs=t.encoder.max_epochs,
-        per_device_train_batch_size=t.encoder.batch_size, learning_rate=job["lr"],
+        output_dir=str(Path(job["work"]) / "st"), num_train_epochs=t.run.max_epochs,
+        per_device_train_batch_size=t.run.batch_size, learning_rate=job["lr"],
         weight_decay=t.weight_decay, lr_scheduler_type="linear", warmup_steps=job["warmup"],
         seed=t.seed, save_strategy="no", report_to="none", disable_tqdm=True)
     trainer = SentenceTransformerTrainer(model=student, args=args, train_dataset=ds,
@@ -256,7 +257,7 @@ def child_peer(job_path: str) -> None:
     scores = _score(p, prepared, Path(job["cache"]), st_vectors(student, texts))
     print("BENCH-RESULT " + json.dumps({
         "train_s": seconds, "train_cpu_s": cpu, "val_s": 0.0, "fill_s": 0.0,
-        "teacher_encode_s": teacher_s, "lr": job["lr"], "epochs": t.encoder.max_epochs,
+        "teacher_encode_s": teacher_s, "lr": job["lr"], "epochs": t.run.max_epochs,
         "best_epoch": "last", **scores}))
 
 

@@ -1,6 +1,7 @@
 """The experiment loop on the default data set: a 6-experiment grid run as DVC's queue (2 workers)
-vs the same 6 run one after another in the workspace, in a throw-away git copy of the project;
-texts embedded by each experiment and the disk used by the shared store, the views and DVC.
+vs the same 6 run one after another in the workspace, in a throw-away git copy of the project
+(`train.mode: head`, the mode the grid's keys train); texts embedded by each experiment and the
+disk used by the shared store, the views and DVC.
 
     python -m bench.exp_queue [--workers 2]
 
@@ -21,9 +22,11 @@ import time
 from pathlib import Path
 
 from bench.common import machine, table, write_results
+from simtune.train.space import write_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-GRID = {"train.lr": ["0.001", "0.003", "0.01"], "train.head.type": ["mlp", "skip_connection"]}
+GRID = {"train.schedule.head.lr": ["0.001", "0.003", "0.01"],
+        "train.head.type": ["mlp", "skip_connection"]}
 
 
 def _copy_project(dest: Path) -> None:
@@ -59,6 +62,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="simtune-exp-"))
     project, store = work / "project", work / "store"
     _copy_project(project)
+    # the mode measured, whatever params.yaml's default (`auto` would pick the top layers on
+    # TREC, where the grid's head learning rate trains nothing)
+    write_yaml(project / "params.yaml", {"train.mode": "head"})
     env = {**os.environ, "SIMTUNE_STORE": str(store), "HF_HUB_OFFLINE": "1",
            "DVC_NO_ANALYTICS": "1", "PYTHONPATH": f"{project / 'src'}:{project}",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}

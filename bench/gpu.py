@@ -215,8 +215,8 @@ def stage_rows() -> list[dict]:
         cache.fill(tmp / "prepared", tmp / "cache", p.encoders, p.cache)  # device auto: GPU
         fill_s = time.perf_counter() - t0
         for precision in ("32-true", "16-mixed", "bf16-mixed"):
-            q = p.model_copy(update={"train": p.train.model_copy(update={
-                "precision": precision, "accelerator": "gpu"})})
+            q = p.model_copy(update={"train": p.train.model_copy(update={  # the mode measured
+                "mode": "head", "precision": precision, "accelerator": "gpu"})})
             out = tmp / precision
             t0 = time.perf_counter()
             report = train.run(q, tmp / "prepared", tmp / "cache", out / "head",

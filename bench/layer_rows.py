@@ -155,7 +155,8 @@ def child_st(job: dict) -> dict:
 
     p = P.load(job["params"])
     prepared, cache_dir, work = Path(job["prepared"]), Path(job["cache"]), Path(job["work"])
-    t, spec = p.train, p.encoders.models[p.encoders.query]
+    # the row's mode (full: params_for) and its schedule in force (`t.run`)
+    t, spec = P.effective(p.train), p.encoders.models[p.encoders.query]
     texts = _texts(prepared)
     ex = load(prepared).examples.to_pydict()
     train_rows = [i for i, s in enumerate(ex["split"]) if s == "train"]
@@ -173,8 +174,8 @@ def child_st(job: dict) -> dict:
     loss = (SupConForST(model, t.loss.temperature) if "label" in ex
             else MultipleNegativesRankingLoss(model, scale=t.loss.scale))
     args = SentenceTransformerTrainingArguments(
-        output_dir=str(work / "st"), num_train_epochs=t.encoder.max_epochs,
-        per_device_train_batch_size=t.encoder.batch_size, learning_rate=job["lr"],
+        output_dir=str(work / "st"), num_train_epochs=t.run.max_epochs,
+        per_device_train_batch_size=t.run.batch_size, learning_rate=job["lr"],
         weight_decay=t.weight_decay, lr_scheduler_type="linear", warmup_steps=job["warmup"],
         seed=t.seed, save_strategy="no", report_to="none", logging_steps=50,
         disable_tqdm=True, dataloader_drop_last=False)
@@ -190,7 +191,7 @@ def child_st(job: dict) -> dict:
     vectors_of = st_vectors(model, texts)
     return {"train_s": seconds, "val_s": 0.0, "total_s": seconds, "train_cpu_s": cpu,
             "lr": job["lr"],
-            "warmup": job["warmup"], "epochs": t.encoder.max_epochs, "best_epoch": "last",
+            "warmup": job["warmup"], "epochs": t.run.max_epochs, "best_epoch": "last",
             "peak_mb": peak, **_score(p, prepared, cache_dir, vectors_of)}
 
 

@@ -3,11 +3,12 @@
 One run, same machine, same data, same loss, same epochs. Per encoder and data set, every row
 trains from the same prepared split and is scored on the same test task with the same metric
 code (`simtune.retrieval.task`, as the evaluate stage builds it):
-  head      the default head on cached vectors (its own schedule: `train.*` of params.yaml)
+  head      the default head on cached vectors (its own schedule: `train.schedule.head` of
+            params.yaml)
   top-K     `train.mode: top_layers`, K = 1, 2, 3 (and 4 on the 12-layer encoder): cached
-            layer states, `train.encoder.*`
-  full      `train.mode: full` (the whole encoder in the loop, `train.encoder.*`)
-  +lora     top-2 and full again with LoRA adapters (`train.encoder.lora`, r = LORA_R, every
+            layer states, `train.schedule.top_layers`
+  full      `train.mode: full` (the whole encoder in the loop, `train.schedule.full`)
+  +lora     top-2 and full again with LoRA adapters (`train.lora`, r = LORA_R, every
             linear layer of the trainable layers): the peak memory with and without
   st        sentence-transformers' `SentenceTransformerTrainer` (the peer) at its best: the
             same encoder, loss (SupCon through our `GroupLoss` for groups, its own MNRL, scale
@@ -73,7 +74,7 @@ from bench.mpnet import DEST as MPNET_DIR
 from simtune import params as P
 
 ROOT = Path(__file__).resolve().parents[1]
-LORA_R = 8  # train.encoder.lora.r of the +lora rows (alpha, dropout, modules: params.yaml's)
+LORA_R = 8  # train.lora.r of the +lora rows (alpha, dropout, modules: params.yaml's)
 # encoder -> (encoders.models.<name>.model, label, rows measured); the outlet set (long
 # documents, 9 labels) checks the defaults on a third data shape with MiniLM only
 ENCODERS = {
@@ -149,15 +150,15 @@ def params_for(encoder: str, kind: str, data: Path, row: str, epochs: int,
     mode, _, lora = row.partition("+")
     if mode.startswith("top"):
         t["mode"] = "top_layers"
-        t["encoder"]["top_layers"] = int(mode[3:])
+        t["schedule"]["top_layers"]["layers"] = int(mode[3:])
     elif mode in ("full", "st"):
         t["mode"] = "full"
     else:  # the row's name is its mode, whatever params.yaml's default (bench/settings.ROW_KEYS)
         t["mode"] = "head"
     if lora:
-        t["encoder"]["lora"]["r"] = LORA_R
-    if row != "head":
-        t["encoder"].update(max_epochs=epochs, patience=epochs)
+        t["lora"]["r"] = LORA_R
+    if row != "head":  # the row's own mode's schedule (st: full's)
+        t["schedule"][t["mode"]].update(max_epochs=epochs, patience=epochs)
     return p
 
 

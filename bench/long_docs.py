@@ -119,12 +119,12 @@ def row_params(raw: dict[str, Any], spec: dict, mode: str, data: Path, store: Pa
     t = p["train"]
     if mode == "top2":
         t["mode"] = "top_layers"
-        t["encoder"].update(top_layers=2, max_epochs=args.top2_epochs,
-                            patience=args.top2_epochs)
+        t["schedule"]["top_layers"].update(layers=2, max_epochs=args.top2_epochs,
+                                           patience=args.top2_epochs)
     else:
         t["mode"] = "head"
         if args.head_epochs:
-            t.update(max_epochs=args.head_epochs, patience=args.head_epochs)
+            t["schedule"]["head"].update(max_epochs=args.head_epochs, patience=args.head_epochs)
     return p
 
 

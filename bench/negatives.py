@@ -55,6 +55,7 @@ def params_for(data: Path, store: Path, count: int, **train: Any) -> Any:
     raw["prepare"]["file"]["columns"].update(query="query", positive="positive")
     raw["cache"].update(store=str(store), device="cpu")
     raw["negatives"]["count"] = count
+    raw["train"]["mode"] = "head"  # the mode measured (mined negatives are head mode's)
     raw["train"]["loss"]["name"] = "mnrl"
     for key, value in train.items():
         if key.startswith("loss_"):

@@ -17,7 +17,7 @@ functions, one params dict per row) in a temporary workspace over params.yaml's 
                    per positive), Adam; selected on the same validation metric as our rows
                    (train.monitor), then scored by evaluate as a query-side linear head
   sym-top2         the symmetric top_layers mode (`train.mode: top_layers`, params.yaml's
-                   `train.encoder` schedule and top layers): the other side re-embedded too
+                   `train.schedule.top_layers`): the other side re-embedded too
   query-top2       a query tower: `train.head.side: query` in top_layers mode (the same
                    schedule): the top layers and the head train for the queries alone,
                    documents keep the frozen vectors
@@ -127,8 +127,10 @@ def write_sample(name: str, path: Path, n: int, seed: int) -> None:
 def row_params(raw: dict[str, Any], row: str, args: argparse.Namespace) -> dict[str, Any]:
     p = copy.deepcopy(raw)
     t = p["train"]
+    t["mode"] = "head"  # the row's mode, whatever params.yaml's default (top2 rows: below)
     if args.max_epochs:
-        t.update(max_epochs=args.max_epochs, patience=min(t["patience"], args.max_epochs))
+        h = t["schedule"]["head"]
+        h.update(max_epochs=args.max_epochs, patience=min(h["patience"], args.max_epochs))
     if row.startswith("query") or row == "chroma":
         t["head"]["side"] = "query"
     if row in ("query-linear", "chroma"):
@@ -136,7 +138,7 @@ def row_params(raw: dict[str, Any], row: str, args: argparse.Namespace) -> dict[
     if row in TOP:
         t["mode"] = "top_layers"
         if args.max_epochs:
-            e = t["encoder"]
+            e = t["schedule"]["top_layers"]
             e.update(max_epochs=min(e["max_epochs"], args.max_epochs),
                      patience=min(e["patience"], args.max_epochs))
     return p
@@ -252,7 +254,8 @@ def chroma_adapter(p: Any, prepared: Path, cache_dir: Path, out: Path,
     task = validation_task(data, p)
     best, best_state, since = -1.0, None, 0
     cos = torch.nn.functional.cosine_similarity
-    for _epoch in range(p.train.max_epochs):
+    schedule = p.train.schedule.head  # the adapter trains on cached vectors, as a head
+    for _epoch in range(schedule.max_epochs):
         head.train()
         if data.kind == "groups":  # a random other text of the same label as the positive
             pick_pos = torch.stack([s[torch.randint(len(s), (1,), generator=gen)][0]
@@ -280,7 +283,7 @@ def chroma_adapter(p: Any, prepared: Path, cache_dir: Path, out: Path,
             best_state = {k: v.clone() for k, v in head.state_dict().items()}
         else:
             since += 1
-            if since >= p.train.patience:
+            if since >= schedule.patience:
                 break
     assert best_state is not None
     head.load_state_dict(best_state)

@@ -94,6 +94,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     root = a.project
     raw = P.read_yaml(a.params or root / "params.yaml")
+    raw["train"]["mode"] = "head"  # the head is what this probes (a --set may name another)
     rows = []
     sizes = [("per_label", n) for n in a.per_label] + [("pairs", n) for n in a.pairs]
     for assignment in a.set or [""]:

@@ -2,7 +2,8 @@
 
 Per data set (TREC-50 questions; news title -> body pairs), in a throw-away git copy of the
 project (the machine's shared store, so a text embedded before is not embedded again):
-  1. `dvc repro` with params.yaml's defaults: the default model's validation and test metrics;
+  1. `dvc repro` with params.yaml's defaults in head mode (`train.mode: head`, the mode the
+     sweep's space trains): the default model's validation and test metrics;
   2. the in-process sweep over the `sweep` section (TPE, the median pruner, the section's
      `fixed` schedule; a SQLite study in the copy): seconds and resident memory per trial;
   3. (TREC) the sweep's first `--queue` trials again as a DVC grid, `dvc exp run --queue train
@@ -65,6 +66,8 @@ def project_for(work: Path, name: str, trials: int) -> tuple[Path, dict[str, str
     project = work / name
     _copy_project(project)
     raw = P.read_yaml(project / "params.yaml")
+    # the mode measured (the sweep's space and `fixed` are the head's): the defaults' run too
+    raw["train"]["mode"] = "head"
     sets, space = SETS[name]
     for key, value in sets.items():
         _set(raw, key, value)

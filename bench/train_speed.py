@@ -6,7 +6,7 @@ Same run, same machine:
   epoch), each run `--repeats` times at once side by side, so both see the same machine load
   (the shortest wall time counts; CPU time and load are recorded); then each kept head's test
   metrics (the evaluate stage) and this tree computing every validation metric every epoch
-  (`train.val_every: 1`, the same training and kept epoch);
+  (`train.schedule.head.val_every: 1`, the same training and kept epoch);
   (a) one epoch of head training on the cached MiniLM vectors of TREC (batch 256),
   (b) the same head, data, batch, loss and optimiser with the frozen encoder in the loop;
   GradCache in full mode (MiniLM trainable, news title->body pairs, MNRL, batch 256):
@@ -236,11 +236,14 @@ def train_stage(before: str, repeats: int, threads: int) -> dict:
         prepared = prepare.build(p.prepare)
         write_prepared(prepared, tmp / "prepared", tmp / "prepare.json")
         cache.fill(tmp / "prepared", tmp / "cache", p.encoders, p.cache)  # the shared store
-        every = P.read_yaml(ROOT / "params.yaml")
-        every["train"]["val_every"] = 1
-        (tmp / "every.yaml").write_text(yaml.safe_dump(every, sort_keys=False))
+        # this tree's params.yaml in the mode measured, whatever its default (`auto`)
+        now = P.read_yaml(ROOT / "params.yaml")
+        now["train"]["mode"] = "head"
+        (tmp / "now.yaml").write_text(yaml.safe_dump(now, sort_keys=False))
+        now["train"]["schedule"]["head"]["val_every"] = 1
+        (tmp / "every.yaml").write_text(yaml.safe_dump(now, sort_keys=False))
         runs: dict[str, list[dict]] = {"before": [], "now": [], "now, val_every 1": []}
-        plan = [("before", old, old / "params.yaml"), ("now", ROOT, ROOT / "params.yaml")]
+        plan = [("before", old, old / "params.yaml"), ("now", ROOT, tmp / "now.yaml")]
         for i in range(repeats + 1):
             # the last round: this tree validating every epoch, beside the default once more
             jobs = plan if i < repeats else [plan[1], ("now, val_every 1", ROOT,
@@ -253,9 +256,9 @@ def train_stage(before: str, repeats: int, threads: int) -> dict:
                     raise RuntimeError(f"{name}: {(out / 'log').read_text()[-2000:]}")
                 wall, user, sys_s = map(float, (out / "time").read_text().split()[-3:])
                 report = json.loads((out / "train.json").read_text())
-                # this tree's evaluate (its params: `before`'s lack train.val_every) on each
-                # kept head, once per setting
-                test = _evaluate(tmp, ROOT / "params.yaml", out) if not runs[name] else None
+                # this tree's evaluate (its params: `before`'s lack the schedule's
+                # val_every) on each kept head, once per setting
+                test = _evaluate(tmp, tmp / "now.yaml", out) if not runs[name] else None
                 runs[name].append({"wall_s": wall, "cpu_s": user + sys_s, "load_1min": load,
                                    "report": report, "test": test})
     return runs

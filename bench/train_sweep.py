@@ -1,11 +1,13 @@
 """Would other training defaults reach the default's test metrics in less time? The default TREC
-train stage under each setting (one torch thread each, two settings at a time side by side),
-then the evaluate stage on each kept head.
+train stage in head mode (`train.mode: head`, whatever params.yaml's default) under each setting
+(one torch thread each, two settings at a time side by side), then the evaluate stage on each
+kept head.
 
     python -m bench.train_sweep [SETTING ...]
 
 A SETTING is comma-separated key=value overrides of params.yaml, e.g.
-`train.batch_size=512,train.lr=0.01` (none given: the defaults and the five settings below).
+`train.schedule.head.batch_size=512,train.schedule.head.lr=0.01` (none given: the defaults and
+the five settings below).
 
 Needs the prepared TREC data and its cache in the workspace (`dvc repro cache`). One seed:
 differences of ~0.01 in a test metric are within the noise of 538 test questions. Prints a
@@ -26,13 +28,15 @@ from bench.train_speed import _evaluate, _stage_job
 from simtune import params as P
 
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = ["", "train.batch_size=512", "train.batch_size=256", "train.lr=0.01",
-            "train.batch_size=512,train.lr=0.01", "train.batch_size=256,train.lr=0.002"]
+BATCH, LR = "train.schedule.head.batch_size", "train.schedule.head.lr"
+SETTINGS = ["", f"{BATCH}=512", f"{BATCH}=256", f"{LR}=0.01", f"{BATCH}=512,{LR}=0.01",
+            f"{BATCH}=256,{LR}=0.002"]
 METRICS = ("p@1", "mrr@10", "ndcg@10", "map@r")
 
 
 def params_file(over: str, out: Path) -> Path:
     raw = P.read_yaml(ROOT / "params.yaml")
+    raw["train"]["mode"] = "head"  # the mode measured (a setting may name another)
     for kv in filter(None, over.split(",")):
         key, value = kv.split("=", 1)
         *path, last = key.split(".")
