@@ -33,7 +33,10 @@ ARGS = {"train_speed": ["--threads", "1"],
         # the page's runs (hours at its defaults on 2 cores: 5 seeds, 6 sizes, SetFit to 64)
         "small_data": ["--sizes", "8,32,all", "--seeds", "3", "--top2-sizes", "8,32",
                        "--setfit-sizes", "32", "--setfit-seeds", "2"],
-        "query_adapter": ["--limit", "news_pairs=1500"]}
+        "query_adapter": ["--limit", "news_pairs=1500"],
+        # the default export (make run's models/export) as the teacher; the documented path
+        # for a large file measured on 1M lines
+        "static": ["--file-lines", "1000000"]}
 MODULE = {"layers_full": "layers"}  # a results file written by another bench's script
 
 

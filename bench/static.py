@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -125,41 +127,39 @@ def validator(data: Any, tokens: dict[str, Any]) -> Any:
     return validate
 
 
-def ours(data: Any, by: dict[str, list[str]], init: Any, teacher: Any, extra: list[str],
-         label_weight: float, epochs: int, out: Path) -> dict[str, Any]:
-    """Fit our student (train texts + `extra` unlabelled), write its folder, score it."""
+def ours(data: Any, by: dict[str, list[str]], init: Any, target: torch.Tensor,
+         extra: list[str], label_weight: float, epochs: int, out: Path) -> dict[str, Any]:
+    """Fit our student (train texts + `extra` unlabelled; `target`: the teacher's vectors of
+    those texts, in that order), write its folder; the fit's seconds include tokenising."""
     from simtune import static
     from simtune.train import static as st
 
     tokens = {n: st.Tokens.of(init, t) for n, t in by.items()}
     fit_texts = by["train"] + extra
-    t0 = time.perf_counter()
-    target = teacher.encode(fit_texts, batch_size=128)
-    teach_s = time.perf_counter() - t0
     fit_tokens = st.Tokens.of(init, fit_texts)
     labels = torch.cat([data.splits["train"].tensors["labels"],
                         torch.full((len(extra),), -1, dtype=torch.long)])
     t0 = time.perf_counter()
-    student = st.StaticStudent(init.weight)
-    with torch.no_grad():
-        student.map.copy_(st.least_squares_map(student, fit_tokens, target))
+    # as the train stage starts it (simtune.train.static_run): the map by least squares
+    student = st.StaticStudent(init.weight, st.least_squares_map(
+        st.StaticStudent(init.weight), fit_tokens, target))
     result = st.fit(student, fit_tokens, target, validator(data, tokens),
                     st.FitSettings(max_epochs=epochs, label_weight=label_weight),
                     labels=labels)
     fit_s = time.perf_counter() - t0
     static.write(out, init.tokenizer, result.table, "teacher")
-    return {"folder": out, "fit_s": fit_s, "teacher_s": teach_s, "epoch": result.best_epoch,
+    return {"folder": out, "fit_s": fit_s, "epoch": result.best_epoch,
             "history": result.history}
 
 
-def m2v_fit(by: dict[str, list[str]], init_folder: Path, teacher: Any, data: Any,
-            settings: list[dict[str, Any]], epochs: int) -> dict[str, Any]:
-    """model2vec's own similarity fit at each of `settings`, the best by val P@1."""
+def m2v_fit(by: dict[str, list[str]], init_folder: Path, tvec: dict[str, torch.Tensor],
+            data: Any, settings: list[dict[str, Any]], epochs: int) -> dict[str, Any]:
+    """model2vec's own similarity fit to the teacher's vectors `tvec` (per split) at each of
+    `settings`, the best by val P@1."""
     from model2vec import StaticModel
     from model2vec.train import StaticModelForSimilarity
 
-    y = teacher.encode(by["train"], batch_size=128)
-    y_val = teacher.encode(by["val"], batch_size=128)
+    y, y_val = tvec["train"], tvec["val"]
     best: dict[str, Any] = {}
     from simtune.retrieval.task import by_split, retrieval_task
 
@@ -194,6 +194,12 @@ def main() -> None:
     ap.add_argument("--encoder", default="minilm", help="the frozen encoder (model folder)")
     ap.add_argument("--pca", type=int, default=256)
     ap.add_argument("--peer", default="lr3e-3,lr1e-3", help="m2v-fit settings (lr...,nolayer)")
+    ap.add_argument("--file-lines", type=int, default=0,
+                    help="encode a file of this many lines (the texts repeated) with the first "
+                    "teacher's headline student through simtune.static.encode_file in a child "
+                    "process: its peak memory (/usr/bin/time -v) and seconds (0: skip)")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="copy each of our students' folders here (<teacher>-<row>)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from simtune import static
@@ -251,18 +257,23 @@ def main() -> None:
                 lift: float = lift, tname: str = tname, **more: Any) -> dict[str, Any]:
             p1, mrr = score(vecs)
             s1 = speed(encode, test, 1)
+            s_all = speed(encode, test, threads)
             return {"teacher": tname, "row": name, "p@1": p1, "mrr@10": mrr,
                     "share": (p1 - f_p1) / lift if lift else float("nan"),
-                    "texts/s 1t": s1, "texts/s all": speed(encode, test, threads),
-                    "x MiniLM 1t": s1 / f_1t, "fit s": fit_s, **more}
+                    "texts/s 1t": s1, "texts/s all": s_all,
+                    "x MiniLM 1t": s1 / f_1t, "x MiniLM all": s_all / f_all,
+                    "fit s": fit_s, **more}
 
         def tenc(texts: list[str], m: Any = teacher) -> torch.Tensor:
             return m.encode(texts, batch_size=64)
         rows.append(row("teacher", tvec, tenc, 0.0))
+        t_1t = rows[-1]["texts/s 1t"]
         m = load_model(init_folder, "cpu")
-        rows.append(row("m2v distill (PCA 256)", {n: m.encode(t) for n, t in by.items()},
-                        m.encode, init_s))
-        peer = m2v_fit(by, work / "m2v-own", teacher, data, peers, args.epochs)
+        rows.append(row(f"m2v distill (PCA {args.pca})", {n: m.encode(t, 1024)
+                                                          for n, t in by.items()},
+                        lambda t, m=m: m.encode(t, 1024), init_s))
+        peer = m2v_fit(by, work / "m2v-own", tvec, data, peers, args.epochs)
+        t_extra = teacher.encode(extra, batch_size=128) if extra else torch.empty(0, 1)
         rows.append(row("m2v-fit (its best: " + str(peer["setting"]) + ")",
                         {n: peer["encode"](t) for n, t in by.items()}, peer["encode"],
                         peer["fit_s"]))
@@ -271,20 +282,128 @@ def main() -> None:
                              ("ours+texts+labels", args.label_weight, extra)):
             if name.startswith("ours+texts") and not args.unlabelled:
                 continue
-            got = ours(data, by, init, teacher, ex, lw, args.epochs,
-                       work / f"{tname}-{name}")
+            target = torch.cat([tvec["train"], t_extra[: len(ex)]]) if ex else tvec["train"]
+            got = ours(data, by, init, target, ex, lw, args.epochs, work / f"{tname}-{name}")
             m = load_model(got["folder"], "cpu")
             rows.append(row(f"{name} ({len(ex)} unlabelled)", {n: m.encode(t, 1024)
                                                                for n, t in by.items()},
                             lambda t, m=m: m.encode(t, 1024), got["fit_s"],
                             epoch=got["epoch"]))
+            rows[-1]["x teacher 1t"] = rows[-1]["texts/s 1t"] / t_1t
+            if args.keep is not None:
+                import shutil
+
+                shutil.copytree(got["folder"], args.keep / f"{tname}-{name}",
+                                dirs_exist_ok=True)
+    file_run = None
+    if args.file_lines:
+        first = next(iter(teachers))
+        folder = work / f"{first}-{HEADLINE_ROW}"
+        file_run = encode_file_run(folder, [t for ts in by.values() for t in ts],
+                                   args.file_lines, work)
+        print(f"encode_file of {args.file_lines:,} lines: peak {file_run['peak_mb']:.0f} MB "
+              f"(the model alone {file_run['load_peak_mb']:.0f} MB), "
+              f"{file_run['seconds']:.1f} s")
     cols = ["teacher", "row", "p@1", "mrr@10", "share", "texts/s 1t", "texts/s all",
-            "x MiniLM 1t", "fit s"]
-    print(table(rows, cols))
-    path = write_results("static", {"machine": machine(), "rows": rows,
+            "x MiniLM 1t", "x MiniLM all", "fit s"]
+    shown = table(rows, cols)
+    print(shown)
+    command = "python -m bench.static " + " ".join(sys.argv[1:])
+    path = write_results("static", {"machine": machine(), "command": command.strip(),
+                                    "results": rows, "rows": headline_rows(rows),
+                                    "headline": headline(rows), "table": shown,
                                     "targets": TARGETS, "init_s": init_s,
+                                    "encode_file": file_run,
                                     "threads": threads})
     print(f"wrote {path}")
+
+
+def _peak_mb(code: str) -> tuple[float, float]:
+    """(peak resident MB, seconds) of `python -c code` (/usr/bin/time -v's maximum RSS)."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    t0 = time.perf_counter()
+    proc = subprocess.run(["/usr/bin/time", "-v", sys.executable, "-c", code], env=env,
+                          capture_output=True, text=True, check=True)
+    seconds = time.perf_counter() - t0
+    kb = next(int(line.rsplit(":", 1)[1]) for line in proc.stderr.splitlines()
+              if "Maximum resident set size" in line)
+    return kb / 1024, seconds
+
+
+def encode_file_run(folder: Path, texts: list[str], lines: int, work: Path) -> dict[str, Any]:
+    """The documented path for a large file (`simtune.static.encode_file`) on `lines` lines
+    (`texts` repeated) with the static model `folder`, in a child process: its peak memory,
+    against a child that only loads the model and encodes one batch, and its seconds."""
+    src = work / "lines.txt"
+    with src.open("w", encoding="utf-8") as f:
+        for i in range(lines):
+            f.write(texts[i % len(texts)].replace("\n", " ") + "\n")
+    load = ("from simtune.model import load_model; "
+            f"load_model({str(folder)!r}, 'cpu').encode(['x'] * 4096, 4096)")
+    run = ("from pathlib import Path; from simtune.model import load_model; "
+           "from simtune.static import encode_file; "
+           f"encode_file(load_model({str(folder)!r}, 'cpu'), Path({str(src)!r}), "
+           f"Path({str(work / 'lines.npy')!r}), progress=False)")
+    load_mb, _ = _peak_mb(load)
+    peak_mb, seconds = _peak_mb(run)
+    out_mb = (work / "lines.npy").stat().st_size / 2**20
+    (work / "lines.npy").unlink()
+    return {"lines": lines, "peak_mb": peak_mb, "load_peak_mb": load_mb, "seconds": seconds,
+            "output_mb": out_mb, "input_mb": src.stat().st_size / 2**20}
+
+
+HEADLINE_ROW = "ours+labels"  # the pipeline's default (train.schedule.static.label_weight 0.1)
+
+
+def _by(rows: list[dict[str, Any]], teacher: str, prefix: str) -> dict[str, Any]:
+    return next(r for r in rows if r["teacher"] == teacher and r["row"].startswith(prefix))
+
+
+def headline(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per teacher, the figures a page quotes: the headline student's (`HEADLINE_ROW`) and
+    every row's P@1, share and speeds, by row name without its parenthesis."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["teacher"] == "-":
+            continue
+        key = r["row"].split(" (")[0].replace(" ", "_").replace("+", "_")
+        out.setdefault(r["teacher"], {})[key] = {k: v for k, v in r.items()
+                                                  if k not in ("teacher", "row")}
+    return out
+
+
+def headline_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The benchmarks page's headline rows (measure, ours, peer, ratio, target): per teacher,
+    the headline student's share of the teacher's lift (target on the default export), its
+    1-thread speed against MiniLM's, its P@1 against model2vec's distill and own fit, and
+    its fit seconds."""
+    frozen = next(r for r in rows if r["teacher"] == "-")
+    out = []
+    for teacher in dict.fromkeys(r["teacher"] for r in rows if r["teacher"] != "-"):
+        ours, t = _by(rows, teacher, HEADLINE_ROW), _by(rows, teacher, "teacher")
+        m2v, fit = _by(rows, teacher, "m2v distill"), _by(rows, teacher, "m2v-fit")
+        default = teacher == "default"
+        out += [
+            {"measure": f"static student ({HEADLINE_ROW}) test P@1, teacher {teacher} "
+                        f"(frozen MiniLM {frozen['p@1']:.3f})", "ours": ours["p@1"],
+             "peer name": f"the teacher ({teacher})", "peer": t["p@1"],
+             "ratio": f"{ours['share']:.2f} of the lift",
+             "target": f">= {TARGETS['share']:.2f} of the lift" if default else ""},
+            {"measure": f"encode texts/s, 1 thread, static student ({teacher}) vs MiniLM",
+             "ours": ours["texts/s 1t"], "peer name": "frozen MiniLM",
+             "peer": frozen["texts/s 1t"], "ratio": ours["x MiniLM 1t"],
+             "target": f"ours/peer >= {TARGETS['speed_1t']:.0f}"},
+            {"measure": f"test P@1, static student vs model2vec distill ({teacher})",
+             "ours": ours["p@1"], "peer name": "model2vec distill", "peer": m2v["p@1"],
+             "ratio": ours["p@1"] / m2v["p@1"] if m2v["p@1"] else "", "target": "ours/peer > 1"},
+            {"measure": f"test P@1, static student vs model2vec's own fit ({teacher})",
+             "ours": ours["p@1"], "peer name": "model2vec StaticModelForSimilarity.fit",
+             "peer": fit["p@1"], "ratio": ours["p@1"] / fit["p@1"] if fit["p@1"] else "",
+             "target": "ours/peer > 1"},
+            {"measure": f"static student fit s ({teacher}, {os.cpu_count()} cores)",
+             "ours": ours["fit s"], "peer name": "", "peer": "", "ratio": "",
+             "target": f"<= {TARGETS['fit_s']:.0f}"}]
+    return out
 
 
 if __name__ == "__main__":

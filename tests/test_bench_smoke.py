@@ -44,8 +44,7 @@ COVERAGE = {
     "train_sweep": "parser only: reads the workspace's prepared TREC data and cache (dvc repro)",
     "run_all": "parser only: runs every bench and rewrites docs/benchmarks.md",
     "query_adapter": "run",
-    "static": "parser only: needs a pipeline run's export as its teacher (make run) and "
-              "minutes of MiniLM encodes (tests/train/test_static.py runs its library paths)",
+    "static": "run",  # a tiny teacher export over the tiny BERT, the rows for real
 }
 
 
@@ -186,3 +185,35 @@ def test_query_adapter_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:
     assert any("Chroma" in r["peer name"] for r in got["rows"])
     assert got["params"]["limit"] == "60" and len(got["commit"]) == 40
     assert installed("bbc") or any(n.startswith("bbc: skipped") for n in got["skipped"])
+
+
+def test_static_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:
+    """bench.static on a 40-text groups set, the tiny BERT as the frozen encoder and a simtune
+    export over it as the teacher: every row scored, ours with and without labels, the
+    peer's fit, speeds against the frozen encoder; our students kept (`--keep`) load."""
+    from simtune import params as P
+    from simtune.model import load_model
+    from simtune.prepare import stage as prepare
+    from simtune.prepare.prepared import write
+    from tests.train.distill_helpers import distill_raw
+    from tests.train.test_distill import _export_teacher
+
+    teacher = _export_teacher(tmp_path, tiny_bert)
+    raw = distill_raw(tmp_path, tiny_bert, teacher)
+    write(prepare.build(P.validate(raw).prepare), tmp_path / "prepared", tmp_path / "p.json")
+    got = _bench(tmp_path, "static", "--prepared", str(tmp_path / "prepared"), "--teacher",
+                 f"tiny={teacher}", "--encoder", str(tiny_bert), "--pca", "8", "--epochs", "2",
+                 "--unlabelled", "0", "--peer", "lr1e-3", "--keep", str(tmp_path / "kept"),
+                 "--file-lines", "300")
+    rows = {r["row"].split(" (")[0]: r for r in got["results"]}
+    assert set(rows) == {"frozen MiniLM", "teacher", "m2v distill", "m2v-fit", "ours",
+                         "ours+labels"}
+    assert all(0 <= r["p@1"] <= 1 and r["texts/s 1t"] > 0 for r in rows.values())
+    assert rows["frozen MiniLM"]["x MiniLM 1t"] == 1.0 and rows["ours"]["fit s"] > 0
+    assert rows["ours"]["epoch"] in range(3)
+    assert load_model(tmp_path / "kept" / "tiny-ours", "cpu").encode(["a text"]).shape == (1, 32)
+    assert [r["measure"].split(",")[0] for r in got["rows"]][:2] == [
+        "static student (ours+labels) test P@1", "encode texts/s"]
+    run = got["encode_file"]
+    assert run["lines"] == 300 and run["peak_mb"] > 0
+    assert run["output_mb"] == pytest.approx(300 * 32 * 4 / 2**20, abs=0.01)  # + the header
