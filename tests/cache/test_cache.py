@@ -117,7 +117,7 @@ def test_refill_embeds_nothing_and_loads_no_model(tmp_path: Path, tiny_bert: Pat
     def no_loading(*args, **kwargs):
         raise AssertionError("the encoder must not be loaded")
 
-    monkeypatch.setattr(cache, "FrozenEncoder", no_loading)
+    monkeypatch.setattr(cache, "load_encoder", no_loading)  # what fill loads vectors with
     with count_forward() as second:
         [r] = cache.fill(prepared, tmp_path / "cache", p.encoders, p.cache)
     assert (r.cached, r.embedded, r.model_loaded, second["calls"]) == (30, 0, False, 0)
