@@ -51,15 +51,18 @@ def test_auto_takes_the_head_when_the_layer_cache_is_over_its_bound(tiny_bert: P
     fits, _ = _train(tiny_bert, max_layer_gb=gb * 1.001)
     over, _ = _train(tiny_bert, max_layer_gb=gb * 0.999)
     assert modes.choose(fits, enc, TEXTS)[0] == "top_layers"
-    assert modes.choose(over, enc, TEXTS) [0] == "head"
+    assert modes.choose(over, enc, TEXTS)[0] == "head"
 
 
-def test_auto_takes_the_head_for_two_encoders_and_layers_beyond_the_encoder(
+def test_auto_takes_the_head_for_two_encoders_mined_negatives_and_too_many_layers(
         tiny_bert: Path) -> None:
     t, enc = _train(tiny_bert)
     two = enc.model_copy(update={"document": "other", "models": {**enc.models,
                                                                  "other": enc.models["tiny"]}})
     assert modes.choose(t, two, TEXTS)[0] == "head"
+    mined = t.model_copy(update={"hard_negatives": 4})
+    assert modes.choose(mined, enc, TEXTS) == (
+        "head", "auto: head (train.hard_negatives 4: mined negatives train the head only)")
     deep = t.model_copy(update={"schedule": t.schedule.model_copy(update={
         "top_layers": t.schedule.top_layers.model_copy(update={"layers": 3})})})
     mode, why = modes.choose(deep, enc, TEXTS)  # the tiny BERT has 2 layers

@@ -5,7 +5,7 @@ shots: docs/training.md), and their cost grows with the tokens they run on: the 
 tokens x hidden x 2 bytes, an epoch's forward and backward pass tokens x layers. So `auto` is
 `top_layers` when the tokens of every text the encoder embeds fit `train.auto.max_tokens` and
 the estimated layer cache fits `train.auto.max_layer_gb`, `head` beyond (or where the top
-layers cannot run: two encoders). The same inputs give the same answer, so the cache and train
+layers cannot run: two encoders, mined negatives). The same inputs give the same answer, so the cache and train
 stages (and the sweep) each resolve it once and agree; the reason goes to the train log,
 reports/train.json and the model card.
 """
@@ -67,6 +67,9 @@ def choose(t: TrainParams, encoders: EncodersParams, texts: list[str]) -> tuple[
     if encoders.document != encoders.query:
         return "head", ("auto: head (two encoders, encoders.query and encoders.document: the "
                         "top layers train one shared encoder)")
+    if t.hard_negatives:
+        return "head", (f"auto: head (train.hard_negatives {t.hard_negatives}: mined negatives "
+                        "train the head only)")
     layers = t.schedule.top_layers.layers
     total = int(model_config(encoders.query, encoders.models[encoders.query]).num_hidden_layers)
     if layers > total:
