@@ -169,11 +169,12 @@ def encode_file(model: object, texts: Path, out: Path, batch_size: int = 4096,
                 progress: bool = True) -> int:
     """Embed every line of the UTF-8 file `texts` (one text a line) with `model` (anything
     with `encode(texts, batch_size, role, progress) -> (n, D)`: `load_model`'s `Model`) into
-    the float32 .npy `out`, row i = line i; returns the number of rows. Streams: `batch_size`
-    lines are read, embedded and written at a time into a memory-mapped file (pages go to
-    disk as they fill), so memory stays bounded whatever the file's size; `out` appears only
-    when complete (a temp file, then renamed). For 1M short texts on a static model, see
-    bench/static.py's `--file-lines`.
+    the float32 .npy `out`, row i = line i; returns the number of rows. Streams: the lines are
+    counted, the .npy header written, then `batch_size` lines at a time are read, embedded and
+    appended (plain writes, not a memory map, whose dirty pages would count against the
+    process until flushed), so memory stays one batch whatever the file's size; `out` appears
+    only when complete (a temp file, then renamed). 1M short texts on a static model: the
+    benchmarks page gives the peak (bench/static.py's `--file-lines`).
 
         from simtune.model import load_model
         from simtune.static import encode_file
@@ -191,25 +192,30 @@ def encode_file(model: object, texts: Path, out: Path, batch_size: int = 4096,
         n = sum(1 for _ in f)
     dim = int(model.encode(["dim"], 1).shape[1])  # type: ignore[attr-defined]
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-", suffix=".npy", dir=out.parent)
-    os.close(fd)
     try:
-        table = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, dim))
-        with texts.open(encoding="utf-8", errors="strict") as f, \
+        with os.fdopen(fd, "wb") as sink, texts.open(encoding="utf-8", errors="strict",
+                                                       newline="\n") as f, \
                 Progress(n, f"encode {texts.name}", enabled=progress) as bar:
-            row, batch = 0, []
-            for line in f:
-                batch.append(line.rstrip("\n"))
-                if len(batch) == batch_size:
-                    table[row : row + len(batch)] = model.encode(  # type: ignore[attr-defined]
-                        batch, batch_size).numpy()
-                    row, batch = row + len(batch), []
-                    bar.update(batch_size)
-            if batch:
-                table[row : row + len(batch)] = model.encode(  # type: ignore[attr-defined]
-                    batch, batch_size).numpy()
+            np.lib.format.write_array_header_1_0(sink, {"descr": "<f4", "fortran_order": False,
+                                                        "shape": (n, dim)})
+            rows, batch = 0, []
+
+            def flush() -> None:
+                got = model.encode(batch, batch_size)  # type: ignore[attr-defined]
+                sink.write(np.ascontiguousarray(got.numpy(), dtype="<f4").tobytes())
                 bar.update(len(batch))
-        table.flush()
-        del table
+
+            for line in f:
+                # lines end at "\n" alone, as they were counted (a lone "\r" is text)
+                batch.append(line.removesuffix("\n").removesuffix("\r"))
+                if len(batch) == batch_size:
+                    flush()
+                    rows, batch = rows + len(batch), []
+            if batch:
+                flush()
+                rows += len(batch)
+        if rows != n:  # the file changed between the count and the read
+            raise UserError(f"{texts}: changed while it was read ({n} lines, then {rows})")
         os.replace(tmp, out)
     except UnicodeDecodeError as e:
         raise UserError(f"{texts}: not UTF-8 text (byte {e.start} of a line)") from None

@@ -154,3 +154,17 @@ def test_a_file_of_texts_is_encoded_streaming_with_the_models_vectors(
     with pytest.raises(UserError, match="no such file"):
         static.encode_file(model, tmp_path / "none.txt", tmp_path / "w.npy")
     assert not (tmp_path / "w.npy").exists()
+
+
+def test_a_file_is_cut_into_lines_at_newlines_alone(init: static.StaticEncoder,
+                                                    tmp_path: Path) -> None:
+    """Line i is the text before the i-th "\\n" (a "\\r\\n" ending dropped, a lone "\\r" kept
+    as text), so the rows are the lines counted: universal newlines would make 3 of 2."""
+    import numpy as np
+
+    static.write(tmp_path / "m", init.tokenizer, init.weight, None)
+    model = load_model(tmp_path / "m", "cpu")
+    (tmp_path / "t.txt").write_bytes(b"the city\r\nriver\rking queen\n")
+    assert static.encode_file(model, tmp_path / "t.txt", tmp_path / "v.npy", 1, False) == 2
+    got = torch.from_numpy(np.load(tmp_path / "v.npy"))
+    assert float((got - model.encode(["the city", "river\rking queen"])).abs().max()) < 1e-6
