@@ -339,7 +339,7 @@ def test_the_benchmarks_page_opens_with_the_summary_and_no_table_is_wider_than_7
     assert "82 epochs" in speed
     assert "Run under settings that differ from today's params.yaml" in speed
     assert "train.patience: 25 (now 15 at train.schedule.head.patience" in speed
-    assert "Settings of an earlier version : bench/small_data.json records no run_under" in text
+    assert "Settings of an earlier version : bench/query_adapter.json records no run_under" in text
     assert "bench:start" not in (DOCS / "benchmarks.md").read_text()
 
 
