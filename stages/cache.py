@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import typer
@@ -39,8 +38,6 @@ def cache(ctx: typer.Context, params: Path = PARAMS, prepared: Path = PREPARED,
     P.resolve_loss(p.train, kind(prepared), f"the prepared data ({prepared})")
     P.check_unlabelled(p.train, unlabelled(prepared), f"the prepared data ({prepared})")
     t = resolve(p.train, p.encoders, prepared)  # train.mode auto: what the layers fit
-    if p.train.mode == "auto":
-        logging.getLogger("simtune.cache").info("train.mode %s", t.run.reason)
     results = lib.fill(prepared, out, p.encoders, p.cache, layer=layer_for(p.encoders, t),
                        teacher=P.teacher_of(p.train))
     if report is not None and lib.dist_from_env().rank == 0:

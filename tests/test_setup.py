@@ -65,8 +65,10 @@ def test_make_says_what_it_installs_and_roughly_how_long(tmp_path: Path) -> None
     Each install command is now preceded by a line naming what it installs and its rough time
     (`make -n` lists the recipe without running it)."""
 
-    out = subprocess.run(["make", "-n", f"VENV={tmp_path / 'venv'}", "run"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    # --no-print-directory: under `make test` (MAKELEVEL 1) make would say "Entering directory"
+    out = subprocess.run(["make", "--no-print-directory", "-n", f"VENV={tmp_path / 'venv'}",
+                          "run"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
     installs = [i for i, line in enumerate(out) if " install " in line
                 and not line.startswith("echo")]
     assert len(installs) == 4, out  # uv, torch, the project, the data packages
@@ -83,8 +85,9 @@ def test_make_says_what_it_installs_and_roughly_how_long(tmp_path: Path) -> None
 def _make_n(target: str, venv: Path) -> list[str]:
     """The commands `make <target>` would run (`make -n`), the environment taken as built."""
     venv.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["make", "-n", f"VENV={venv}", "-o", f"{venv}/.installed", target],
-                          cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
+    return subprocess.run(["make", "--no-print-directory", "-n", f"VENV={venv}", "-o",
+                           f"{venv}/.installed", target], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.splitlines()
 
 
 def test_make_runs_recipe_writes_nothing_under_docs(tmp_path: Path) -> None:
@@ -118,9 +121,9 @@ def _make(repo: Path, target: str) -> subprocess.CompletedProcess[str]:
     """`make <target>` in `repo` with this checkout's environment (BIN) and a stand-in VENV that
     counts as built (`-o`: never remade, so nothing is installed anywhere)."""
     venv = repo.parent / "venv"
-    return subprocess.run(["make", f"VENV={venv}", f"BIN={ROOT / '.venv' / 'bin'}", "-o",
-                           f"{venv}/.installed", target], cwd=repo, capture_output=True,
-                          text=True, check=False)
+    return subprocess.run(["make", "--no-print-directory", f"VENV={venv}",
+                           f"BIN={ROOT / '.venv' / 'bin'}", "-o", f"{venv}/.installed", target],
+                          cwd=repo, capture_output=True, text=True, check=False)
 
 
 @pytest.mark.integration

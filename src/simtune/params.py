@@ -421,12 +421,17 @@ class LoraParams(Section):
         return self
 
 
+# a learning rate far too high diverges, and training stops in one line naming the key with
+# nothing saved (tested up to 1e40, where AdamW's step overflows float32): the code honours it
+LR_MAX = 1e40
+
+
 class HeadSchedule(Section):
     """`train.schedule.head`: head mode's schedule (the head alone trains, on cached vectors:
     many cheap epochs of large batches)."""
 
-    lr: Number = Field(gt=0, le=10, description="AdamW learning rate of the head (and loss "
-                       "parameters)")
+    lr: Number = Field(gt=0, le=LR_MAX, description="AdamW learning rate of the head (and "
+                       "loss parameters)")
     batch_size: int = Field(gt=1, le=2**20, description="examples per batch per process")
     max_epochs: int = Field(gt=0, le=100_000, description="upper bound on epochs")
     patience: int = Field(ge=0, le=100_000, description="trained epochs without a better "
@@ -443,9 +448,9 @@ class EncoderSchedule(HeadSchedule):
     """`train.schedule.full`: full mode's schedule (the whole encoder in the loop: a few epochs
     of small batches at a low learning rate). `lr` is the encoder layers' rate."""
 
-    lr: Number = Field(gt=0, le=10, description="AdamW learning rate of the encoder's "
+    lr: Number = Field(gt=0, le=LR_MAX, description="AdamW learning rate of the encoder's "
                        "trainable layers")
-    head_lr: Number = Field(gt=0, le=10, description="learning rate of the head (and loss "
+    head_lr: Number = Field(gt=0, le=LR_MAX, description="learning rate of the head (and loss "
                             "parameters); a 10x faster head overfits first")
 
 
@@ -488,7 +493,7 @@ class Schedules(Section):
 
 class AutoParams(Section):
     """`train.auto`: how `train.mode: auto` chooses, from the prepared data, before the cache
-    fills anything (`simtune.modes`): the top layers when the texts they run on fit both
+    fills anything (`simtune.cache.modes`): the top layers when the texts they run on fit both
     bounds, else the head."""
 
     max_tokens: int = Field(ge=0, le=10**10, description="the most tokens (summed over the "
@@ -538,10 +543,10 @@ class InForce(Section):
 
 def in_force(t: TrainParams, mode: str | None = None, reason: str = "") -> InForce:
     """The schedule of `mode` (default `t.mode`; `auto` must be resolved first, by
-    `simtune.modes.choose`, and given here): its `train.schedule` section, one object."""
+    `simtune.cache.modes.choose`, and given here): its `train.schedule` section, one object."""
     mode = mode or t.mode
     if mode not in ("head", "top_layers", "full", "static"):
-        raise ValueError(f"train.mode {mode!r}: resolve it first (simtune.modes.choose)")
+        raise ValueError(f"train.mode {mode!r}: resolve it first (simtune.cache.modes.choose)")
     s = getattr(t.schedule, mode)
     return InForce(mode=mode, reason=reason or f"train.mode: {mode}",
                    lr=getattr(s, "head_lr", s.lr),

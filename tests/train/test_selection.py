@@ -148,9 +148,11 @@ def test_a_metric_saturated_at_epoch_1_keeps_the_epoch_where_map_at_r_peaks() ->
 
 
 def test_a_head_worse_than_identity_keeps_epoch_0_with_the_identity_state() -> None:
-    table = {0: (0.8, 0.6, 0.1), 1: (0.7, 0.5, 0.3), 2: (0.75, 0.55, 0.3), 3: (0.6, 0.4, 0.2)}
+    table = {0: (0.8, 0.6, 0.1), 1: (0.7, 0.5, 0.3), 2: (0.65, 0.55, 0.3), 3: (0.6, 0.4, 0.2),
+             4: (0.55, 0.4, 0.2)}
     loop, _, _ = _run_loop(table, patience=2)
-    assert loop.best_epoch == 0 and len(loop.train_seconds) == 2  # patience 2 from epoch 0
+    # patience 2 from epoch 1, the first (and best) trained epoch: every later one is worse
+    assert loop.best_epoch == 0 and len(loop.train_seconds) == 3
     assert loop.state["head"]["w"].item() == 0.0  # the identity, saved by the stage
     assert loop.history[0]["val/map@r"] == 0.6
 

@@ -114,21 +114,23 @@ def test_early_stopping_stops(small: tuple[Path, Path]) -> None:
     root, params_file = small
     _edit(params_file, lr=1e-12, max_epochs=20, patience=2, val_every=1)  # nothing can improve
     report = _train(root, params_file)
-    # epochs 1 and 2 tie the frozen encoder (epoch 0, kept): patience 2 stops after epoch 2
-    assert report["epochs"] == 2 and report["best_epoch"] == 0
+    # epochs 1 to 3 tie the frozen encoder (epoch 0, kept); patience counts from the first
+    # trained epoch (epoch 1, the best trained one): 2 more without a better value stop it
+    assert report["epochs"] == 3 and report["best_epoch"] == 0
     assert report["selected"] == "frozen" and report["val_lift"]["lift"] == 0
-    assert report["full_validations"] == 3
+    assert report["full_validations"] == 4 and not report["still_rising"]
 
 
 def test_early_stopping_counts_epochs_whatever_val_every(small: tuple[Path, Path]) -> None:
     """val_every 3: the monitored metric is still checked every epoch, so patience 2 stops at
-    epoch 2 again (epoch 0 kept: nothing trained beats it); every metric at epoch 0 and at
-    the tied epochs 1 and 2 (a tie is broken by MAP@R)."""
+    epoch 3 again (epoch 0 kept: nothing trained beats it; patience from epoch 1, the first
+    trained); every metric at epoch 0 and at the tied epochs 1 to 3 (a tie is broken by
+    MAP@R)."""
     root, params_file = small
     _edit(params_file, lr=1e-12, max_epochs=20, patience=2, val_every=3)
     report = _train(root, params_file)
-    assert report["epochs"] == 2 and report["best_epoch"] == 0
-    assert report["full_validations"] == 3 and "val/map@r" in report["best_val"]
+    assert report["epochs"] == 3 and report["best_epoch"] == 0
+    assert report["full_validations"] == 4 and "val/map@r" in report["best_val"]
 
 
 def test_gradcache_training_equals_plain_training(small: tuple[Path, Path]) -> None:
@@ -400,8 +402,9 @@ def test_identity_head_trains_the_layers_in_full_mode(small: tuple[Path, Path]) 
     """No head (identity) is refused in head mode only: with the encoder training, the saved
     model is the fine-tuned encoder alone."""
     root, params_file = small
+    # the trained epoch kept (a kept epoch 0 saves no encoder: the frozen one serves it)
     _edit(params_file, mode="full", head__type="identity", schedule__full__max_epochs=1,
-          schedule__full__batch_size=8)
+          schedule__full__batch_size=8, frozen_candidate=False)
     _train(root, params_file)
     assert (root / "head" / "encoder" / "config.json").is_file()
     assert _weights(root) == {}

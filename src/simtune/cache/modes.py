@@ -5,9 +5,9 @@ shots: docs/training.md), and their cost grows with the tokens they run on: the 
 tokens x hidden x 2 bytes, an epoch's forward and backward pass tokens x layers. So `auto` is
 `top_layers` when the tokens of every text the encoder embeds fit `train.auto.max_tokens` and
 the estimated layer cache fits `train.auto.max_layer_gb`, `head` beyond (or where the top
-layers cannot run: two encoders, mined negatives). The same inputs give the same answer, so the cache and train
-stages (and the sweep) each resolve it once and agree; the reason goes to the train log,
-reports/train.json and the model card.
+layers cannot run: two encoders, mined negatives). The same inputs give the same answer, so the
+cache and train stages (and the sweep) each resolve it once and agree; the reason goes to the
+stage logs, reports/train.json and the model card.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ def resolve(t: TrainParams, encoders: EncodersParams, prepared_dir: Path) -> Tra
 
         texts = load_prepared(prepared_dir).texts.column("text").to_pylist()
         mode, reason = choose(t, encoders, texts)
+        log.info("train.mode %s", reason)  # a set mode needs no word
     else:
         mode, reason = choose(t, encoders, [])
     return P.effective(t, mode, reason)

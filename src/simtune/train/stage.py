@@ -78,7 +78,6 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     auto = p.train.loss.name == "auto"
     p = in_force(p, prepared_dir)
     t = p.train
-    log.info("train.mode %s", t.run.reason)
     if t.mode == "static":  # a token table taught by the teacher's cached vectors
         from simtune.train import static_run
         return static_run.run(p, prepared_dir, cache_dir, out, report, live_dir)
