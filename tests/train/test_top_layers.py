@@ -69,8 +69,8 @@ def test_cached_states_through_the_top_layers_equal_the_whole_encoder(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # 50 tokens: length-sorted chunks of a few rows each, put back in the split's order;
     # overhead 0: every forward runs as many length groups, put back in the batch's order
-    monkeypatch.setattr(represent, "TOKENS_PER_CHUNK", tokens_per_chunk)
-    monkeypatch.setattr(represent, "GROUP_OVERHEAD", {"cpu": overhead, "other": overhead})
+    monkeypatch.setattr(layers, "TOKENS_PER_CHUNK", tokens_per_chunk)
+    monkeypatch.setattr(layers, "GROUP_OVERHEAD", {"cpu": overhead, "other": overhead})
     _, p = _top_project(tmp_path, tiny_bert)
     data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
     rep = represent.build("top_layers", p, data.tables).eval()

@@ -229,14 +229,15 @@ def test_batch_larger_than_the_training_set_is_reduced(caplog: pytest.LogCapture
     with caplog.at_level("WARNING", logger="simtune.train.sampling"):
         batches = _epoch(481, 1024)
     assert [len(b) for b in batches] == [481] and sorted(batches[0]) == list(range(481))
-    assert caplog.messages == ["train.batch_size 1024 is more than the 481 training examples: "
-                               "using 481 (one batch per epoch)"]
+    assert caplog.messages == ["train.schedule.head.batch_size 1024 is more than the 481 "
+                               "training examples: using 481 (one batch per epoch)"]
     caplog.clear()
     with caplog.at_level("WARNING", logger="simtune.train.sampling"):
         batches = _epoch(481, 1024, world=2)
     assert [len(b) for b in batches] == [482]  # 241 per process, one example topped up
-    assert caplog.messages == ["train.batch_size 1024 x 2 processes is more than the 481 "
-                               "training examples: using 241 per process (one batch per epoch)"]
+    assert caplog.messages == ["train.schedule.head.batch_size 1024 x 2 processes is more than "
+                               "the 481 training examples: using 241 per process (one batch per "
+                               "epoch)"]
     caplog.clear()
     with caplog.at_level("WARNING", logger="simtune.train.sampling"):  # encoder modes' own key
         EpochBatches(10, 64, 13, key="train.schedule.top_layers.batch_size")

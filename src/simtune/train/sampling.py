@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 def fit_batch_size(epoch_size: int, batch_size: int, world: int, announce: bool = True,
-                   key: str = "train.batch_size") -> int:
+                   key: str = "train.schedule.head.batch_size") -> int:
     """`batch_size`, or the per-process batch that covers the whole epoch in one global batch
     when `batch_size * world` is larger than the epoch (a warning naming the params `key` when
     `announce`)."""
@@ -45,7 +45,7 @@ class EpochBatches(torch.utils.data.Sampler[list[int]]):
 
     def __init__(self, n: int, batch_size: int, seed: int, world: int = 1, rank: int = 0,
                  labels: torch.Tensor | None = None, m_per_label: int = 0,
-                 key: str = "train.batch_size") -> None:
+                 key: str = "train.schedule.head.batch_size") -> None:
         self.n, self.seed, self.world, self.rank, self.epoch = n, seed, world, rank, 0
         self.labels, self.m = labels, m_per_label
         if self.m:
