@@ -14,8 +14,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bench.settings import DEPENDS, flat, settings_changed, settings_note, settings_text
 
 HERE = Path(__file__).resolve().parent
@@ -111,7 +109,9 @@ __all__ = ["DEPENDS", "flat", "settings_changed", "settings_note", "settings_tex
 
 
 def _today() -> dict[str, Any]:
-    return yaml.safe_load((HERE.parent / "params.yaml").read_text())
+    from simtune.params import read_yaml  # the checked loader (duplicate keys, merge keys)
+
+    return read_yaml(HERE.parent / "params.yaml")
 
 
 def _noted(markdown: list[str], name: str, results: dict[str, Any], today: dict[str, Any]

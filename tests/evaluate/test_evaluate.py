@@ -21,7 +21,7 @@ from simtune.cache import stage as cache
 from simtune.errors import UserError
 from simtune.evaluate import runs
 from simtune.evaluate import stage as evaluate
-from simtune.evaluate.report import verdict
+from simtune.evaluate.report import every_metric, verdict, with_others
 from simtune.evaluate.search import Hit, search, show
 from simtune.examples import Data, first_positions
 from simtune.export.stage import export
@@ -66,13 +66,16 @@ def test_evaluate_writes_trained_baseline_lift(trained: tuple[Path, Path]) -> No
                       "significance_over_bm25", "bm25_settings", "verdict"}  # hybrid: off
     sig = P.load(params_file).evaluate.significance
     metric = sig.verdict_metric
-    assert m["verdict"] == verdict(m["lift"][metric], m["significance"][metric]["p_value"],
-                                   m["significance"][metric]["ci95"], metric, sig.alpha)
+    assert m["verdict"] == with_others(
+        verdict(m["lift"][metric], m["significance"][metric]["p_value"],
+                m["significance"][metric]["ci95"], metric, sig.alpha),
+        every_metric(m, sig.alpha))
+    assert set(m["verdict"]["metrics"]) == set(metrics.HEADLINE)
     assert f"verdict: {m['verdict']['says']}" in result.output
     # the headline only, what `dvc exp show` makes a column of: BM25 adds no column
     headline = json.loads((root / "headline.json").read_text())
     assert headline == {part: {k: m[part][k] for k in metrics.HEADLINE}
-                        for part in ("trained", "lift")}
+                        for part in ("trained", "baseline", "lift")}  # trained vs frozen
     assert m["queries"] == 20 and m["corpus"] == 40
     for k, v in m["trained"].items():
         assert m["lift"][k] == pytest.approx(v - m["baseline"][k])

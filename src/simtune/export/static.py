@@ -47,8 +47,8 @@ def card(teacher: str | None, figures: dict[str, Any]) -> str:
 def figures(report: dict[str, Any] | None) -> dict[str, Any]:
     """The card's figures (`card`) from evaluate's report (reports/evaluate.json; None: none):
     test P@1 of the student, the frozen encoder and the teacher, the share of the teacher's
-    P@1 lift (`distill.recovered`) and the encode speed over the frozen encoder's (the
-    evaluate stage's `distill.speed`: every thread of `cache.device`)."""
+    P@1 lift (evaluate's `distill` report, its `recovered`) and the encode speed over the
+    frozen encoder's (the evaluate stage's `distill` speed: every thread of `cache.device`)."""
     if not report:
         return {}
     d = report.get("distill") or {}
