@@ -30,7 +30,7 @@ def _train(tiny_bert: Path, **auto: float) -> tuple[P.TrainParams, P.EncodersPar
 
 def test_auto_takes_the_top_layers_up_to_the_token_bound_and_the_head_beyond(
         tiny_bert: Path) -> None:
-    t, enc = _train(tiny_bert)
+    _, enc = _train(tiny_bert)
     e = modes.estimate(enc, TEXTS)
     # every text is one of six (each appears 5 times): the tokens counted by hand
     from transformers import AutoTokenizer
@@ -46,7 +46,7 @@ def test_auto_takes_the_top_layers_up_to_the_token_bound_and_the_head_beyond(
 
 
 def test_auto_takes_the_head_when_the_layer_cache_is_over_its_bound(tiny_bert: Path) -> None:
-    t, enc = _train(tiny_bert)
+    _, enc = _train(tiny_bert)
     gb = modes.estimate(enc, TEXTS).gb
     fits, _ = _train(tiny_bert, max_layer_gb=gb * 1.001)
     over, _ = _train(tiny_bert, max_layer_gb=gb * 0.999)
