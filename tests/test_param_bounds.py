@@ -92,6 +92,13 @@ ALLOWED = {
     "sweep.space.<name>.high": "checked against the swept train key's schema",
     "sweep.space.<name>.choices[]": "checked against the swept train key's schema",
     "sweep.fixed.<name>": "checked against the fixed train key's schema",
+    # any finite learning rate is honoured: one too high diverges and the run stops in one line
+    # naming the key, nothing saved (tests/train/test_train.py, up to 1e40, where AdamW's step
+    # overflows float32)
+    **dict.fromkeys(("train.schedule.head.lr", "train.schedule.top_layers.lr",
+                     "train.schedule.top_layers.head_lr", "train.schedule.full.lr",
+                     "train.schedule.full.head_lr"),
+                    "too high diverges: one line naming the key (test_train's divergence tests)"),
 }
 # TrainParams keys whose bounds come with the lead's restructuring of the train section (issue
 # 44: the schedule moved into train.schedule.<mode>, bounded there; TrainParams is theirs while

@@ -421,17 +421,12 @@ class LoraParams(Section):
         return self
 
 
-# a learning rate far too high diverges, and training stops in one line naming the key with
-# nothing saved (tested up to 1e40, where AdamW's step overflows float32): the code honours it
-LR_MAX = 1e40
-
-
 class HeadSchedule(Section):
     """`train.schedule.head`: head mode's schedule (the head alone trains, on cached vectors:
     many cheap epochs of large batches)."""
 
-    lr: Number = Field(gt=0, le=LR_MAX, description="AdamW learning rate of the head (and "
-                       "loss parameters)")
+    lr: Number = Field(gt=0, description="AdamW learning rate of the head (and loss "
+                       "parameters; one too high diverges: the run stops in one line)")
     batch_size: int = Field(gt=1, le=2**20, description="examples per batch per process")
     max_epochs: int = Field(gt=0, le=100_000, description="upper bound on epochs")
     patience: int = Field(ge=0, le=100_000, description="trained epochs without a better "
@@ -448,9 +443,9 @@ class EncoderSchedule(HeadSchedule):
     """`train.schedule.full`: full mode's schedule (the whole encoder in the loop: a few epochs
     of small batches at a low learning rate). `lr` is the encoder layers' rate."""
 
-    lr: Number = Field(gt=0, le=LR_MAX, description="AdamW learning rate of the encoder's "
+    lr: Number = Field(gt=0, description="AdamW learning rate of the encoder's "
                        "trainable layers")
-    head_lr: Number = Field(gt=0, le=LR_MAX, description="learning rate of the head (and loss "
+    head_lr: Number = Field(gt=0, description="learning rate of the head (and loss "
                             "parameters); a 10x faster head overfits first")
 
 
@@ -493,9 +488,13 @@ class Schedules(Section):
 
 class AutoParams(Section):
     """`train.auto`: how `train.mode: auto` chooses, from the prepared data, before the cache
-    fills anything (`simtune.cache.modes`): the top layers when the texts they run on fit both
-    bounds, else the head."""
+    fills anything (`simtune.cache.modes`): the whole encoder on a few thousand tokens, the
+    top layers when the texts they run on fit both bounds, else the head."""
 
+    full_max_tokens: int = Field(ge=0, le=10**10, description="up to this many tokens the "
+                                 "whole encoder trains (`full`): on a few dozen texts per label "
+                                 "it gains most, and an epoch over so few tokens costs seconds "
+                                 "even through every layer (0: never full)")
     max_tokens: int = Field(ge=0, le=10**10, description="the most tokens (summed over the "
                             "texts the encoder embeds, max_length cut) for which the top layers "
                             "train: an epoch's time and the layer cache grow with them (0: "

@@ -23,7 +23,7 @@ def _train(tiny_bert: Path, **auto: float) -> tuple[P.TrainParams, P.EncodersPar
     raw = repo_params()
     raw["encoders"] = encoder_params(tiny_bert)
     raw["train"]["mode"] = "auto"
-    raw["train"]["auto"].update(auto)
+    raw["train"]["auto"].update({"full_max_tokens": 0, **auto})  # these test the top layers
     p = P.validate(raw)
     return p.train, p.encoders
 
@@ -67,6 +67,21 @@ def test_auto_takes_the_head_for_two_encoders_mined_negatives_and_too_many_layer
         "top_layers": t.schedule.top_layers.model_copy(update={"layers": 3})})})
     mode, why = modes.choose(deep, enc, TEXTS)  # the tiny BERT has 2 layers
     assert mode == "head" and "layers 3 > the encoder's 2 layers" in why
+
+
+def test_auto_trains_the_whole_encoder_up_to_its_own_token_bound(tiny_bert: Path) -> None:
+    _, enc = _train(tiny_bert)
+    total = modes.estimate(enc, TEXTS).total
+    at, _ = _train(tiny_bert, full_max_tokens=total)
+    above, _ = _train(tiny_bert, full_max_tokens=total - 1)
+    mode, why = modes.choose(at, enc, TEXTS)
+    assert mode == "full"
+    assert f"{total:,} tokens <= train.auto.full_max_tokens {total:,}" in why
+    assert modes.choose(above, enc, TEXTS)[0] == "top_layers"
+    # full needs one shared encoder as the top layers do
+    two = enc.model_copy(update={"document": "other", "models": {**enc.models,
+                                                                 "other": enc.models["tiny"]}})
+    assert modes.choose(at, two, TEXTS)[0] == "head"
 
 
 def test_each_mode_trains_with_its_own_schedule_section(tiny_bert: Path) -> None:

@@ -3,6 +3,8 @@
 The top layers gain where the head alone learns nothing (long posts, short noisy topics, few
 shots: docs/training.md), and their cost grows with the tokens they run on: the layer cache is
 tokens x hidden x 2 bytes, an epoch's forward and backward pass tokens x layers. So `auto` is
+`full` on very little data (tokens up to `train.auto.full_max_tokens`: a few dozen short texts
+per label, where training every layer gained most and an epoch costs seconds even so),
 `top_layers` when the tokens of every text the encoder embeds fit `train.auto.max_tokens` and
 the estimated layer cache fits `train.auto.max_layer_gb`, `head` beyond (or where the top
 layers cannot run: two encoders, mined negatives). The same inputs give the same answer, so the
@@ -70,13 +72,17 @@ def choose(t: TrainParams, encoders: EncodersParams, texts: list[str]) -> tuple[
     if t.hard_negatives:
         return "head", (f"auto: head (train.hard_negatives {t.hard_negatives}: mined negatives "
                         "train the head only)")
+    e = estimate(encoders, texts)
+    a = t.auto
+    if e.total <= a.full_max_tokens:
+        return "full", (f"auto: full ({e.texts:,} texts x {e.tokens:.1f} tokens = {e.total:,} "
+                        f"tokens <= train.auto.full_max_tokens {a.full_max_tokens:,}: few enough "
+                        "for the whole encoder)")
     layers = t.schedule.top_layers.layers
     total = int(model_config(encoders.query, encoders.models[encoders.query]).num_hidden_layers)
     if layers > total:
         return "head", (f"auto: head (train.schedule.top_layers.layers {layers} > the "
                         f"encoder's {total} layers)")
-    e = estimate(encoders, texts)
-    a = t.auto
     fits = e.total <= a.max_tokens and e.gb <= a.max_layer_gb
     mode = "top_layers" if fits else "head"
     why = (f"auto: {mode} ({e.texts:,} texts x {e.tokens:.1f} tokens = {e.total:,} tokens "
