@@ -74,6 +74,24 @@ def stage_args(root: Path, params_file: Path, tag: str = "") -> list[str]:
             "--checkpoint", str(root / f"checkpoints{tag}")]  # not the repository's
 
 
+def train_top_layers(root: Path, raw: dict[str, Any], params_file: Path) -> P.Params:
+    """Write `raw` (a top_layers project's params, `project`) to `params_file`, fill its layer
+    cache and run the train stage's command on it (exit 0 asserted); returns the params."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from simtune.cache.views import layer_for
+    from stages import app
+
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    p = P.validate(raw)
+    cache.fill(root / "prepared", root / "cache", p.encoders, p.cache,
+               layer=layer_for(p.encoders, p.train))
+    result = CliRunner().invoke(app, stage_args(root, params_file))
+    assert result.exit_code == 0, result.output
+    return p
+
+
 def dropout_free(model: Path, out: Path) -> Path:
     """A copy of the model directory `model` with every dropout off (a deterministic forward:
     GradCache's chunked forward and the plain batch forward then see the same function)."""

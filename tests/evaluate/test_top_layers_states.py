@@ -9,19 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from typer.testing import CliRunner
 
 from simtune import examples, heads, layers
-from simtune import params as P
-from simtune.cache import stage as cache
-from simtune.cache.views import layer_for, open_pair
+from simtune.cache.views import open_pair
 from simtune.evaluate.vectors import trained as trained_vectors
 from simtune.export.stage import export
 from simtune.model import load_model
 from simtune.prepare.prepared import load as load_prepared
-from stages import app
-from tests.train_helpers import project, set_schedule, stage_args
+from tests.train_helpers import project, set_schedule, train_top_layers
 
 
 @pytest.mark.parametrize("states_dtype", ["float32", "float16"])
@@ -32,12 +27,7 @@ def test_evaluate_over_cached_states_equals_the_export_from_text(
     set_schedule(raw, "top_layers", layers=1, lr=0.001, head_lr=0.01, batch_size=8,
                  max_epochs=2, patience=2)
     raw["train"]["frozen_candidate"] = False  # a trained epoch is kept: the layers moved
-    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
-    p = P.validate(raw)
-    cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache,
-               layer=layer_for(p.encoders, p.train))
-    result = CliRunner().invoke(app, stage_args(tmp_path, params_file))
-    assert result.exit_code == 0, result.output
+    p = train_top_layers(tmp_path, raw, params_file)
     report = json.loads((tmp_path / "train.json").read_text())
     assert report["mode"] == "top_layers" and report["best_epoch"] > 0
     assert report["in_force"]["train.schedule.top_layers.layers"] == 1

@@ -8,18 +8,12 @@ import json
 from pathlib import Path
 
 import torch
-import yaml
-from typer.testing import CliRunner
 
-from simtune import params as P
-from simtune.cache import stage as cache
-from simtune.cache.views import layer_for
 from simtune.encoders import FrozenEncoder
 from simtune.export.stage import export
 from simtune.model import load_model
-from stages import app
 from tests.cache_helpers import sentences
-from tests.train_helpers import project, set_schedule, stage_args
+from tests.train_helpers import project, set_schedule, train_top_layers
 
 
 def test_a_top_layers_run_that_keeps_epoch_0_exports_the_frozen_encoder(
@@ -28,12 +22,7 @@ def test_a_top_layers_run_that_keeps_epoch_0_exports_the_frozen_encoder(
     # learning rates too small to move a rank: every trained epoch ties epoch 0, which stays
     set_schedule(raw, "top_layers", layers=1, lr=1e-12, head_lr=1e-12, batch_size=8,
                  max_epochs=1, patience=1)
-    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
-    p = P.validate(raw)
-    cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache,
-               layer=layer_for(p.encoders, p.train))
-    result = CliRunner().invoke(app, stage_args(tmp_path, params_file))
-    assert result.exit_code == 0, result.output
+    p = train_top_layers(tmp_path, raw, params_file)
     head = tmp_path / "head"
     assert json.loads((tmp_path / "train.json").read_text())["selected"] == "frozen"
     meta = json.loads((head / "training.json").read_text())

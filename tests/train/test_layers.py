@@ -11,23 +11,18 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 from safetensors.torch import load_file
-from typer.testing import CliRunner
 
 from simtune import layers
 from simtune import params as P
-from simtune.cache import stage as cache
-from simtune.cache.views import layer_for
 from simtune.encoders import FrozenEncoder
 from simtune.errors import UserError
 from simtune.prepare.prepared import text_id
 from simtune.train import represent
 from simtune.train.data import load_data
-from stages import app
 from tests.cache_helpers import sentences
 from tests.conftest import WORDS
-from tests.train_helpers import project, set_schedule, stage_args
+from tests.train_helpers import project, set_schedule, train_top_layers
 
 H, LAYERS, TOP = 32, 4, 2  # the cut: k = 2, so the top holds layers 2 and 3
 SIZES = {"hidden_size": H, "num_hidden_layers": LAYERS, "num_attention_heads": 2,
@@ -181,12 +176,7 @@ def _train_and_export(tmp_path: Path, model: Path, family: str, **encoder: objec
     raw["train"]["frozen_candidate"] = False  # the trained layers are what is checked
     set_schedule(raw, "top_layers", layers=TOP, lr=0.003, head_lr=0.01, batch_size=8,
                  max_epochs=1, patience=1, **encoder)
-    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
-    p = P.validate(raw)
-    cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache,
-               layer=layer_for(p.encoders, p.train))
-    result = CliRunner().invoke(app, stage_args(tmp_path, params_file))
-    assert result.exit_code == 0, result.output
+    p = train_top_layers(tmp_path, raw, params_file)
     # the saved encoder is an ordinary model of the family whose layers k.. alone changed
     saved = load_file(str(tmp_path / "head" / "encoder" / "model.safetensors"))
     original = load_file(str(model / "model.safetensors"))
