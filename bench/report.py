@@ -27,9 +27,10 @@ AREAS = {"cache_fill": "Cache fill", "train_speed": "Training speed",
          "distill": "Distillation against the peer",
          "small_data": "Small data against the frozen encoder", "noop": "Reruns",
          "query_adapter": "Query-side head (keep your index)",
+         "static": "Static student (a token table) against model2vec",
          "gpu": "GPU"}
 BENCHES = ("cache_fill", "train_speed", "eval_topk", "negatives", "layers", "layers_full",
-           "sweep", "scale", "long_docs", "distill", "small_data", "query_adapter")
+           "sweep", "scale", "long_docs", "distill", "small_data", "query_adapter", "static")
 # the page's columns: the peer's name and figure share one ("against"), so that the verdict fits
 COLUMNS = ["measure", "ours", "against", "ratio", "target", "met"]
 
@@ -326,7 +327,8 @@ def page(results: dict[str, Any], today: dict[str, Any] | None = None) -> str:
         out = _noted(out, "layers", results, today)
     for name, heading in (("layers_full", "Full fine-tuning against the peer"),
                           ("sweep", "Sweeps"), ("scale", "The top_layers cache at scale"),
-                          ("distill", "Distillation"), ("small_data", "Small data")):
+                          ("distill", "Distillation"), ("small_data", "Small data"),
+                          ("static", "Static student")):
         if name not in results:
             continue
         bench = results[name]
