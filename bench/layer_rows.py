@@ -103,7 +103,7 @@ def _memo(vectors: Any) -> Any:
 def child_ours(job: dict) -> dict:
     from simtune import heads
     from simtune import params as P
-    from simtune.evaluate import stage as evaluate
+    from simtune.evaluate.vectors import trained as trained_vectors
     from simtune.train import stage as train
 
     p = P.load(job["params"])
@@ -114,8 +114,9 @@ def child_ours(job: dict) -> dict:
     result = train.run(p, prepared, cache_dir, work / "head", work / "train.json", work / "live")
     peak = _maxrss_mb() - (0 if torch.cuda.is_available() else base)
     head_dir = work / "head"
-    scores = _score(p, prepared, cache_dir, lambda data: evaluate._trained(
-        data, heads.load(head_dir), head_dir, p, prepared))
+    scores = _score(p, prepared, cache_dir, lambda data: trained_vectors(
+        data, heads.load(head_dir), head_dir, p, prepared,
+        (cache_dir, data.tables["query"], data.tables["doc"])))
     sec = result["seconds"]  # validation apart: the peer validates nothing in its loop
     return {"train_s": sec["train"], "val_s": sec["validation"], "total_s": sec["total"],
             "train_cpu_s": sec["train_cpu"], "epochs": result["epochs"],

@@ -95,7 +95,7 @@ def test_the_edit_rerun_loop(tmp_path: Path) -> None:
     assert _ran(first) == set(STAGES)
     assert "cache tiny: 0 cached, 60 to embed" in first.stderr
     metrics = json.loads((project.path / "reports" / "metrics.json").read_text())
-    assert set(metrics) == {"trained", "lift"}
+    assert set(metrics) == {"trained", "baseline", "lift"}  # trained vs frozen
     report = json.loads((project.path / "reports" / "evaluate.json").read_text())
     assert set(report) >= {"trained", "baseline", "lift", "significance"}
     assert _ran(project.dvc("repro")) == set()
@@ -157,9 +157,10 @@ def test_experiments_and_identical_reruns(two_experiments: tuple[DvcProject, byt
         data = exp["revs"][0]["data"]
         lrs.add(data["params"]["params.yaml"]["data"]["train"]["schedule"]["head"]["lr"])
         metric_files = data["metrics"]
-        assert set(metric_files["reports/metrics.json"]["data"]) == {"trained", "lift"}
-        assert set(metric_files["reports/train_metrics.json"]["data"]) == {"kept_epoch",
-                                                                         "train_s"}
+        assert set(metric_files["reports/metrics.json"]["data"]) == {"trained", "baseline",
+                                                                     "lift"}
+        assert set(metric_files["reports/train_metrics.json"]["data"]) == {
+            "mode", "kept_epoch", "train_s"}
     assert lrs == {0.004, 0.02}
 
     # what users compare experiments with fits a screen: the changed param, the headline
@@ -168,8 +169,8 @@ def test_experiments_and_identical_reruns(two_experiments: tuple[DvcProject, byt
     columns = header.split(",")
     assert len(columns) <= 20, columns
     assert "train.schedule.head.lr" in columns and "train_s" in columns, columns
-    headline = {f"{part}.{m}" for part in ("trained", "lift")
-                for m in ("p@1", "mrr@10", "ndcg@10", "map@r")}
+    headline = {f"{part}.{m}" for part in ("trained", "baseline", "lift")
+                for m in ("p@1", "mrr@10", "ndcg@10", "map@r")} | {"mode"}
     listing = {"Experiment", "rev", "typ", "Created", "parent", "State", "Executor"}
     outputs = {"models/head", "reports/evaluate.json"}  # deps of evaluate and export
     assert set(columns) <= (listing | {"train.schedule.head.lr", "kept_epoch", "train_s"}
@@ -194,21 +195,22 @@ def test_plain_exp_show_lists_metrics_then_params_then_one_column_per_stage_pack
     from tests.test_dvc_deps import stage_deps
 
     columns = _plain_exp_show_columns(two_experiments[0])
-    headline = [f"{part}.{m}" for part in ("trained", "lift")
+    headline = [f"{part}.{m}" for part in ("trained", "baseline", "lift")
                 for m in ("p@1", "mrr@10", "ndcg@10", "map@r")]
-    metrics = [*headline, "kept_epoch", "train_s"]
-    assert columns[:2] == ["Experiment", "Created"] and sorted(columns[2:12]) == sorted(metrics)
+    metrics = [*headline, "mode", "kept_epoch", "train_s"]
+    n = 2 + len(metrics)
+    assert columns[:2] == ["Experiment", "Created"] and sorted(columns[2:n]) == sorted(metrics)
     # every leaf of params.yaml (DVC shows the default params file whole), as many as the
     # default project's: the test project changes values (and the encoder's name), not keys
     project = two_experiments[0]
     params = _leaves(yaml.safe_load((project.path / "params.yaml").read_text()))
     assert len(params) == len(_leaves(yaml.safe_load((ROOT / "params.yaml").read_text())))
-    assert sorted(columns[12:12 + len(params)]) == sorted(params)
+    assert sorted(columns[n:n + len(params)]) == sorted(params)
     assert "train.schedule.head.lr" in params
     code = {d for s in ("check", *STAGES) for d in stage_deps(s)}
     data = {"data/raw", "data/prepared", "cache", "negatives", "models/head",
             "reports/evaluate.json", "reports/prepare.json", "reports/params_checked.json"}
-    assert columns[12 + len(params):] == sorted(code | data), columns[12 + len(params):]
+    assert columns[n + len(params):] == sorted(code | data), columns[n + len(params):]
     assert "src/simtune/train" in code and not [c for c in columns if c.startswith(
         "src/simtune/train/")]
 
