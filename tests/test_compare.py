@@ -132,8 +132,8 @@ def test_compare_after_a_temp_experiment_on_other_data_fits_120_columns(
     lines = out.splitlines()
     assert lines and max(map(len, lines)) <= 120, out
     header = lines[0].split()
-    assert header == ["Experiment", "prepare.file.path", "train.schedule.head.lr",
-                      "trained.p@1", "trained.mrr@10", "kept_epoch", "train_s"], out
+    assert header == ["Experiment", "state", "prepare.file.path", "train.schedule.head.lr",
+                      "trained.p@1", "trained.mrr@10", "mode", "kept_epoch", "train_s"], out
     rows = {line.split()[0]: dict(zip(header, line.split(), strict=True)) for line in lines[1:]}
     commit = next(c for c in shown if c.get("experiments"))
     (experiment,) = commit["experiments"]
@@ -182,12 +182,12 @@ def test_a_failed_queued_experiment_shows_its_state_and_not_its_parents_metrics(
     lines = out.splitlines()
     header = lines[0].split()
     assert header == ["Experiment", "state", "prepare.source", "trained.p@1", "trained.mrr@10",
-                      "kept_epoch", "train_s"], out
+                      "mode", "kept_epoch", "train_s"], out
     rows = {line.split()[0]: dict(zip(header, line.split(), strict=True)) for line in lines[1:]}
     failed, parent = rows[experiment["name"]], rows[lines[2].split()[0]]
     assert failed == {"Experiment": experiment["name"], "state": "failed",
                       "prepare.source": "no_such_source", "trained.p@1": "-",
-                      "trained.mrr@10": "-", "kept_epoch": "-", "train_s": "-"}, out
+                      "trained.mrr@10": "-", "mode": "-", "kept_epoch": "-", "train_s": "-"}, out
     assert parent["state"] == "done" and parent["prepare.source"] == "file"
     assert parent["trained.p@1"] == f"{metrics['trained']['p@1']:.4f}", out
 
