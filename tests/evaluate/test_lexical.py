@@ -138,7 +138,7 @@ def test_groups_report_bm25_and_hybrid_equal_independent_computations(
         assert d["bm25"] == pytest.approx(mean_metrics([bm[q] for q in mine]), abs=1e-6)
         assert d["hybrid"] == pytest.approx(mean_metrics([hy[q] for q in mine]), abs=1e-6)
     assert report.headline(m) == {part: {k: m[part][k] for k in HEADLINE}
-                                  for part in ("trained", "lift")}
+                                  for part in ("trained", "baseline", "lift")}
 
 
 def test_hybrid_off_reports_no_hybrid(trained: tuple[Path, Path],  # noqa: F811

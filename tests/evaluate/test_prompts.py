@@ -19,7 +19,9 @@ from tests.cache.test_prompts import E5, ENCODER_SCHEDULE, _pairs
 
 
 def test_full_mode_test_vectors_carry_each_roles_prompt(tmp_path: Path, tiny_bert: Path) -> None:
-    p = _pairs(tmp_path, tiny_bert, E5, mode="full", schedule=ENCODER_SCHEDULE)
+    # the trained epoch kept: the fine-tuned encoder (saved with the head) embeds the texts
+    p = _pairs(tmp_path, tiny_bert, E5, mode="full", schedule=ENCODER_SCHEDULE,
+               frozen_candidate=False)
     cache.fill(tmp_path / "prepared", tmp_path / "cache", p.encoders, p.cache)
     head_dir = tmp_path / "head"
     train.run(p, tmp_path / "prepared", tmp_path / "cache", head_dir, tmp_path / "train.json",

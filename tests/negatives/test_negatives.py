@@ -189,7 +189,12 @@ def _pairs_project(root: Path, model: Path, **train: Any) -> Path:
     raw["encoders"] = encoder_params(model)
     raw["cache"] = cache_params()
     raw["negatives"].update(count=3)
-    raw["train"]["schedule"]["head"].update(batch_size=8, max_epochs=2, patience=5, lr=0.01)
+    # the head's schedule keywords (`train_helpers.SCHEDULE_KEYS`) under train.schedule.head
+    from tests.train_helpers import SCHEDULE_KEYS
+
+    schedule = {k: train.pop(k) for k in list(train) if k in SCHEDULE_KEYS}
+    raw["train"]["schedule"]["head"].update(
+        {"batch_size": 8, "max_epochs": 2, "patience": 5, "lr": 0.01, **schedule})
     raw["train"].update({"hard_negatives": 2, **train})
     assert raw["train"]["loss"]["name"] == "auto"  # mnrl on pairs: mined negatives apply
     raw["train"]["head"]["dropout"] = 0.0

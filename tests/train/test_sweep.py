@@ -68,7 +68,7 @@ def _args(root: Path, params_file: Path, *extra: str) -> list[str]:
      "params.yaml: sweep: space.train.head: a section or a list, not one value"),
     ({"train.mode": {"choices": ["head", "full"]}},
      "params.yaml: sweep: space.train.mode: cannot be swept (the loaded representation "
-     "depends on it)"),
+     "depends on it; it may be fixed: sweep.fixed)"),
     ({"train.schedule.head.lr": {"low": 0.1, "high": 0.01}},
      "params.yaml: sweep.space.train.schedule.head.lr: low 0.1 must be below high 0.01"),
     ({"train.schedule.head.lr": {"low": 0.0, "high": 0.01, "log": True}},
@@ -127,13 +127,16 @@ def test_a_key_the_mode_ignores_is_refused_when_the_sweep_starts(
     with pytest.raises(UserError) as e:
         lib.run(p, tmp_path / "prepared", tmp_path / "cache")
     assert str(e.value) == ("sweep.space.train.schedule.top_layers.lr: has no effect in "
-                            "train.mode head (see train.encoder)")
+                            "train.mode head (its schedule is train.schedule.head; set "
+                            "sweep.fixed train.mode: top_layers to sweep that mode)")
     raw["train"]["mode"] = "top_layers"
+    del raw["sweep"]["fixed"]["train.mode"]  # the mode the pipeline trains
     raw["sweep"]["space"] = {"train.schedule.head.lr": {"low": 0.001, "high": 0.01}}
     with pytest.raises(UserError) as e:
         lib.run(P.validate(raw), tmp_path / "prepared", tmp_path / "cache")
     assert str(e.value) == ("sweep.space.train.schedule.head.lr: has no effect in train.mode "
-                            "top_layers (see train.encoder)")
+                            "top_layers (its schedule is train.schedule.top_layers; set "
+                            "sweep.fixed train.mode: head to sweep that mode)")
     assert not (tmp_path / "reports").exists()
 
 

@@ -218,6 +218,8 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, negatives_dir: Path | No
     space holds, an unusable `sweep.storage`, a value no trial can train with on this data, a
     study made for other data or params (`study`), a study another sweep is running."""
     sw = p.sweep
+    if with_fixed(p).train.mode != "auto":  # refused before anything is read or written
+        space.check_mode(with_fixed(p))
     size = space.combinations(sw.space)
     if size is not None and size < sw.trials:
         raise UserError(f"sweep.trials: {sw.trials} trials asked of a space that holds "
