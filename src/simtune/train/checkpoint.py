@@ -38,7 +38,7 @@ import torch
 from simtune.atomic import write_bytes
 from simtune.encoders import describe
 from simtune.encoders import fingerprint as encoder_fingerprint
-from simtune.params import Params
+from simtune.params import CacheParams, EncodersParams, TrainParams
 from simtune.train.epochs import EpochLoop
 
 log = logging.getLogger(__name__)
@@ -47,20 +47,22 @@ FORMAT_VERSION = 3  # 2: the loop state holds train_cpu_seconds; 3: epoch 0, sel
 FILE = "last.pt"
 
 
-def fingerprint(p: Params, prepared_dir: Path, tables: dict[str, Any],
-                negatives_dir: Path | None) -> str:
-    """Hash of what a run's result depends on besides the code: the params it reads, the bytes of
-    the prepared data (and of the mined negatives when `train.hard_negatives` > 0), and the cache
-    tables' fingerprints (`tables`: `Data.tables`; full mode reads none: the encoder's)."""
+def fingerprint(t: TrainParams, enc: EncodersParams, cache: CacheParams, corpus: str,
+                prepared_dir: Path, tables: dict[str, Any], negatives_dir: Path | None) -> str:
+    """Hash of what a run's result depends on besides the code: the params it reads (`t`: the
+    train params as the run resolved them, `stage.in_force`; the `encoders` and `cache`
+    sections; `corpus`: `evaluate.corpus`), the bytes of the prepared data (and of the mined
+    negatives when `train.hard_negatives` > 0), and the cache tables' fingerprints (`tables`:
+    `Data.tables`; full mode reads none: the encoder's)."""
     h = hashlib.blake2b(digest_size=16)
-    settings = {"format_version": FORMAT_VERSION, "train": p.train.model_dump(mode="json"),
-                "encoders": p.encoders.model_dump(mode="json"),
-                "cache": p.cache.model_dump(mode="json"), "corpus": p.evaluate.corpus}
+    settings = {"format_version": FORMAT_VERSION, "train": t.model_dump(mode="json"),
+                "encoders": enc.model_dump(mode="json"),
+                "cache": cache.model_dump(mode="json"), "corpus": corpus}
     h.update(json.dumps(settings, sort_keys=True).encode())
     hash_files(h, prepared_dir)
-    if p.train.hard_negatives and negatives_dir is not None:
+    if t.hard_negatives and negatives_dir is not None:
         hash_files(h, negatives_dir)
-    h.update(json.dumps(cache_fingerprints(p, tables), sort_keys=True).encode())
+    h.update(json.dumps(cache_fingerprints(enc, tables), sort_keys=True).encode())
     return h.hexdigest()
 
 
@@ -74,14 +76,15 @@ def hash_files(h: Any, directory: Path) -> None:
             h.update(hashlib.file_digest(fh, "blake2b").digest())
 
 
-def cache_fingerprints(p: Params, tables: dict[str, Any]) -> dict[str, str]:
+def cache_fingerprints(enc: EncodersParams, tables: dict[str, Any]) -> dict[str, str]:
     """The fingerprint of each cache table a run reads (`tables`: `Data.tables`, by role); full
-    mode reads none: {"encoder": the live encoder's fingerprint, from its files}."""
+    mode reads none: {"encoder": the live query encoder's (of `enc`) fingerprint, from its
+    files}."""
     cached = {k: t.manifest.fingerprint for k, t in sorted(tables.items())
               if hasattr(t, "manifest")}
     if "query" not in cached:  # full mode (a distillation teacher's table aside)
-        name = p.encoders.query
-        cached["encoder"] = encoder_fingerprint(describe(name, p.encoders.models[name]))
+        name = enc.query
+        cached["encoder"] = encoder_fingerprint(describe(name, enc.models[name]))
     return cached
 
 

@@ -19,7 +19,7 @@ from simtune.encoders import check_teacher, model_config
 from simtune.errors import UserError
 from simtune.examples import Data
 from simtune.negatives import mined
-from simtune.params import Params, TrainParams, resolve_loss
+from simtune.params import CacheParams, EncodersParams, TrainParams, resolve_loss
 from simtune.prepare.prepared import load as load_prepared
 from simtune.train import matryoshka
 
@@ -34,22 +34,24 @@ def check_compatible(kind: str, t: TrainParams, data: str = "the prepared data")
         raise UserError("train.m_per_label: only for groups data; set it to 0")
 
 
-def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool = True,
+def load_data(t: TrainParams, enc: EncodersParams, cache: CacheParams, prepared_dir: Path,
+              cache_dir: Path, check_loss: bool = True,
               negatives_dir: Path | None = None) -> Data:
     """Examples of every split as index tensors into the resident cache (head mode), or with
     their texts (full mode); given `negatives_dir` and `train.hard_negatives` > 0, the training
-    rows' mined negatives too (`mined.attach`)."""
+    rows' mined negatives too (`mined.attach`). `t`: the train params (its mode resolved,
+    `cache.modes.resolve`: `auto` reads as head); `enc`, `cache`: the `encoders` and `cache`
+    sections, which name the views in `cache_dir` to open."""
     prepared = load_prepared(prepared_dir)
     if check_loss:
-        check_compatible(prepared.kind, p.train, f"the prepared data ({prepared_dir})")
-        P.check_unlabelled(p.train, prepared.unlabelled, f"the prepared data ({prepared_dir})")
-        if p.train.hard_negatives:
-            mined.check(prepared.kind, p.train)
+        check_compatible(prepared.kind, t, f"the prepared data ({prepared_dir})")
+        P.check_unlabelled(t, prepared.unlabelled, f"the prepared data ({prepared_dir})")
+        if t.hard_negatives:
+            mined.check(prepared.kind, t)
             if negatives_dir is None:
                 raise UserError("train.hard_negatives: no mined negatives given (the train "
                                 "stage's --negatives directory)")
-    full = p.train.mode == "full"
-    enc = p.encoders
+    full = t.mode == "full"
     if full and enc.query != enc.document:
         raise UserError("train.mode full: needs one shared encoder (encoders.query == "
                         "encoders.document)")
@@ -57,19 +59,21 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool =
     tables: dict[str, Any] = {}
     if not full:
         # placed later, by each process on its own device (represent.Representation.place)
-        q_table, d_table = open_pair(cache_dir, enc, p.cache, prepared.kind, placed=False)
+        q_table, d_table = open_pair(cache_dir, enc, cache, prepared.kind, placed=False)
         tables = {"query": q_table, "doc": d_table}
-    if p.train.mode == "top_layers":
-        tables.update(_states_tables(p, cache_dir, q_table, d_table))
+    if t.mode == "top_layers":
+        tables.update(_states_tables(t, enc, cache, cache_dir, q_table, d_table))
     texts = prepared.text_map() if full else {}
     hook = None
-    if negatives_dir is not None and p.train.hard_negatives and q_table is not None:
-        hook = _negatives_hook(negatives_dir, q_table, d_table, p.train.hard_negatives)
+    if negatives_dir is not None and t.hard_negatives and q_table is not None:
+        hook = _negatives_hook(negatives_dir, q_table, d_table, t.hard_negatives)
     data = examples.load(prepared.kind, prepared.examples, q_table, d_table, texts, hook,
-                         dim=None if q_table is not None else _query_dim(p))
+                         dim=None if q_table is not None else _query_dim(enc))
     data.tables = tables
-    if p.train.objective == "distill":
-        _attach_teacher(p, cache_dir, prepared.examples, data, texts)
+    if t.objective == "distill":
+        assert t.distill.teacher is not None  # params refuses distill without one
+        _attach_teacher(t.distill.teacher, enc, cache, cache_dir, prepared.examples, data,
+                        texts)
     elif prepared.unlabelled:
         log.info("%d unlabelled texts of %s unused: train.objective similarity trains on "
                  "labels (distill would use them)", prepared.unlabelled, prepared_dir)
@@ -79,32 +83,31 @@ def load_data(p: Params, prepared_dir: Path, cache_dir: Path, check_loss: bool =
     return data
 
 
-def _states_tables(p: Params, cache_dir: Path, q_table: Any, d_table: Any) -> dict[str, Any]:
-    """Top-layers mode: the layer cache of the (shared) encoder's query texts, row for row the
-    query vector cache's (both views hold the same ids, sorted), so the splits' cache rows
-    index both; and of its document texts, the same table unless documents have their own
-    view (another prompt)."""
+def _states_tables(t: TrainParams, enc: EncodersParams, cache: CacheParams, cache_dir: Path,
+                   q_table: Any, d_table: Any) -> dict[str, Any]:
+    """Top-layers mode: the layer cache of the (shared) encoder's query texts (the layer `t`
+    trains above, `cache.views.layer_for`), row for row the query vector cache's (both views
+    hold the same ids, sorted), so the splits' cache rows index both; and of its document
+    texts, the same table unless documents have their own view (another prompt)."""
     from simtune.cache.views import layer_for, open_states_pair
 
-    layer = layer_for(p.encoders, p.train)
+    layer = layer_for(enc, t)
     assert layer is not None
-    states, doc_states = open_states_pair(cache_dir, p.encoders, p.cache, layer, q_table,
-                                          d_table)
+    states, doc_states = open_states_pair(cache_dir, enc, cache, layer, q_table, d_table)
     return {"layer": layer, "states": states, "doc_states": doc_states}
 
 
-def _attach_teacher(p: Params, cache_dir: Path, examples_table: Any, data: Data,
-                    texts: dict[str, str]) -> None:
-    """Distillation: the teacher's cache table (`tables["teacher"]`), each split's rows in it
+def _attach_teacher(name: str, enc: EncodersParams, cache: CacheParams, cache_dir: Path,
+                    examples_table: Any, data: Data, texts: dict[str, str]) -> None:
+    """Distillation: the cache table of the teacher `name` (`train.distill.teacher`, one of
+    `enc`'s models; `tables["teacher"]`), each split's rows in it
     (`t_rows`, `simtune.train.distill.teacher_rows`), and the unlabelled texts as more
     training rows (`simtune.train.distill.add_unlabelled`; `texts`: full mode's text map)."""
     from simtune.cache.views import open_cache
     from simtune.train.distill import add_unlabelled, teacher_rows
 
-    name = p.train.distill.teacher
-    assert name is not None
-    check_teacher(p.encoders, name)  # views filled before the cache stage checked it
-    table = open_cache(cache_dir, name, p.encoders.models[name], p.cache, placed=False)
+    check_teacher(enc, name)  # views filled before the cache stage checked it
+    table = open_cache(cache_dir, name, enc.models[name], cache, placed=False)
     for split, rows in teacher_rows(examples_table, table).items():
         data.splits[split].tensors["t_rows"] = rows
     data.tables["teacher"] = table
@@ -112,10 +115,9 @@ def _attach_teacher(p: Params, cache_dir: Path, examples_table: Any, data: Data,
                               table, texts)
 
 
-def _query_dim(p: Params) -> int:
+def _query_dim(enc: EncodersParams) -> int:
     """Full mode (no cache to read it from): the query encoder's hidden size."""
-    name = p.encoders.query
-    return int(model_config(name, p.encoders.models[name]).hidden_size)
+    return int(model_config(enc.query, enc.models[enc.query]).hidden_size)
 
 
 def check_trainable(data: Data, t: TrainParams, world: int) -> None:

@@ -12,7 +12,7 @@ from simtune import heads
 from simtune.encoders import trim_padding
 from simtune.errors import UserError
 from simtune.examples import Data, Split
-from simtune.params import Params, TrainParams
+from simtune.params import CacheParams, EncodersParams, TrainParams
 from simtune.train import distill, represent
 from simtune.train.gradcache import cuda_devices
 from simtune.train.gradcache import step as gradcache_step
@@ -38,13 +38,17 @@ def _slice(batch: Any, s: int, e: int) -> Any:
 
 class SimilarityModule(pl.LightningModule):
     """A representation (`simtune.train.represent`: cached vectors, cached layer states + top
-    layers, or the live encoder), a head and a similarity loss over `Data`."""
+    layers, or the live encoder), a head and a similarity loss over `Data`.
 
-    def __init__(self, data: Data, p: Params) -> None:
+    `t`: the train params (resolved, the batch size fit to the data: `stage.fit_schedule`);
+    `enc`: the encoders (the query encoder's, top_layers and full modes); `cache`: where each
+    process places the cached tables (`cache.cache_type`, `cache.mapping`)."""
+
+    def __init__(self, data: Data, t: TrainParams, enc: EncodersParams,
+                 cache: CacheParams) -> None:
         super().__init__()
-        self.data, self.t, self.p = data, p.train, p
-        t = self.t
-        self.rep = represent.build(t.mode, p, data.tables)
+        self.data, self.t, self.cache_params = data, t, cache
+        self.rep = represent.build(t.mode, enc, data.tables, t.lora)
         self.head = heads.build(t.head.type, data.dim, t.head.expansion, t.head.dropout)
         self.loss_fn = self._loss(data, t)
         self.automatic_optimization = t.gradcache.chunk_size == 0
@@ -63,7 +67,7 @@ class SimilarityModule(pl.LightningModule):
 
     def setup(self, stage: str) -> None:
         # each process (DDP rank) puts the cached tables on its own device, once
-        cp = self.p.cache
+        cp = self.cache_params
         self.rep.place(self.device, lambda name: cp.mapping.get(name, cp.cache_type))
 
     # --- representations -------------------------------------------------------------------

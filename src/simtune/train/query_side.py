@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from simtune.examples import Data, Split
-from simtune.params import Params
+from simtune.params import CacheParams, EncodersParams, TrainParams
 from simtune.retrieval.task import by_split
 from simtune.train.module import SimilarityModule
 from simtune.train.represent import ROWS
@@ -96,9 +96,10 @@ class CorpusLoss(torch.nn.Module):
         return per.mean()
 
 
-def corpus_loss(data: Data, p: Params) -> CorpusLoss:
-    """The loss over `data`'s training split: its frozen corpus, keys and positives."""
-    tr, t = data.training.tensors, p.train
+def corpus_loss(data: Data, t: TrainParams) -> CorpusLoss:
+    """The loss over `data`'s training split: its frozen corpus, keys and positives (`t`: the
+    train params; its loss's temperature or scale, and its seed)."""
+    tr = data.training.tensors
     if data.kind == "groups":
         corpus = data.tables["query"].vectors[tr["rows"]]
         return CorpusLoss(corpus, t.loss.temperature, tr["labels"], None,
@@ -130,11 +131,12 @@ class QuerySideModule(SimilarityModule):
     """`SimilarityModule` whose head sees the queries only and whose loss ranks them against
     the frozen training corpus (`CorpusLoss`)."""
 
-    def __init__(self, data: Data, p: Params) -> None:
-        super().__init__(data, p)
-        self.distilling = p.train.objective == "distill"
+    def __init__(self, data: Data, t: TrainParams, enc: EncodersParams,
+                 cache: CacheParams) -> None:
+        super().__init__(data, t, enc, cache)
+        self.distilling = t.objective == "distill"
         if not self.distilling:  # distillation: `kl` against the rows' frozen vectors
-            self.loss_fn = corpus_loss(data, p)
+            self.loss_fn = corpus_loss(data, t)
 
     def encode(self, part: dict[str, Any]) -> torch.Tensor:
         """Training batch part -> (c, D) head outputs of its queries (groups: its texts)."""

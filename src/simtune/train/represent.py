@@ -34,7 +34,7 @@ from simtune.encoders import (
     prompt_skip,
     trim_padding,
 )
-from simtune.params import EncoderParams, LoraParams, Params
+from simtune.params import EncoderParams, EncodersParams, LoraParams
 from simtune.train import lora
 
 ROWS = {"text": "rows", "query": "q_rows", "doc": "d_rows", "neg": "neg_rows"}
@@ -221,14 +221,16 @@ class LiveEncoder(Representation):
         self.tokenizer.save_pretrained(directory)
 
 
-def build(mode: str, p: Params, tables: dict[str, Any]) -> Representation:
-    """The representation of `mode` over the loaded cache `tables` (`query`, `doc`, `states`)."""
-    name = p.encoders.query
-    spec = p.encoders.models[name]
+def build(mode: str, enc: EncodersParams, tables: dict[str, Any],
+          adapters: LoraParams | None) -> Representation:
+    """The representation of `mode` over the loaded cache `tables` (`query`, `doc`, `states`);
+    top_layers and full: of `enc`'s query encoder, with `adapters` (`train.lora`) on its
+    trained layers."""
+    name = enc.query
+    spec = enc.models[name]
     if mode == "head":
         return CachedVectors(tables["query"], tables["doc"])
     path = model_dir(name, spec)
-    adapters = p.train.lora
     if mode == "top_layers":
         return CachedStates(tables["states"], path, tables["layer"], spec,
                             tables.get("doc_states"), adapters)

@@ -28,7 +28,7 @@ from simtune.cache.modes import resolve
 from simtune.encoders import describe
 from simtune.errors import UserError
 from simtune.examples import Data, batch_for
-from simtune.params import Params, TrainParams
+from simtune.params import CacheParams, EncodersParams, Params, TrainParams
 from simtune.prepare.prepared import kind as prepared_kind
 from simtune.retrieval.task import RetrievalTask, retrieval_task
 from simtune.train import headroom
@@ -73,17 +73,21 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     """Train, early-stop on the validation metric, save the best head (and report) atomically;
     `negatives_dir`: the negatives stage's output (read when `train.hard_negatives` > 0);
     `checkpoint_dir`: where a checkpoint is kept after each epoch, and a matching one resumed
-    (`simtune.train.checkpoint`; removed on success); None: none."""
+    (`simtune.train.checkpoint`; removed on success); None: none.
+
+    `p` is resolved and unpacked here, once: each call below gets the sections it reads (the
+    resolved `train`, `encoders`, `cache`, `evaluate.corpus`), never `p`."""
     quiet_lightning()
     auto = p.train.loss.name == "auto"
-    p = in_force(p, prepared_dir)
-    t = p.train
+    t = in_force(p.train, p.encoders, prepared_dir)
+    enc, cache, corpus = p.encoders, p.cache, p.evaluate.corpus
     if t.mode == "static":  # a token table taught by the teacher's cached vectors
         from simtune.train import static_run
-        return static_run.run(p, prepared_dir, cache_dir, out, report, live_dir)
+        return static_run.run(t, enc, cache, corpus, prepared_dir, cache_dir, out, report,
+                              live_dir)
     accelerator = accelerator_of(t)
     pl.seed_everything(t.seed, workers=True, verbose=False)
-    data = load_data(p, prepared_dir, cache_dir, negatives_dir=negatives_dir)
+    data = load_data(t, enc, cache, prepared_dir, cache_dir, negatives_dir=negatives_dir)
     check_trainable(data, t, t.devices * t.num_nodes)
     if t.objective == "distill":  # the distillation loss trains (train.loss: on labels only)
         d = t.distill
@@ -98,17 +102,17 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
         """After the loop: the checkpoint saves what the loop recorded."""
         if checkpoint_dir is None:
             return []
-        resumes.append(Resume(checkpoint_dir, fingerprint(p, prepared_dir, data.tables,
-                                                          negatives_dir), loop))
+        resumes.append(Resume(checkpoint_dir, fingerprint(t, enc, cache, corpus, prepared_dir,
+                                                          data.tables, negatives_dir), loop))
         return resumes[-1:]
 
-    task = validation_task(data, p)
+    task = validation_task(data, t.head.side, corpus)
     # the frozen encoder at 1.0 on validation: said, and (frozen_candidate) kept untrained
     gain = headroom.check(data, task, t.frozen_candidate)
     loop_type = (functools.partial(EpochLoop, frozen_only=True)
                  if gain["nothing_to_gain"] and t.frozen_candidate else EpochLoop)
-    module, loop, trainer, seconds = fit(p, data, task, accelerator, live_dir, loop_type,
-                                         extra=resume)
+    module, loop, trainer, seconds = fit(t, enc, cache, data, task, accelerator, live_dir,
+                                         loop_type, extra=resume)
     if trainer.global_rank != 0:
         return {}
     # epoch 0 (`frozen_val`) is the frozen encoder's validation; `gain` said whether it had room
@@ -116,7 +120,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
                           p.evaluate.significance.resamples, p.evaluate.significance.seed),
               "nothing_to_gain": gain["nothing_to_gain"], "mode": t.mode,
               "mode_reason": t.run.reason, "in_force": t.run.shown()}
-    save(module, loop, p, out)
+    save(module, loop, t, enc, out)
     write_json(report, result)
     for done in resumes:
         done.finish()
@@ -129,19 +133,18 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     return result
 
 
-def in_force(p: Params, prepared_dir: Path) -> Params:
-    """`p` as a run trains it, resolved once: the mode (`train.mode: auto` chosen from the
-    prepared data, `cache.modes`) with its own schedule section in force (`t.run`,
-    `params.effective`), and the loss that runs on the prepared data's kind
-    (`params.resolve_loss`: `auto` resolved), so the checkpoint's fingerprint and the saved head
-    record what ran, not `auto`."""
+def in_force(train: TrainParams, enc: EncodersParams, prepared_dir: Path) -> TrainParams:
+    """The train params as a run trains them, resolved once: the mode (`train.mode: auto`
+    chosen from the prepared data and the encoders `enc`, `cache.modes`) with its own
+    schedule section in force (`t.run`, `params.effective`), and the loss that runs on the
+    prepared data's kind (`params.resolve_loss`: `auto` resolved), so the checkpoint's
+    fingerprint and the saved head record what ran, not `auto`."""
     kind = prepared_kind(prepared_dir)
-    t = P.resolve_loss(resolve(p.train, p.encoders, prepared_dir), kind,
-                       f"the prepared data ({prepared_dir})")
-    return p.model_copy(update={"train": t})
+    return P.resolve_loss(resolve(train, enc, prepared_dir), kind,
+                          f"the prepared data ({prepared_dir})")
 
 
-def validation_task(data: Data, p: Params) -> RetrievalTask:
+def validation_task(data: Data, side: str, corpus: str) -> RetrievalTask:
     """The validation split's retrieval task. Groups: the test evaluation's corpus (the train
     texts, or leave-one-out); pairs, with binary gains (the test ranks every document with
     graded gains): the val documents; a query-side head's, the train and val documents, the
@@ -151,29 +154,32 @@ def validation_task(data: Data, p: Params) -> RetrievalTask:
     train and val documents it keeps the frozen encoder). The symmetric head keeps the val
     documents: against the train and val ones too, its news pairs at 1,500 kept the frozen
     encoder (instead of losing 0.019) but at 200 one seed in 3 kept an epoch that lost 0.2 P@1
-    (bench.small_data), where the val documents alone left nothing to gain."""
-    if data.kind == "pairs" and p.train.head.side == "query":
+    (bench.small_data), where the val documents alone left nothing to gain. `side`:
+    `train.head.side`; `corpus`: `evaluate.corpus`."""
+    if data.kind == "pairs" and side == "query":
         return retrieval_task(data, "val", "known")
-    against_train = data.kind == "groups" and p.evaluate.corpus == "train"
+    against_train = data.kind == "groups" and corpus == "train"
     return retrieval_task(data, "val", "train" if against_train else "split")
 
 
-def fit(p: Params, data: Data, task: RetrievalTask, accelerator: str, live_dir: Path | None,
+def fit(t: TrainParams, enc: EncodersParams, cache: CacheParams, data: Data,
+        task: RetrievalTask, accelerator: str, live_dir: Path | None,
         loop_type: Callable[..., EpochLoop] = EpochLoop, progress: bool = True,
         extra: Callable[[EpochLoop], list[pl.Callback]] | None = None
         ) -> tuple[SimilarityModule, EpochLoop, pl.Trainer, float]:
-    """Build the module and trainer for `p` (effective params, `params.effective`) over loaded
-    `data` and fit them, validating on `task` each epoch (a `loop_type` callback). Seeds every
-    RNG first, so a fit depends on `p` and the data only (the sweep's trials reuse the data).
+    """Build the module and trainer for the train params `t` (resolved: the mode's schedule in
+    force, `in_force`), the encoders `enc` (the query encoder's, top_layers and full modes) and
+    `cache` (where the tables are placed) over loaded `data` and fit them, validating on `task`
+    each epoch (a `loop_type` callback). Seeds every RNG first, so a fit depends on these
+    settings and the data only (the sweep's trials reuse the data).
     Returns the module (the last epoch's weights), the loop (the kept weights, the history),
     the trainer and the seconds `trainer.fit` took; `progress`: each epoch's progress, numbered
     as the report numbers epochs (`epoch_log`: a bar on a terminal, else a log line per epoch);
     `extra`: callbacks to run after the loop's, given the loop (the resumable checkpoint)."""
-    p = fit_schedule(p, len(data.training), announce=progress)
-    t = p.train
+    t = fit_schedule(t, len(data.training), announce=progress)
     pl.seed_everything(t.seed, workers=True, verbose=False)
     module_type, validator_type = _query_side_or(SimilarityModule, Validator, t)
-    module = module_type(data, p)
+    module = module_type(data, t, enc, cache)
     validator = validator_type(data, task, module.rep.embed_split, module.head,
                                frozen(module.rep))
     loop = loop_type(Schedule(t.run.val_every, t.run.patience, t.run.max_epochs,
@@ -205,18 +211,17 @@ def _query_side_or(module: type, validator: type, t: TrainParams) -> tuple[type,
     return query_side.QuerySideModule, query_side.QuerySideValidator
 
 
-def fit_schedule(p: Params, n: int, announce: bool = True) -> Params:
-    """`p` (effective params) with the batch size an epoch of `n` training examples trains
+def fit_schedule(t: TrainParams, n: int, announce: bool = True) -> TrainParams:
+    """`t` (resolved train params) with the batch size an epoch of `n` training examples trains
     with (`examples.batch_for`: `train.min_steps` steps or more), logged when it changes and
     `announce`."""
-    t = p.train
     batch, why = batch_for(n, t.run.batch_size, t.min_steps, t.min_batch)
     if batch == t.run.batch_size:
-        return p
+        return t
     if announce:
         log.info("train.schedule.%s.batch_size %d -> %d: %s, so %d steps per epoch", t.mode,
                  t.run.batch_size, batch, why, -(-n // batch))
-    return p.model_copy(update={"train": P.with_run(t, batch_size=batch)})
+    return P.with_run(t, batch_size=batch)
 
 
 def report_of(loop: EpochLoop, total: float, n_train: int, monitor: str = "mrr@10",
@@ -299,8 +304,11 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
             "train_s": result["seconds"]["total"]}
 
 
-def save(module: SimilarityModule, loop: EpochLoop, p: Params, out: Path) -> None:
-    """The best head (safetensors + config.json) and, in full mode, the fine-tuned encoder."""
+def save(module: SimilarityModule, loop: EpochLoop, t: TrainParams, enc: EncodersParams,
+         out: Path) -> None:
+    """The best head (safetensors + config.json) and, in full mode, the fine-tuned encoder;
+    `training.json` records `t` (the resolved train params that ran) and the query encoder of
+    `enc`."""
     best = loop.state
     assert best is not None
     module.head.load_state_dict(best["head"])
@@ -308,23 +316,23 @@ def save(module: SimilarityModule, loop: EpochLoop, p: Params, out: Path) -> Non
         heads.save(module.head, tmp)
         # the fine-tuned encoder, an ordinary transformers model; none when epoch 0 (the
         # untouched encoder) was kept: the frozen encoder serves it (no 90 MB copy of it)
-        if p.train.mode != "head" and loop.best_epoch > 0:
+        if t.mode != "head" and loop.best_epoch > 0:
             module.rep.load_state_dict(best["rep"])
             module.rep.save(tmp / "encoder")
-        enc, loss = p.encoders, p.train.loss
+        loss = t.loss
         # trained on angles (cosine, or arcface, which is cosine whatever the distance): the
         # servable model normalises its output (unit vectors, the same cosine ranking)
         # (distillation compares normalised vectors or their cosines: angles too)
         angular = (loss.distance == "cosine" or loss.name == "arcface"
-                   or p.train.objective == "distill")
-        meta = {"mode": p.train.mode, "kind": module.data.kind, "query_encoder": enc.query,
+                   or t.objective == "distill")
+        meta = {"mode": t.mode, "kind": module.data.kind, "query_encoder": enc.query,
                 "document_encoder": enc.document,
                 "encoder": enc.models[enc.query].model_dump(), "normalize_output": angular,
                 "matryoshka_dims": loss.matryoshka_dims,  # evaluate scores each prefix too
                 # what evaluate and search check the cache against (`evaluate.trained_on`)
                 "encoder_description": describe(enc.query, enc.models[enc.query], role="query")}
-        meta["mode_reason"] = p.train.run.reason
+        meta["mode_reason"] = t.run.reason
         meta["selected"] = "frozen" if loop.best_epoch == 0 else "trained"
-        if p.train.head.side != "both":  # the key only when set: `both` writes what it did
-            meta["head_side"] = p.train.head.side
+        if t.head.side != "both":  # the key only when set: `both` writes what it did
+            meta["head_side"] = t.head.side
         write_json(tmp / "training.json", meta)

@@ -31,7 +31,7 @@ from simtune.cache import store
 from simtune.cache.views import open_cache
 from simtune.encoders import check_teacher, model_dir
 from simtune.errors import UserError
-from simtune.params import Params
+from simtune.params import CacheParams, EncodersParams, TrainParams
 from simtune.prepare.prepared import UNLABELLED
 from simtune.prepare.prepared import load as load_prepared
 from simtune.retrieval.task import RetrievalTask, by_rows, retrieval_task
@@ -41,14 +41,15 @@ from simtune.train.validation import KS, separation
 log = logging.getLogger(__name__)
 
 
-def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
+def run(t: TrainParams, enc: EncodersParams, cache: CacheParams, corpus: str,
+        prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
         live_dir: Path | None = None) -> dict[str, Any]:
-    """Fit the static student of the resolved params `p` (`train.mode: static`), save it to
-    `out` and its report to `report` (both atomically), the curves to `live_dir` (dvclive, as
-    the other modes: one .tsv per metric, step = epoch, and the kept epoch); returns the
-    report."""
+    """Fit the static student of the resolved train params `t` (`train.mode: static`; `enc`,
+    `cache`: the sections that name the teacher's and the query encoder's views; `corpus`:
+    `evaluate.corpus`), save it to `out` and its report to `report` (both atomically), the
+    curves to `live_dir` (dvclive, as the other modes: one .tsv per metric, step = epoch, and
+    the kept epoch); returns the report."""
     start = time.perf_counter()
-    t, enc = p.train, p.encoders
     s = t.run
     teacher = t.distill.teacher
     assert teacher is not None  # params refuses train.mode static without one
@@ -58,15 +59,15 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
                         f"the prepared data ({prepared_dir}) is {prepared.kind}")
     check_teacher(enc, teacher)
     spec = enc.models[enc.query]
-    q_table = open_cache(cache_dir, enc.query, spec, p.cache, placed=False)
-    t_table = open_cache(cache_dir, teacher, enc.models[teacher], p.cache, placed=False)
+    q_table = open_cache(cache_dir, enc.query, spec, cache, placed=False)
+    t_table = open_cache(cache_dir, teacher, enc.models[teacher], cache, placed=False)
     data = examples.load("groups", prepared.examples, q_table, q_table)
     for name in ("train", "val"):
         if len(data.splits[name]) == 0:
             raise UserError(f"{prepared_dir}: the {name} split is empty")
     texts = prepared.text_map()
     row_text = [texts[i] for i in data.row_ids["query"]]
-    init = st.distilled_init(model_dir(enc.query, spec), s.pca_dims, store.root(p.cache.store))
+    init = st.distilled_init(model_dir(enc.query, spec), s.pca_dims, store.root(cache.store))
     # the fit's texts: the train split's, then every unlabelled one (label -1: the teacher alone)
     ex = prepared.examples
     split_of, ids = ex.column("split").to_pylist(), ex.column("text_id").to_pylist()
@@ -77,7 +78,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     target = t_table.vectors[t_table.index(fit_ids)].float()
     labels = torch.cat([data.splits["train"].tensors["labels"],
                         torch.full((len(unlabelled),), -1, dtype=torch.long)])
-    task = retrieval_task(data, "val", "train" if p.evaluate.corpus == "train" else "split")
+    task = retrieval_task(data, "val", "train" if corpus == "train" else "split")
     validate, frozen_val, teacher_val = _validation(task, init, row_text, q_table, t_table,
                                                     data.row_ids["query"], s.val_every)
     # the map (pca_dims, the teacher's width) starts at the least-squares fit: epoch 0

@@ -38,7 +38,7 @@ import optuna
 
 from simtune.atomic import locked
 from simtune.errors import UserError
-from simtune.params import Params
+from simtune.params import Params, SweepParams
 from simtune.train.checkpoint import cache_fingerprints, hash_files
 
 IDENTITY_VERSION = 1
@@ -137,7 +137,9 @@ def flat(prefix: str, value: Any) -> dict[str, Any]:
 def identity(p: Params, prepared_dir: Path, negatives_dir: Path | None,
              tables: dict[str, Any]) -> dict[str, Any]:
     """What a study's trials depend on (see the module's docstring). `p`: the params every trial
-    starts from (`sweep.fixed` applied); `tables`: the loaded data's cache tables. JSON-ready."""
+    starts from (`sweep.fixed` applied; the whole tree, as the identity reads `train`,
+    `sweep.space`, `evaluate.corpus` and the `prepare`, `encoders`, `cache` and `negatives`
+    sections); `tables`: the loaded data's cache tables. JSON-ready."""
     params = flat("train", p.train.model_dump(mode="json"))
     for key in p.sweep.space:
         params.pop(key, None)
@@ -151,7 +153,7 @@ def identity(p: Params, prepared_dir: Path, negatives_dir: Path | None,
     return {"version": IDENTITY_VERSION,
             "space": {k: e.model_dump(mode="json") for k, e in p.sweep.space.items()},
             "params": params, "prepared": _files_digest(prepared_dir),
-            "cache": cache_fingerprints(p, tables), "negatives": negatives,
+            "cache": cache_fingerprints(p.encoders, tables), "negatives": negatives,
             "settings": settings}
 
 
@@ -235,11 +237,11 @@ def database_errors(path: Path, doing: str) -> Iterator[None]:
         raise UserError(f"sweep.storage: {path}: cannot {doing} ({_reason(e)})") from None
 
 
-def open_study(p: Params, path: Path, ident: dict[str, Any]) -> optuna.Study:
-    """Create study `sweep.study` in `path` (with `ident`) or resume it (its identity must equal
-    `ident`); trials a killed run left running are marked failed; the sampler is seeded with
-    `sweep.seed` + the number of trials the study holds. Call it holding `lock`."""
-    sw = p.sweep
+def open_study(sw: SweepParams, path: Path, ident: dict[str, Any]) -> optuna.Study:
+    """Create study `sweep.study` (of `sw`, the `sweep` section) in `path` (with `ident`) or
+    resume it (its identity must equal `ident`); trials a killed run left running are marked
+    failed; the sampler is seeded with `sweep.seed` + the number of trials the study holds.
+    Call it holding `lock`."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial is ours
     pruner: optuna.pruners.BasePruner = (
         optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=sw.min_epochs)

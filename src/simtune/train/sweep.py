@@ -30,7 +30,7 @@ from simtune.cache.modes import resolve
 from simtune.errors import UserError
 from simtune.examples import Data
 from simtune.negatives import mined
-from simtune.params import Params
+from simtune.params import Params, TrainParams
 from simtune.retrieval.task import RetrievalTask
 from simtune.train import space
 from simtune.train import study as study_lib
@@ -68,8 +68,9 @@ class PruningLoop(EpochLoop):
 
 @dataclass
 class Loaded:
-    """What every trial reuses: the base params, the data (cache rows, splits) and the
-    validation task."""
+    """What every trial reuses: the base params (`sweep.fixed` applied, the mode resolved: what
+    `space.apply` sets a trial's keys in, and the study's identity), the data (cache rows,
+    splits) and the validation task."""
 
     params: Params
     data: Data
@@ -84,23 +85,26 @@ def with_fixed(p: Params) -> Params:
 def load(p: Params, prepared_dir: Path, cache_dir: Path,
          negatives_dir: Path | None = None) -> Loaded:
     """Load the data once for every trial (`load_data` with the base params, `sweep.fixed`
-    applied: the swept and fixed keys never change what is loaded, see `params._NOT_SWEPT`)."""
+    applied: the swept and fixed keys never change what is loaded, see `params._NOT_SWEPT`).
+    `p` is unpacked here, as the train stage unpacks it: the calls below get its sections."""
     quiet_lightning()
     p = with_fixed(p)
     t = resolve(p.train, p.encoders, prepared_dir)  # auto: as the cache stage chose
-    p = p.model_copy(update={"train": t})
     if t.devices != 1 or t.num_nodes != 1:
         raise UserError("train.devices: a sweep runs in one process; set train.devices and "
                         "train.num_nodes to 1")
     accelerator_of(t)  # refused before loading anything (each trial checks its own params)
-    data = load_data(p, prepared_dir, cache_dir, check_loss=False, negatives_dir=negatives_dir)
-    return Loaded(p, data, validation_task(data, p))
+    data = load_data(t, p.encoders, p.cache, prepared_dir, cache_dir, check_loss=False,
+                     negatives_dir=negatives_dir)
+    return Loaded(p.model_copy(update={"train": t}), data,
+                  validation_task(data, t.head.side, p.evaluate.corpus))
 
 
-def _checked(loaded: Loaded, values: dict[str, Any]) -> Params:
-    """The params of a trial with `values` (`train.<key>` -> value), the mode's overrides
-    applied, refused (`UserError`) as the train stage would refuse them on this data."""
-    p = space.apply(loaded.params, values)
+def _checked(loaded: Loaded, values: dict[str, Any]) -> TrainParams:
+    """The train params of a trial with `values` (`train.<key>` -> value), the mode's schedule
+    in force and the loss resolved, refused (`UserError`) as the train stage would refuse them
+    on this data."""
+    p = space.apply(loaded.params, values)  # validated as params.yaml is: the whole tree
     t = P.resolve_loss(P.effective(p.train), loaded.data.kind)  # as the train stage does
     check_compatible(loaded.data.kind, t)
     data = loaded.data  # a texts file's unlabelled rows: distillation alone takes them
@@ -108,7 +112,7 @@ def _checked(loaded: Loaded, values: dict[str, Any]) -> Params:
     if t.hard_negatives:
         mined.check(loaded.data.kind, t)
     check_trainable(loaded.data, t, 1)
-    return p.model_copy(update={"train": t})
+    return t
 
 
 def check_values(loaded: Loaded) -> None:
@@ -146,11 +150,10 @@ def train_trial(loaded: Loaded, values: dict[str, Any], trial: Any = None
     """Train with the base params and `values` (`train.<key>` -> value) on the loaded data ->
     (the kept epoch's validation value of `train.monitor`, epochs run, the epoch the pruner
     stopped it at or 0). `trial` None: no pruning (a plain run, as the train stage)."""
-    p = _checked(loaded, values)
-    t = p.train
+    t, base = _checked(loaded, values), loaded.params
     loop_type: Any = functools.partial(PruningLoop, trial) if trial is not None else EpochLoop
-    module, loop, trainer, _ = fit(p, loaded.data, loaded.task, accelerator_of(t), None,
-                                   loop_type, progress=False)
+    module, loop, trainer, _ = fit(t, base.encoders, base.cache, loaded.data, loaded.task,
+                                   accelerator_of(t), None, loop_type, progress=False)
     value = loop.schedule.best_value if getattr(loop, "pruned_at", 0) else \
         loop.history[loop.best_epoch][f"val/{t.monitor}"]
     result = (float(value), len(loop.train_seconds), getattr(loop, "pruned_at", 0))
@@ -218,8 +221,8 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, negatives_dir: Path | No
     space holds, an unusable `sweep.storage`, a value no trial can train with on this data, a
     study made for other data or params (`study`), a study another sweep is running."""
     sw = p.sweep
-    if with_fixed(p).train.mode != "auto":  # refused before anything is read or written
-        space.check_mode(with_fixed(p))
+    if (base := with_fixed(p)).train.mode != "auto":  # refused before anything is read or written
+        space.check_mode(base)
     size = space.combinations(sw.space)
     if size is not None and size < sw.trials:
         raise UserError(f"sweep.trials: {sw.trials} trials asked of a space that holds "
@@ -232,7 +235,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, negatives_dir: Path | No
     check_values(loaded)
     ident = study_lib.identity(loaded.params, prepared_dir, negatives_dir, loaded.data.tables)
     with study_lib.lock(path, sw.study):
-        study = study_lib.open_study(p, path, ident)
+        study = study_lib.open_study(sw, path, ident)
         done = _finished(study)
         missing = sw.trials - done
         if missing <= 0:
