@@ -69,10 +69,9 @@ def _score(p: Any, prepared: Path, cache_dir: Path, vectors_of: Any) -> dict[str
     from simtune.train.stage import validation_task
 
     head_mode = p.train.model_copy(update={"mode": "head"})
-    data = load_data(p.model_copy(update={"train": head_mode}), prepared, cache_dir,
-                     check_loss=False)
+    data = load_data(head_mode, p.encoders, p.cache, prepared, cache_dir, check_loss=False)
     task = evaluate.evaluation_task(data, p.evaluate.corpus, prepared)
-    val_task = validation_task(data, p)
+    val_task = validation_task(data, p.train.head.side, p.evaluate.corpus)
     ks = tuple(sorted(set(p.evaluate.ks)))
     out: dict[str, Any] = {}
     with torch.inference_mode():

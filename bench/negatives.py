@@ -78,7 +78,7 @@ def train_and_score(p: Any, work: Path, tag: str, prepared: Path, cache_dir: Pat
     out = work / tag
     report = train.run(p, prepared, cache_dir, out / "head", out / "train.json", out / "live",
                        negatives_dir)
-    data = load_data(p, prepared, cache_dir, check_loss=False)
+    data = load_data(p.train, p.encoders, p.cache, prepared, cache_dir, check_loss=False)
     task = evaluate.evaluation_task(data, p.evaluate.corpus, prepared)
     ks = tuple(sorted(set(p.evaluate.ks)))
     head = heads.load(out / "head")

@@ -237,7 +237,7 @@ def chroma_adapter(p: Any, prepared: Path, cache_dir: Path, out: Path,
     t0 = time.perf_counter()
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
-    data = load_data(p, prepared, cache_dir)
+    data = load_data(p.train, p.encoders, p.cache, prepared, cache_dir)
     rep = CachedVectors(data.tables["query"], data.tables["doc"])
     tr = data.training.tensors
     if data.kind == "groups":
@@ -251,7 +251,7 @@ def chroma_adapter(p: Any, prepared: Path, cache_dir: Path, out: Path,
         d_pos = data.tables["doc"].vectors[tr["d_rows"]].float()
     head = heads.build("linear", data.dim, 1, 0.0)
     opt = torch.optim.Adam(head.parameters(), lr=args.chroma_lr)
-    task = validation_task(data, p)
+    task = validation_task(data, p.train.head.side, p.evaluate.corpus)
     best, best_state, since = -1.0, None, 0
     cos = torch.nn.functional.cosine_similarity
     schedule = p.train.schedule.head  # the adapter trains on cached vectors, as a head

@@ -99,8 +99,8 @@ def main() -> None:
     sizes = [("per_label", n) for n in a.per_label] + [("pairs", n) for n in a.pairs]
     for assignment in a.set or [""]:
         p = P.Params.model_validate(variant(raw, assignment))
-        p = in_force(p, root / "data/prepared")
-        full = load_data(p, root / "data/prepared", root / "cache")
+        t = in_force(p.train, p.encoders, root / "data/prepared")
+        full = load_data(t, p.encoders, p.cache, root / "data/prepared", root / "cache")
         corpus = "train" if full.kind == "groups" and p.evaluate.corpus == "train" else "all"
         for what, n in sizes:
             if (what == "pairs") != (full.kind == "pairs"):
@@ -110,8 +110,9 @@ def main() -> None:
                 data = subsample(full, n, n, seed)
                 val_corpus = "train" if corpus == "train" else "split"
                 start = time.perf_counter()
-                module, loop, _, _ = fit(p, data, retrieval_task(data, "val", val_corpus),
-                                         "cpu", None, progress=False)
+                module, loop, _, _ = fit(t, p.encoders, p.cache, data,
+                                         retrieval_task(data, "val", val_corpus), "cpu", None,
+                                         progress=False)
                 wall = time.perf_counter() - start
                 trained = test_p1(data, module, loop.state, corpus)
                 base = test_p1(data, module, None, corpus)

@@ -214,7 +214,7 @@ def logreg(p: Any, prepared: Path, cache_dir: Path) -> dict[str, Any]:
     from simtune.train.data import load_data
 
     head = p.model_copy(update={"train": P.effective(p.train, "head")})
-    data = load_data(head, prepared, cache_dir, check_loss=False)
+    data = load_data(head.train, head.encoders, head.cache, prepared, cache_dir, check_loss=False)
     assert data.q_vectors is not None
     xy = {s: (data.q_vectors[sp.tensors["rows"]].float().numpy(), sp.tensors["labels"].numpy())
           for s, sp in data.splits.items() if s in ("train", "val", "test")}

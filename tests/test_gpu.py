@@ -246,8 +246,9 @@ def test_head_mode_on_the_gpu_keeps_epoch_0_as_the_frozen_encoder_and_evaluates_
     train.run(p, tmp_path / "prepared", tmp_path / "cache", tmp_path / "head",
               tmp_path / "train.json", None)  # no dvclive (not on the GPU machine)
     report = json.loads((tmp_path / "train.json").read_text())
-    data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
-    want = headroom.frozen_metrics(data, validation_task(data, p))
+    data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
+    want = headroom.frozen_metrics(data, validation_task(data, p.train.head.side,
+                                                         p.evaluate.corpus))
     assert want is not None
     got = {m: report["frozen_val"][f"val/{m}"] for m in want}
     # validation runs under the run's precision: fp16 cosines reorder a few near-ties of this
@@ -312,8 +313,9 @@ def test_a_query_tower_trains_on_the_gpu_against_the_frozen_corpus(
               tmp_path / "train.json", None)
     report = json.loads((tmp_path / "train.json").read_text())
     assert report["best_epoch"] >= 1
-    data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
-    want = headroom.frozen_metrics(data, validation_task(data, p))
+    data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
+    want = headroom.frozen_metrics(data, validation_task(data, p.train.head.side,
+                                                         p.evaluate.corpus))
     assert want is not None
     got = {m: report["frozen_val"][f"val/{m}"] for m in want}
     assert got == pytest.approx(want, abs=1e-2)  # fp16 reorders a few near-ties

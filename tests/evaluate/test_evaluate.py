@@ -83,7 +83,7 @@ def test_evaluate_writes_trained_baseline_lift(trained: tuple[Path, Path]) -> No
     assert [row["k"] for row in plot] == [1, 5, 10, 50]
     # the baseline is the frozen encoder: recompute it directly from the cache
     p = P.load(params_file)
-    data = load_data(p, root / "prepared", root / "cache")
+    data = load_data(p.train, p.encoders, p.cache, root / "prepared", root / "cache")
     test, train = data.splits["test"].tensors, data.splits["train"].tensors
     want, _ = metrics.group_scores(data.q_vectors[test["rows"]], test["labels"],
                                    data.q_vectors[train["rows"]], train["labels"], (1, 5, 10, 50))
@@ -132,7 +132,7 @@ def test_leave_one_out_per_label_metrics(trained: tuple[Path, Path], tmp_path: P
     p = p.model_copy(update={"evaluate": p.evaluate.model_copy(update={"corpus": "test"})})
     m = evaluate.run(p, root / "prepared", root / "cache", root / "head", tmp_path / "m.json",
                      tmp_path / "plot.json", tmp_path / "detail.json")
-    data = load_data(p, root / "prepared", root / "cache")
+    data = load_data(p.train, p.encoders, p.cache, root / "prepared", root / "cache")
     test = data.splits["test"].tensors
     want, _ = metrics.group_scores(data.q_vectors[test["rows"]], test["labels"], None, None,
                                    (1, 5, 10, 50))
@@ -186,7 +186,8 @@ def _pipeline_vectors(root: Path, params_file: Path, texts: list[str],
     """cache + head (what train and evaluate compute) for corpus texts, unnormalised."""
     from simtune.prepare.prepared import text_id
 
-    data = load_data(P.load(params_file), root / "prepared", root / "cache")
+    p = P.load(params_file)
+    data = load_data(p.train, p.encoders, p.cache, root / "prepared", root / "cache")
     rows = torch.tensor([data.row_ids["query"].index(text_id(t)) for t in texts])
     with torch.inference_mode():
         return heads.load(head_dir or root / "head")(data.q_vectors[rows].float())
@@ -224,7 +225,7 @@ def test_exported_vectors_give_the_evaluated_metrics(
     prepared = load_prepared(root / "prepared")
     text_of = dict(zip(prepared.texts.column("text_id").to_pylist(),
                        prepared.texts.column("text").to_pylist(), strict=True))
-    data = load_data(p, root / "prepared", root / "cache")
+    data = load_data(p.train, p.encoders, p.cache, root / "prepared", root / "cache")
     ids = data.row_ids["query"]
     test, train = data.splits["test"].tensors, data.splits["train"].tensors
     q = model.encode([text_of[ids[r]] for r in test["rows"].tolist()])
@@ -434,7 +435,7 @@ def test_run_files_rescore_to_the_same_metrics(trained: tuple[Path, Path]) -> No
     assert CliRunner().invoke(app, _evaluate_args(root, params_file)).exit_code == 0
     m = json.loads((root / "metrics.json").read_text())
     p = P.load(params_file)
-    data = load_data(p, root / "prepared", root / "cache")
+    data = load_data(p.train, p.encoders, p.cache, root / "prepared", root / "cache")
     ids = data.row_ids["query"]
     test, train = data.splits["test"].tensors, data.splits["train"].tensors
     train_ids = [ids[r] for r in train["rows"].tolist()]
@@ -580,7 +581,7 @@ def test_the_task_scores_as_evaluate_did_before(case: str, trained: tuple[Path, 
     kind, corpus = case.split("/")
     root, params_file = trained if kind == "groups" else beir_trained[:2]
     p = P.load(params_file)
-    data = load_data(p, root / "prepared", root / "cache")
+    data = load_data(p.train, p.encoders, p.cache, root / "prepared", root / "cache")
     task = evaluate.evaluation_task(data, corpus, root / "prepared")
     extra = evaluate._corpus_only_rows(data, root / "prepared") if kind == "beir" else []
     assert len(extra) == (20 if kind == "beir" else 0)

@@ -66,7 +66,7 @@ def _significance(m: dict[str, Any], p: P.Params, root: Path, corpus: str,
     systems, and those values are the reference loops' (`ref`: trained, bm25, hybrid). The test
     runs on evaluate's own float32 per-query values: it counts sign flips whose mean ties the
     observed one, so an ulp of summation order would move the p-value."""
-    data = load_data(p, root / "prepared", root / "cache")
+    data = load_data(p.train, p.encoders, p.cache, root / "prepared", root / "cache")
     task = evaluate.evaluation_task(data, corpus, root / "prepared")
     text_map = load_prepared(root / "prepared").text_map()
     trained_vectors = by_rows(evaluate.cached(data, heads.load(root / "head")))
@@ -108,7 +108,7 @@ def test_groups_report_bm25_and_hybrid_equal_independent_computations(
     q_lab, c_lab = [ex["label"][i] for i in rows["test"]], [ex["label"][i] for i in rows[corpus]]
     loo = corpus == "test"
     lex = library_scores([text[t] for t in c_ids], [text[t] for t in q_ids])
-    data = load_data(p, root / "prepared", root / "cache")
+    data = load_data(p.train, p.encoders, p.cache, root / "prepared", root / "cache")
     head = heads.load(root / "head")
     with torch.inference_mode():
         tv = {t: head(data.q_vectors[r : r + 1].float())[0] for t, r in zip(
@@ -158,7 +158,7 @@ def test_beir_report_bm25_ranks_every_document_with_graded_gains(
     root, params_file, qrels = beir_trained
     p, _ = _params(params_file, tmp_path)
     m, _ = _run(p, root, tmp_path)
-    data = load_data(p, root / "prepared", root / "cache")
+    data = load_data(p.train, p.encoders, p.cache, root / "prepared", root / "cache")
     task = evaluate.evaluation_task(data, "all", root / "prepared")
     q_orig, d_orig = evaluate._run_ids(data, task, root / "prepared")  # the task's order
     assert sorted(q_orig) == sorted(qrels) and sorted(d_orig) == sorted(

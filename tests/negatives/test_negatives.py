@@ -248,7 +248,8 @@ def test_training_rows_get_their_querys_negatives_from_the_cache(pairs: tuple[Pa
                                                                   ) -> None:
     root, params_file = pairs
     p = P.load(params_file)
-    data = load_data(p, root / "prepared", root / "cache", negatives_dir=root / "negatives")
+    data = load_data(p.train, p.encoders, p.cache, root / "prepared", root / "cache",
+                     negatives_dir=root / "negatives")
     tr = data.splits["train"].tensors
     assert tr["neg_ids"].shape == tr["neg_rows"].shape == (len(tr["q_ids"]), 2)
     mined = {r["query_id"]: r["doc_ids"] for r in
@@ -258,7 +259,7 @@ def test_training_rows_get_their_querys_negatives_from_the_cache(pairs: tuple[Pa
     for qr, rows in zip(tr["q_rows"].tolist(), tr["neg_rows"].tolist(), strict=True):
         assert [doc_ids[r] for r in rows if r >= 0] == mined[q_row_ids[qr]][:2]
     # the module's batch: negatives are cache rows through the head, and the loss uses them
-    module = SimilarityModule(data, p)
+    module = SimilarityModule(data, p.train, p.encoders, p.cache)
     idx = torch.arange(6)
     reps = module.encode({"idx": idx})
     assert module.roles() == ["query", "doc", "neg"] and reps.shape[1] == 4

@@ -53,7 +53,7 @@ def test_live_windows_pool_to_the_frozen_encoders_vectors(tmp_path: Path, tiny_b
     model = dropout_free(tiny_bert, tmp_path / "bert")
     _, p = _chunked_project(tmp_path, model)
     spec = p.encoders.models["tiny"]
-    data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
+    data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
     live = represent.LiveEncoder(model, spec).eval()
     split = data.splits["train"]
     with torch.no_grad():
@@ -81,7 +81,7 @@ def test_top_layers_pool_each_windows_top_to_the_frozen_encoders_vectors(
     spec = p.encoders.models["tiny"]
     table = open_states(tmp_path / "cache", "tiny", spec, layer, p.cache)
     assert table.windows is not None and len(table.length_np) > len(table)
-    data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
+    data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
     rep = represent.CachedStates(table, model, layer, spec).eval()
     split = data.splits["train"]
     with torch.no_grad():
@@ -145,7 +145,7 @@ def test_probe_full_modes_prompt_refusal_names_the_encoder(tiny_bert: Path) -> N
                                                                 prompts=prompts)})
     assert p.encoders.models["tiny"] == spec
     with pytest.raises(UserError) as e:
-        represent.build("full", p, {})
+        represent.build("full", p.encoders, {}, p.train.lora)
     assert str(e.value) == (
         "encoders.models.tiny.prompts.document: the prompt is 25 tokens, leaving 5 of "
         "max_length 32 for the text (2 special tokens); at least 15 are needed (half the "

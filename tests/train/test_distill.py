@@ -289,9 +289,9 @@ def test_the_default_pipeline_is_untouched(tmp_path: Path, tiny_bert: Path) -> N
     assert [t.name for t in needs] == ["tiny"]
     from simtune.train.data import load_data
 
-    data = load_data(q, tmp_path / "prepared", tmp_path / "cache")
+    data = load_data(q.train, q.encoders, q.cache, tmp_path / "prepared", tmp_path / "cache")
     assert "teacher" not in data.tables and data.fit is None
-    assert isinstance(SimilarityModule(data, q).loss_fn, GroupLoss)
+    assert isinstance(SimilarityModule(data, q.train, q.encoders, q.cache).loss_fn, GroupLoss)
 
 
 def test_the_model_card_names_the_distillation_not_an_unused_loss() -> None:

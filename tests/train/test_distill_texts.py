@@ -47,7 +47,7 @@ def test_training_fits_on_the_train_split_and_the_texts(tmp_path: Path, tiny_ber
     raw["train"]["frozen_candidate"] = False  # patience counts from the first trained epoch
     fill(tmp_path, raw)
     p = P.load(tmp_path / "params.yaml")
-    data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
+    data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
     fit, tr = data.training, data.splits["train"]
     assert (len(tr), len(fit)) == (20, 20 + NEW)
     assert torch.equal(fit.tensors["labels"][20:], torch.full((NEW,), -1))
@@ -96,7 +96,7 @@ def test_a_sweep_trial_with_labels_in_the_loss_is_refused_on_unlabelled_texts(
     fill(tmp_path, raw)
     p = P.load(tmp_path / "params.yaml")
     loaded = sweep.load(p, tmp_path / "prepared", tmp_path / "cache")
-    assert sweep._checked(loaded, {"train.distill.loss": "kl"}).train.distill.loss == "kl"
+    assert sweep._checked(loaded, {"train.distill.loss": "kl"}).distill.loss == "kl"
     with pytest.raises(UserError, match=r"^train.distill.label_weight: 0.5, but the prepared "
                        rf"data holds {NEW} unlabelled texts"):
         sweep._checked(loaded, {"train.distill.label_weight": 0.5})

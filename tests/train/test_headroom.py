@@ -83,8 +83,9 @@ def test_the_train_report_records_it(tmp_path: Path, tiny_bert: Path) -> None:
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "train.json").read_text())
     p = P.load(params_file)
-    data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
-    want = headroom.frozen_metrics(data, validation_task(data, p))
+    data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
+    want = headroom.frozen_metrics(data, validation_task(data, p.train.head.side,
+                                                         p.evaluate.corpus))
     assert want is not None and want["p@1"] < 1.0
     assert report["nothing_to_gain"] is False
     # epoch 0 of the loop is the frozen encoder: its validation equals the metrics recomputed here
@@ -103,8 +104,9 @@ def test_nothing_to_gain_trains_no_epoch_and_keeps_the_frozen_encoder(
             for word in ("city", "river", "song", "planet", "king", "water") for c in "abcdefgh"]
     _, params_file = project(tmp_path, tiny_bert, rows=rows, max_epochs=3)
     p = P.load(params_file)
-    data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
-    frozen = headroom.frozen_metrics(data, validation_task(data, p))
+    data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
+    frozen = headroom.frozen_metrics(data, validation_task(data, p.train.head.side,
+                                                           p.evaluate.corpus))
     assert frozen is not None and {m: frozen[m] for m in HEADLINE} == dict.fromkeys(HEADLINE, 1.0)
     result = CliRunner().invoke(app, stage_args(tmp_path, params_file))
     assert result.exit_code == 0, result.output

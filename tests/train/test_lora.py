@@ -133,7 +133,9 @@ def test_item9_lora_in_head_mode_is_said_to_be_ignored(tmp_path: Path, tiny_bert
         raw["train"]["lora"]["r"] = r
         p = P.validate(raw)
         caplog.clear()
-        check_trainable(load_data(p, tmp_path / "prepared", tmp_path / "cache"), p.train, 1)
+        data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared",
+                         tmp_path / "cache")
+        check_trainable(data, p.train, 1)
         warned = [m for m in caplog.messages if "lora" in m]
         assert warned == (["train.lora.r: 4 is ignored in head mode (no encoder layer "
                            "trains); LoRA applies in train.mode top_layers or full"]

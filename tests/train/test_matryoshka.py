@@ -161,7 +161,7 @@ def test_evaluate_reports_each_dim_as_metrics_of_truncated_vectors(tmp_path: Pat
     m = json.loads((root / "metrics.json").read_text())
     assert list(m["matryoshka"]) == ["32", "8"]
     p = P.load(params_file)
-    data = load_data(p, root / "prepared", root / "cache")
+    data = load_data(p.train, p.encoders, p.cache, root / "prepared", root / "cache")
     head = heads.load(root / "head")
     test, train = data.splits["test"].tensors, data.splits["train"].tensors
     assert data.q_vectors is not None

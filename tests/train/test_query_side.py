@@ -275,7 +275,7 @@ def test_a_query_side_heads_pairs_validate_against_the_train_and_val_documents(
     q_table, d_table = open_pair(tmp_path / "cache", p.encoders, p.cache, prepared.kind,
                                  placed=False)
     data = load_examples(prepared.kind, prepared.examples, q_table, d_table)
-    task = validation_task(data, p)
+    task = validation_task(data, p.train.head.side, p.evaluate.corpus)
     ex = prepared.examples.to_pylist()
     docs = list(dict.fromkeys(r["doc_id"] for r in ex if r["split"] in ("train", "val")))
     assert task.corpus_size == len(docs) < len({r["doc_id"] for r in ex})
@@ -290,9 +290,9 @@ def test_a_query_side_heads_pairs_validate_against_the_train_and_val_documents(
         rr.append(next((1 / (k + 1) for k, j in enumerate(ranked) if j in relevant), 0.0))
     got = headroom.frozen_metrics(data, task)
     assert got is not None and got["mrr@10"] == pytest.approx(sum(rr) / len(rr), abs=1e-6)
-    raw = P.read_yaml(tmp_path / "params.yaml")
-    raw["train"]["head"]["side"] = "both"  # the symmetric head: the val documents alone
-    assert validation_task(data, P.validate(raw)).corpus_size == len({r["doc_id"] for r in val})
+    # the symmetric head: the val documents alone
+    assert validation_task(data, "both", p.evaluate.corpus).corpus_size == len(
+        {r["doc_id"] for r in val})
 
 
 def test_switching_to_the_query_side_embeds_no_document_again(tmp_path: Path,

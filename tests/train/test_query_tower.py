@@ -62,7 +62,8 @@ def test_the_tower_trains_its_top_layer_and_its_epoch_zero_is_the_frozen_encoder
     assert tower["train"]["best_epoch"] >= 1
     # epoch 0: the cached states through the untrained top layer are the frozen vectors, so
     # its validation is the frozen encoder's (the cached vectors scored the same way)
-    want = headroom.frozen_metrics(data, validation_task(data, p))
+    want = headroom.frozen_metrics(data, validation_task(data, p.train.head.side,
+                                                         p.evaluate.corpus))
     assert want is not None
     got = tower["train"]["frozen_val"]
     for metric in ("p@1", "mrr@10", "map@r"):

@@ -254,9 +254,17 @@ def test_the_fingerprint_covers_the_params_the_data_and_the_cache(tmp_path: Path
 
     raw, params_file = project(tmp_path, tiny_bert)
     p, prepared = P.load(params_file), tmp_path / "prepared"
-    tables = load_data(p, prepared, tmp_path / "cache").tables
-    base = checkpoint.fingerprint(p, prepared, tables, None)
-    assert checkpoint.fingerprint(P.load(params_file), prepared, tables, None) == base
+    tables = load_data(p.train, p.encoders, p.cache, prepared, tmp_path / "cache").tables
+
+    def fingerprint(p: P.Params, prepared: Path, tables: dict[str, Any],
+                    negatives: Path | None, t: P.TrainParams | None = None) -> str:
+        """The checkpoint's fingerprint of `p`'s sections (`t`: the train params in their
+        place, as the stage resolves them)."""
+        return checkpoint.fingerprint(t or p.train, p.encoders, p.cache, p.evaluate.corpus,
+                                      prepared, tables, negatives)
+
+    base = fingerprint(p, prepared, tables, None)
+    assert fingerprint(P.load(params_file), prepared, tables, None) == base
 
     def with_params(**changes: Any) -> str:
         other = copy.deepcopy(raw)
@@ -266,7 +274,7 @@ def test_the_fingerprint_covers_the_params_the_data_and_the_cache(tmp_path: Path
             for part in parents:
                 node = node[part]
             node[name] = value
-        return checkpoint.fingerprint(P.validate(other), prepared, tables, None)
+        return fingerprint(P.validate(other), prepared, tables, None)
 
     assert with_params(train__seed=1) != base
     assert with_params(train__schedule__head__max_epochs=4) != base
@@ -275,20 +283,21 @@ def test_the_fingerprint_covers_the_params_the_data_and_the_cache(tmp_path: Path
                        else "auto") != base
     # the prepared data's bytes: a copy is the same data, one changed byte is not
     shutil.copytree(prepared, tmp_path / "copy")
-    assert checkpoint.fingerprint(p, tmp_path / "copy", tables, None) == base
+    assert fingerprint(p, tmp_path / "copy", tables, None) == base
     labels = tmp_path / "copy" / "labels.json"
     labels.write_text(labels.read_text() + " ")
-    assert checkpoint.fingerprint(p, tmp_path / "copy", tables, None) != base
+    assert fingerprint(p, tmp_path / "copy", tables, None) != base
     # the cache: another vector table behind the same name
     other = {**tables, "query": SimpleNamespace(manifest=SimpleNamespace(fingerprint="0" * 32))}
-    assert checkpoint.fingerprint(p, prepared, other, None) != base
+    assert fingerprint(p, prepared, other, None) != base
     # mined negatives count only when used
-    assert checkpoint.fingerprint(p, prepared, tables, tmp_path / "copy") == base
+    assert fingerprint(p, prepared, tables, tmp_path / "copy") == base
     # a run fingerprints the loss that runs: `auto` on groups is supcon, the same checkpoint
     assert p.train.loss.name == "auto"
     supcon = P.validate({**raw, "train": {**raw["train"],
                                           "loss": {**raw["train"]["loss"], "name": "supcon"}}})
-    auto_run = checkpoint.fingerprint(train.in_force(p, prepared), prepared, tables, None)
-    assert auto_run == checkpoint.fingerprint(train.in_force(supcon, prepared), prepared, tables,
-                                              None)
+    auto_run = fingerprint(p, prepared, tables, None,
+                           train.in_force(p.train, p.encoders, prepared))
+    assert auto_run == fingerprint(supcon, prepared, tables, None,
+                                   train.in_force(supcon.train, supcon.encoders, prepared))
     assert auto_run != base  # `auto` itself is not what ran

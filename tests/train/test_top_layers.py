@@ -72,8 +72,8 @@ def test_cached_states_through_the_top_layers_equal_the_whole_encoder(
     monkeypatch.setattr(layers, "TOKENS_PER_CHUNK", tokens_per_chunk)
     monkeypatch.setattr(layers, "GROUP_OVERHEAD", {"cpu": overhead, "other": overhead})
     _, p = _top_project(tmp_path, tiny_bert)
-    data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
-    rep = represent.build("top_layers", p, data.tables).eval()
+    data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
+    rep = represent.build("top_layers", p.encoders, data.tables, p.train.lora).eval()
     split = data.splits["train"]
     with torch.no_grad():
         got = rep.embed_split(split, "text")
@@ -130,8 +130,8 @@ def test_gradcache_equals_the_full_batch_for_the_top_layers(tmp_path: Path, tiny
     # LoRA: the adapters' own dropout is replayed too; B starts at zero (then A's gradient is
     # zero), so it is drawn at random here, as after some training
     _, p = _top_project(tmp_path, tiny_bert, **({"lora": LORA} if lora else {}))
-    data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
-    rep = represent.build("top_layers", p, data.tables).train()  # dropout on
+    data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
+    rep = represent.build("top_layers", p.encoders, data.tables, p.train.lora).train()  # dropout on
     with torch.no_grad():
         for name, q in rep.named_parameters():
             if "lora_B" in name:
@@ -190,8 +190,8 @@ def test_trains_saves_an_ordinary_model_and_export_gives_the_pipeline_vectors(
     from simtune.export.stage import export
     from simtune.model import load_model
 
-    data = load_data(p, tmp_path / "prepared", tmp_path / "cache")
-    rep = represent.build("top_layers", p, data.tables)
+    data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
+    rep = represent.build("top_layers", p.encoders, data.tables, p.train.lora)
     state = load_file(str(tmp_path / "head" / "encoder" / "model.safetensors"))
     for i, layer in enumerate(rep.top.encoder.layer):
         prefix = f"encoder.layer.{1 + i}."

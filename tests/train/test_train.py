@@ -78,7 +78,7 @@ def test_train_saves_a_head_that_reloads_to_the_reported_metric(small: tuple[Pat
         "p@1", "recall@1", "recall@5", "recall@10", "mrr@10", "ndcg@10", "map@r", "separation")}
     head = heads.load(root / "head")
     p = P.load(params_file)
-    data = load_data(p, root / "prepared", root / "cache")
+    data = load_data(p.train, p.encoders, p.cache, root / "prepared", root / "cache")
     with torch.inference_mode():
         got = retrieval_task(data, "val", "train").score(by_split(data, lambda sp, role: head(
             data.q_vectors[sp.tensors["rows"]].float())), (1, 5, 10)).metrics

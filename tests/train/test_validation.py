@@ -81,7 +81,8 @@ def test_bad_schedule_is_refused() -> None:
 def data(tmp_path: Path, tiny_bert: Path) -> Data:
     """4 labels, 100 training texts: R = 25 relevant per query, more than the top 10."""
     _, params_file = project(tmp_path, tiny_bert, n=200)
-    return load_data(P.load(params_file), tmp_path / "prepared", tmp_path / "cache")
+    p = P.load(params_file)
+    return load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
 
 
 def _rep(data: Data) -> tuple[represent.CachedVectors, list[int]]:
