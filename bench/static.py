@@ -10,10 +10,15 @@ the evaluate stage's own task and metric code (test P@1, MRR@10 against the trai
   m2v-fit     model2vec's own `StaticModelForSimilarity.fit` to the teacher's vectors of the
               training texts (its MLP head on the distilled table), best of `--peer` settings
               by validation P@1
-  ours        `simtune.train.static.fit`: table + map, cosine to the teacher, map folded in
-  ours+labels the same + `--label-weight` x SupCon on the train labels
+  ours-distill `simtune.train.static.fit` from model2vec's distilled table and the
+              least-squares map (`init: distill`), + the labels (`--label-weight`)
+  ours        the same fit from the teacher's own token vectors (`init: teacher`, the map at
+              identity), the teacher alone
+  ours+labels the same + `--label-weight` x SupCon on the train labels (the pipeline's default)
   ours+texts  ours (+ labels) with `--unlabelled` news titles and sentences added as unlabelled
               texts (their teacher vectors only)
+Every fit runs params.yaml's `train.schedule.static` (lr, batch, epochs, patience) and
+`train.loss.temperature`, `train.seed`, `train.monitor`.
 Columns: P@1, MRR@10, "share" (the row's P@1 gain over frozen MiniLM / the teacher's), texts/s
 on 1 thread and on every core (the test texts, `load_model(folder).encode` for ours), fit s.
 
@@ -126,10 +131,27 @@ def validator(data: Any, tokens: dict[str, Any]) -> Any:
     return validate
 
 
+def fit_settings(label_weight: float, epochs: int) -> Any:
+    """params.yaml's static schedule (`train.schedule.static`, `train.loss.temperature`,
+    `train.seed`, `train.monitor`) with `label_weight` and `epochs` (max_epochs)."""
+    from simtune import params as P
+    from simtune.train import static as st
+
+    t = P.read_yaml(ROOT / "params.yaml")["train"]
+    s = t["schedule"]["static"]
+    return st.FitSettings(lr=s["lr"], batch_size=s["batch_size"], max_epochs=epochs,
+                          patience=s["patience"], label_weight=label_weight,
+                          temperature=t["loss"]["temperature"], seed=t["seed"],
+                          monitor=t["monitor"])
+
+
 def ours(data: Any, by: dict[str, list[str]], init: Any, target: torch.Tensor,
-         extra: list[str], label_weight: float, epochs: int, out: Path) -> dict[str, Any]:
+         extra: list[str], label_weight: float, epochs: int, out: Path,
+         lsq: bool = False) -> dict[str, Any]:
     """Fit our student (train texts + `extra` unlabelled; `target`: the teacher's vectors of
-    those texts, in that order), write its folder; the fit's seconds include tokenising."""
+    those texts, in that order) from the table `init` (`lsq`: the map by least squares, as the
+    stage starts a distilled table; else at identity, as it starts the teacher's token
+    vectors), write its folder; the fit's seconds include tokenising."""
     from simtune import static
     from simtune.train import static as st
 
@@ -139,12 +161,11 @@ def ours(data: Any, by: dict[str, list[str]], init: Any, target: torch.Tensor,
     labels = torch.cat([data.splits["train"].tensors["labels"],
                         torch.full((len(extra),), -1, dtype=torch.long)])
     t0 = time.perf_counter()
-    # as the train stage starts it (simtune.train.static_run): the map by least squares
+    # as the train stage starts it (simtune.train.static_run.start_table)
     student = st.StaticStudent(init.weight, st.least_squares_map(
-        st.StaticStudent(init.weight), fit_tokens, target))
+        st.StaticStudent(init.weight), fit_tokens, target) if lsq else None)
     result = st.fit(student, fit_tokens, target, validator(data, tokens),
-                    st.FitSettings(max_epochs=epochs, label_weight=label_weight),
-                    labels=labels)
+                    fit_settings(label_weight, epochs), labels=labels)
     fit_s = time.perf_counter() - t0
     static.write(out, init.tokenizer, result.table, "teacher")
     return {"folder": out, "fit_s": fit_s, "epoch": result.best_epoch,
@@ -187,11 +208,14 @@ def main() -> None:
     ap.add_argument("--teacher", action="append", default=None,
                     help="name=export folder (repeatable; default default=models/export)")
     ap.add_argument("--unlabelled", type=int, default=4000)
-    ap.add_argument("--epochs", type=int, default=20)
-    ap.add_argument("--label-weight", type=float, default=0.1)
+    ap.add_argument("--epochs", type=int, default=None,
+                    help="max epochs (default: params.yaml's train.schedule.static)")
+    ap.add_argument("--label-weight", type=float, default=None,
+                    help="the +labels rows' weight (default: params.yaml's)")
     ap.add_argument("--small", type=int, default=0, help="rows per split (smoke test)")
     ap.add_argument("--encoder", default="minilm", help="the frozen encoder (model folder)")
-    ap.add_argument("--pca", type=int, default=256)
+    ap.add_argument("--pca", type=int, default=None,
+                    help="the distilled start's width (default: params.yaml's pca_dims)")
     ap.add_argument("--peer", default="lr3e-3,lr1e-3", help="m2v-fit settings (lr...,nolayer)")
     ap.add_argument("--file-lines", type=int, default=0,
                     help="encode a file of this many lines (the texts repeated) with the first "
@@ -201,12 +225,18 @@ def main() -> None:
                     help="copy each of our students' folders here (<teacher>-<row>)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from simtune import params as P
     from simtune import static
     from simtune.encoders import model_dir
-    from simtune.model import load_model
+    from simtune.model import ExportEncoder, load_model
     from simtune.params import EncoderParams
-    from simtune.train import static as st
+    from simtune.train import static_init
 
+    schedule = P.read_yaml(ROOT / "params.yaml")["train"]["schedule"]["static"]
+    args.epochs = args.epochs or schedule["max_epochs"]
+    args.pca = args.pca or schedule["pca_dims"]
+    args.label_weight = (schedule["label_weight"] if args.label_weight is None
+                         else args.label_weight)
     teachers = dict(t.split("=", 1) for t in (args.teacher or
                                                [f"default={ROOT / 'models' / 'export'}"]))
     data, by, unl = load_data(args.prepared, args.small)
@@ -219,7 +249,7 @@ def main() -> None:
     enc_dir = model_dir("frozen", spec, "--encoder")
     store = Path(os.environ.get("SIMTUNE_STORE") or Path.home() / ".cache" / "simtune")
     t0 = time.perf_counter()
-    init = st.distilled_init(enc_dir, args.pca, store)
+    init = static_init.distilled_init(enc_dir, args.pca, store)
     init_s = time.perf_counter() - t0
     test = by["test"]
     threads = os.cpu_count() or 1
@@ -276,18 +306,25 @@ def main() -> None:
         rows.append(row("m2v-fit (its best: " + str(peer["setting"]) + ")",
                         {n: peer["encode"](t) for n, t in by.items()}, peer["encode"],
                         peer["fit_s"]))
-        for name, lw, ex in (("ours", 0.0, unl), ("ours+labels", args.label_weight, unl),
-                             ("ours+texts", 0.0, extra),
-                             ("ours+texts+labels", args.label_weight, extra)):
+        t0 = time.perf_counter()  # the teacher's start: each token through it (cached)
+        start = static_init.teacher_init(ExportEncoder(teacher, tname), Path(tpath), store)
+        start_s = time.perf_counter() - t0
+        for name, lw, ex, start_table in (
+                ("ours-distill", args.label_weight, unl, init),
+                ("ours", 0.0, unl, start), ("ours+labels", args.label_weight, unl, start),
+                ("ours+texts", 0.0, extra, start),
+                ("ours+texts+labels", args.label_weight, extra, start)):
             if name.startswith("ours+texts") and not args.unlabelled:
                 continue
             target = torch.cat([tvec["train"], t_extra[: len(ex)]]) if ex else tvec["train"]
-            got = ours(data, by, init, target, ex, lw, args.epochs, work / f"{tname}-{name}")
+            got = ours(data, by, start_table, target, ex, lw, args.epochs,
+                       work / f"{tname}-{name}", lsq=start_table is init)
             m = load_model(got["folder"], "cpu")
-            rows.append(row(f"{name} ({len(ex)} unlabelled)", {n: m.encode(t, 1024)
-                                                               for n, t in by.items()},
+            rows.append(row(f"{name} ({len(ex)} unlabelled)",
+                            {n: m.encode(t, 1024) for n, t in by.items()},
                             lambda t, m=m: m.encode(t, 1024), got["fit_s"],
-                            epoch=got["epoch"]))
+                            epoch=got["epoch"],
+                            **({"start s": start_s} if start_table is start else {})))
             rows[-1]["x teacher 1t"] = rows[-1]["texts/s 1t"] / t_1t
             if args.keep is not None:
                 import shutil
@@ -304,7 +341,7 @@ def main() -> None:
               f"(the model alone {file_run['load_peak_mb']:.0f} MB), "
               f"{file_run['seconds']:.1f} s")
     cols = ["teacher", "row", "p@1", "mrr@10", "share", "texts/s 1t", "texts/s all",
-            "x MiniLM 1t", "x MiniLM all", "fit s"]
+            "x MiniLM 1t", "x MiniLM all", "fit s", "start s"]
     shown = table(rows, cols)
     print(shown)
     command = "python -m bench.static " + " ".join(sys.argv[1:])

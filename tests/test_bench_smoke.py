@@ -206,11 +206,11 @@ def test_static_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:
                  "--unlabelled", "0", "--peer", "lr1e-3", "--keep", str(tmp_path / "kept"),
                  "--file-lines", "300")
     rows = {r["row"].split(" (")[0]: r for r in got["results"]}
-    assert set(rows) == {"frozen MiniLM", "teacher", "m2v distill", "m2v-fit", "ours",
-                         "ours+labels"}
+    assert set(rows) == {"frozen MiniLM", "teacher", "m2v distill", "m2v-fit", "ours-distill",
+                         "ours", "ours+labels"}
     assert all(0 <= r["p@1"] <= 1 and r["texts/s 1t"] > 0 for r in rows.values())
     assert rows["frozen MiniLM"]["x MiniLM 1t"] == 1.0 and rows["ours"]["fit s"] > 0
-    assert rows["ours"]["epoch"] in range(3)
+    assert rows["ours"]["epoch"] in range(3) and rows["ours"]["start s"] > 0
     assert load_model(tmp_path / "kept" / "tiny-ours", "cpu").encode(["a text"]).shape == (1, 32)
     assert [r["measure"].split(",")[0] for r in got["rows"]][:2] == [
         "static student (ours+labels) test P@1", "encode texts/s"]

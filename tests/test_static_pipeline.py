@@ -76,15 +76,17 @@ def test_train_fits_the_student_from_the_teachers_cache(project: Path) -> None:
     report = json.loads((project / "train.json").read_text())
     assert report.keys() >= REPORT_KEYS
     assert report["mode"] == "static" and report["mode_reason"] == "train.mode: static"
-    assert report["in_force"]["train.schedule.static.pca_dims"] == 8
+    # the default start: the teacher's own token vectors (pca_dims is distill's alone)
+    assert report["in_force"]["train.schedule.static.init"] == "teacher"
+    assert "train.schedule.static.pca_dims" not in report["in_force"]
     assert report["texts"] == {"train": 20, "unlabelled": NEW}  # the texts entered the fit
     assert [h["epoch"] for h in report["history"]] == list(range(report["epochs"] + 1))
     assert report["selected"] == ("initial" if report["best_epoch"] == 0 else "trained")
     assert json.loads((project / "train_metrics.json").read_text())["kept_epoch"] == (
         report["best_epoch"])
     assert (project / "live" / "kept_epoch.json").is_file()
-    # the served table has the teacher's width (48; the student's encoder is 32-d, the
-    # distilled start 8-d) and gives vectors near the teacher's cached ones
+    # the served table has the teacher's width (48; the student's encoder is 32-d) and gives
+    # vectors near the teacher's cached ones
     assert static.is_static(project / "head")
     p = P.load(project / "params.yaml")
     prepared = load_prepared(project / "prepared")
@@ -96,6 +98,24 @@ def test_train_fits_the_student_from_the_teachers_cache(project: Path) -> None:
     want = F.normalize(teacher.vectors[teacher.index(ids)].float(), dim=1)
     assert got.shape == (20, 48)
     assert float(F.cosine_similarity(got, want).median()) > 0.8
+
+
+def test_the_distilled_start_trains_through_the_stage(project: Path) -> None:
+    """`init: distill`: model2vec's table of the query encoder (8-d, `pca_dims`) widened by the
+    map to the teacher's 48 dims; the report names its width."""
+    import yaml
+
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["train"]["schedule"]["static"]["init"] = "distill"
+    params = write_params(project / "distill.yaml", raw)
+    _invoke("train", "--params", params, "--prepared", project / "prepared", "--cache",
+            project / "cache", "--out", project / "head-distill", "--report",
+            project / "train-distill.json", "--metrics", project / "m-distill.json")
+    report = json.loads((project / "train-distill.json").read_text())
+    assert report["in_force"]["train.schedule.static.init"] == "distill"
+    assert report["in_force"]["train.schedule.static.pca_dims"] == 8
+    table, _ = static.load(project / "head-distill")
+    assert table.weight.shape[1] == 48
 
 
 def test_evaluate_scores_the_student_the_frozen_encoder_and_the_teacher(project: Path

@@ -470,10 +470,18 @@ class StaticSchedule(HeadSchedule):
                                  "labels (train.loss.temperature), added to the cosine to the "
                                  "teacher's vectors (0: labels unused; unlabelled texts never "
                                  "enter it)")
-    pca_dims: int = Field(ge=2, le=4096, description="the table's width before the map: "
-                          "model2vec's distill of the query encoder (its tokenizer, every token "
-                          "through it alone) is cut to this many principal components; the "
-                          "served table has the teacher's width (the map folded in)")
+    init: Literal["teacher", "distill"] = Field(description="the table's start: `teacher`, "
+                                                "the teacher's own vector of each token of the "
+                                                "query encoder's tokenizer (each token alone "
+                                                "through the whole teacher, head included), the "
+                                                "map at identity; `distill`, model2vec's distill "
+                                                "of the query encoder cut to `pca_dims`, the map "
+                                                "fitted by least squares")
+    pca_dims: int = Field(ge=2, le=4096, description="init distill: the table's width before "
+                          "the map (model2vec's distill of the query encoder: its tokenizer, "
+                          "every token through it alone, cut to this many principal "
+                          "components); the served table has the teacher's width (the map "
+                          "folded in)")
 
 
 class Schedules(Section):
@@ -519,6 +527,7 @@ class InForce(Section):
     val_every: int
     label_weight: Number = Field(default=0.0, description="static: SupCon's weight")
     pca_dims: int = Field(default=0, description="static: the table's width before the map")
+    init: str = Field(default="", description="static: the table's start (teacher | distill)")
 
     def shown(self) -> dict[str, Any]:
         """The settings as `train.*` keys, as a report, `compare` and a model card show
@@ -534,7 +543,9 @@ class InForce(Section):
             out[f"{base}.layers"] = self.layers
         if self.mode == "static":
             out[f"{base}.label_weight"] = self.label_weight
-            out[f"{base}.pca_dims"] = self.pca_dims
+            out[f"{base}.init"] = self.init
+            if self.init == "distill":
+                out[f"{base}.pca_dims"] = self.pca_dims
         out.update({f"{base}.{k}": getattr(self, k)
                     for k in ("batch_size", "max_epochs", "patience", "val_every")})
         return out
@@ -553,7 +564,7 @@ def in_force(t: TrainParams, mode: str | None = None, reason: str = "") -> InFor
                    layers=getattr(s, "layers", 0), batch_size=s.batch_size,
                    max_epochs=s.max_epochs, patience=s.patience, val_every=s.val_every,
                    label_weight=getattr(s, "label_weight", 0.0),
-                   pca_dims=getattr(s, "pca_dims", 0))
+                   pca_dims=getattr(s, "pca_dims", 0), init=getattr(s, "init", ""))
 
 
 def effective(t: TrainParams, mode: str | None = None, reason: str = "") -> TrainParams:

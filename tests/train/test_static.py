@@ -15,6 +15,7 @@ from simtune import static
 from simtune.errors import UserError
 from simtune.model import load_model
 from simtune.train import static as st
+from simtune.train import static_init
 from tests.conftest import WORDS
 
 TEXTS = [f"{a} {b} {c}" for a, b, c in zip(WORDS, WORDS[3:] + WORDS[:3],
@@ -26,7 +27,13 @@ def init(tmp_path_factory: pytest.TempPathFactory) -> static.StaticEncoder:
     """model2vec's distill of a tiny random BERT (the student's start), PCA to 8 dims."""
     from tests.conftest import save_tiny_bert
 
-    return st.distilled_init(save_tiny_bert(tmp_path_factory.mktemp("bert")), 8, None)
+    return static_init.distilled_init(save_tiny_bert(tmp_path_factory.mktemp("bert")), 8, None)
+
+
+def _settings(**schedule: float) -> st.FitSettings:
+    """A short schedule, the labels unused unless `label_weight` says."""
+    return st.FitSettings(**{"label_weight": 0.0, "temperature": 0.05, "seed": 0,
+                             "monitor": "p@1", **schedule})  # type: ignore[arg-type]
 
 
 def _random_student(init: static.StaticEncoder, out: int = 12) -> st.StaticStudent:
@@ -98,14 +105,14 @@ def test_epoch_0_is_a_candidate_and_kept_when_training_only_hurts(
 
     student = st.StaticStudent(init.weight, mapping)
     kept = st.fit(student, tokens, teacher, lambda e: {"val/p@1": -moved(e)},
-                  st.FitSettings(lr=0.05, max_epochs=3, patience=3, batch_size=8))
+                  _settings(lr=0.05, max_epochs=3, patience=3, batch_size=8))
     assert kept.best_epoch == 0
     assert [h["epoch"] for h in kept.history] == [0, 1, 2, 3]
     assert torch.equal(kept.table, st.StaticStudent(init.weight, mapping).fold())
     assert not torch.equal(student.fold(), kept.table)  # it did train
     later = st.fit(st.StaticStudent(init.weight, mapping), tokens, teacher,
                    lambda e: {"val/p@1": moved(e)},
-                   st.FitSettings(lr=0.05, max_epochs=3, patience=3, batch_size=8))
+                   _settings(lr=0.05, max_epochs=3, patience=3, batch_size=8))
     assert later.best_epoch > 0
 
 
@@ -126,7 +133,7 @@ def test_unlabelled_texts_enter_the_fit(init: static.StaticEncoder) -> None:
         # validation that always improves: the last epoch is kept
         calls = iter(range(100))
         st.fit(student, tokens, teacher, lambda embed: {"val/p@1": float(next(calls))},
-               st.FitSettings(lr=0.05, max_epochs=2, patience=5, batch_size=4))
+               _settings(lr=0.05, max_epochs=2, patience=5, batch_size=4))
         return student.table.detach()[rows]
 
     assert torch.equal(run(train), init.weight[rows])
@@ -168,3 +175,49 @@ def test_a_file_is_cut_into_lines_at_newlines_alone(init: static.StaticEncoder,
     assert static.encode_file(model, tmp_path / "t.txt", tmp_path / "v.npy", 1, False) == 2
     got = torch.from_numpy(np.load(tmp_path / "v.npy"))
     assert float((got - model.encode(["the city", "river\rking queen"])).abs().max()) < 1e-6
+
+
+def _tiny_teacher(tmp_path: Path, prompt: str = "") -> tuple[Path, object]:
+    """A tiny random BERT (mean pooling) as the cache fill loads a teacher."""
+    from simtune.encoders import FrozenEncoder
+    from simtune.params import EncoderParams
+    from tests.cache_helpers import encoder_params
+    from tests.conftest import save_tiny_bert
+
+    folder = save_tiny_bert(tmp_path / "teacher", seed=3, hidden=16)
+    prompts = {"query": prompt, "document": "", "include_prompt": False} if prompt else None
+    spec = EncoderParams(**encoder_params(folder, prompts=prompts)["models"]["tiny"])
+    return folder, FrozenEncoder("teacher", spec, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("prompt", ["", "what is "])
+def test_the_teacher_start_is_its_vector_of_each_token_alone(tmp_path: Path,
+                                                               prompt: str) -> None:
+    """`init: teacher`: row i is the teacher's own vector of the one-token text i (its
+    `encode`, through its tokenizer and prompt: the long way) times model2vec's SIF weight of
+    id i; the tokenizer is the teacher's, splitting a text into its ids with no special
+    tokens; a second call reads the store's copy, identical."""
+    folder, teacher = _tiny_teacher(tmp_path, prompt)
+    table = static_init.teacher_init(teacher, folder, tmp_path / "store")
+    hf = teacher.tokenizer
+    assert table.weight.shape == (len(hf), 16)
+    words = ["city", "river", "?"]
+    ids = [hf.convert_tokens_to_ids(w) for w in words]
+    assert hf.unk_token_id not in ids
+    want = teacher.encode(words, 8).float() * torch.from_numpy(
+        static_init.sif_weights(len(hf))[ids]).float()[:, None]
+    assert float((table.weight[ids] - want).abs().max()) < 1e-5
+    text = "what city, river?"
+    assert table.tokenizer.encode(text, add_special_tokens=False).ids == hf(
+        text, add_special_tokens=False)["input_ids"]
+    again = static_init.teacher_init(teacher, folder, tmp_path / "store")
+    assert torch.equal(again.weight, table.weight)
+    assert len(list((tmp_path / "store" / "static-init").iterdir())) == 1
+
+
+def test_the_sif_weights_are_model2vecs() -> None:
+    """The weights `distill` applies (model2vec 0.10's own function) for the same ids."""
+    import numpy as np
+    from model2vec.distill.inference import compute_weights
+
+    assert np.allclose(static_init.sif_weights(500), compute_weights(500, 1e-4))

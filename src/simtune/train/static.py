@@ -12,31 +12,27 @@ the table (`fold`: E @ W, (V, D)) and what is served is a plain sentence-transfo
 `StaticEmbedding` + `Normalize` (`simtune.static`). The map gives the fit a low-rank start and a
 cheap global rotation the per-token rows alone learn slowly.
 
-The table starts from model2vec's `distill` of the student's tokenizer through a frozen encoder
-(every vocabulary token run through it alone, PCA to d dims, SIF weights), cached in the store
-(`static-init/<key>`: a distill takes minutes on a CPU); the map from the least-squares fit of
-the teacher's training vectors on the table's means (closed form, ridge), so epoch 0 (nothing
-trained by gradient) is already a candidate the validation split can keep. Validation uses
+The table starts from the teacher's own vector of each of its tokens (`init: teacher`, the map
+at identity) or model2vec's distill of the query encoder (`init: distill`, the map from the
+least-squares fit of the teacher's training vectors on the table's means: `least_squares_map`),
+cached in the store (`simtune.train.static_init`), so epoch 0 (nothing trained by gradient) is
+already a candidate the validation split can keep. Validation uses
 `simtune.train.validation` (`Schedule`, `Validator`, `selection_key`): early stopping and the
 kept epoch as in every mode.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from simtune import atomic
 from simtune.static import StaticEncoder
 from simtune.train.losses import GroupLoss, PairLoss
 from simtune.train.validation import Schedule, selection_key
@@ -110,20 +106,21 @@ def least_squares_map(student: StaticStudent, tokens: Tokens, teacher: torch.Ten
         return torch.linalg.solve(gram, means.T @ target).float()
 
 
-@dataclass
+@dataclass(frozen=True)
 class FitSettings:
-    """The static schedule: `lr` (Adam), `batch_size`, `max_epochs`, `patience` (epochs
-    without a better validation key), `label_weight` (0: the labels unused), `temperature`
-    (SupCon), `seed`."""
+    """The static schedule (`train.schedule.static`, resolved: no defaults here): `lr` (Adam),
+    `batch_size`, `max_epochs`, `patience` (epochs without a better validation key),
+    `label_weight` (0: the labels unused), `temperature` (SupCon's, `train.loss`), `seed`,
+    `monitor` (the validation metric that keeps an epoch)."""
 
-    lr: float = 0.003
-    batch_size: int = 256
-    max_epochs: int = 20
-    patience: int = 3
-    label_weight: float = 0.0
-    temperature: float = 0.05
-    seed: int = 0
-    monitor: str = "p@1"
+    lr: float
+    batch_size: int
+    max_epochs: int
+    patience: int
+    label_weight: float
+    temperature: float
+    seed: int
+    monitor: str
 
 
 @dataclass
@@ -202,47 +199,6 @@ def fit(student: StaticStudent, tokens: Tokens, teacher: torch.Tensor, validate:
         if check(epoch, total / max(steps, 1)):
             break
     return FitResult(best[0], schedule.best_epoch, history, time.perf_counter() - t0)
-
-
-def init_key(model_dir: Path, pca_dims: int) -> str:
-    """The store key of a distilled init table: the encoder's files, the PCA width, model2vec's
-    version and `INIT_VERSION`."""
-    import model2vec
-
-    h = hashlib.sha256(f"{INIT_VERSION} {model2vec.__version__} {pca_dims}".encode())
-    for path in sorted(p for p in Path(model_dir).rglob("*") if p.is_file()):
-        h.update(path.relative_to(model_dir).as_posix().encode())
-        h.update(hashlib.sha256(path.read_bytes()).digest())
-    return h.hexdigest()[:24]
-
-
-def distilled_init(model_dir: Path, pca_dims: int, store: Path | None) -> StaticEncoder:
-    """model2vec's `distill` of the encoder at `model_dir` (a Hugging Face folder: its
-    tokenizer, every token through the encoder alone, PCA to `pca_dims`, SIF weights) as a
-    static table; cached under `store`/static-init/<key> (None: not cached)."""
-    from tokenizers import Tokenizer
-
-    where = None if store is None else Path(store) / "static-init" / init_key(model_dir,
-                                                                               pca_dims)
-    if where is not None and (where / "table.npy").is_file():
-        return StaticEncoder(Tokenizer.from_file(str(where / "tokenizer.json")),
-                             torch.from_numpy(np.load(where / "table.npy")), "init")
-    from model2vec.distill import distill_from_model
-    from transformers import AutoModel, AutoTokenizer
-
-    log.info("static: distilling a token table from %s (model2vec; cached once)", model_dir)
-    model = AutoModel.from_pretrained(str(model_dir), local_files_only=True)
-    tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True, use_fast=True)
-    distilled = distill_from_model(model, tok, pca_dims=pca_dims, device="cpu",
-                                   quantize_to="float32")
-    table = np.asarray(distilled.embedding, dtype=np.float32)
-    if where is not None:
-        with atomic.atomic_dir(where) as tmp:
-            np.save(tmp / "table.npy", table)
-            distilled.tokenizer.save(str(tmp / "tokenizer.json"))
-            atomic.write_json(tmp / "meta.json", {"model_dir": str(model_dir),
-                                                  "pca_dims": pca_dims})
-    return StaticEncoder(distilled.tokenizer, torch.from_numpy(table), "init")
 
 
 def describe(result: FitResult) -> str:

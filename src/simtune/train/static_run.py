@@ -10,10 +10,11 @@ student as a static model folder in the head folder (`models/head`, `simtune.sta
 modes write (epochs, best_epoch, selected, best_val, frozen_val, seconds, mode, mode_reason,
 in_force), plus `teacher_val` and the fit's per-epoch `history`.
 
-Epoch 0 is the initial student (the distilled table and the least-squares map: nothing trained
-by gradient), a candidate like the frozen encoder in the other modes: `selected` is `initial`
-when it is kept. The validation task is the other modes' (`evaluate.corpus`), computed from
-the student's own vectors of the texts (their tokens: a few bytes each, no encoder states).
+Epoch 0 is the initial student (`start_table`: the teacher's token vectors, or the distilled
+table and the least-squares map: nothing trained by gradient), a candidate like the frozen
+encoder in the other modes: `selected` is `initial` when it is kept. The validation task is the
+other modes' (`evaluate.corpus`), computed from the student's own vectors of the texts (their
+tokens: a few bytes each, no encoder states).
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ from simtune.cache import store
 from simtune.cache.views import open_cache
 from simtune.encoders import check_teacher, model_dir
 from simtune.errors import UserError
+from simtune.model import load_encoder
 from simtune.params import CacheParams, EncodersParams, TrainParams
 from simtune.prepare.prepared import UNLABELLED
 from simtune.prepare.prepared import load as load_prepared
 from simtune.retrieval.task import RetrievalTask, by_rows, retrieval_task
 from simtune.train import static as st
+from simtune.train import static_init
 from simtune.train.validation import KS, separation
 
 log = logging.getLogger(__name__)
@@ -67,7 +70,7 @@ def run(t: TrainParams, enc: EncodersParams, cache: CacheParams, corpus: str,
             raise UserError(f"{prepared_dir}: the {name} split is empty")
     texts = prepared.text_map()
     row_text = [texts[i] for i in data.row_ids["query"]]
-    init = st.distilled_init(model_dir(enc.query, spec), s.pca_dims, store.root(cache.store))
+    init = start_table(s.init, s.pca_dims, enc, teacher, store.root(cache.store))
     # the fit's texts: the train split's, then every unlabelled one (label -1: the teacher alone)
     ex = prepared.examples
     split_of, ids = ex.column("split").to_pylist(), ex.column("text_id").to_pylist()
@@ -81,9 +84,11 @@ def run(t: TrainParams, enc: EncodersParams, cache: CacheParams, corpus: str,
     task = retrieval_task(data, "val", "train" if corpus == "train" else "split")
     validate, frozen_val, teacher_val = _validation(task, init, row_text, q_table, t_table,
                                                     data.row_ids["query"], s.val_every)
-    # the map (pca_dims, the teacher's width) starts at the least-squares fit: epoch 0
-    student = st.StaticStudent(init.weight, st.least_squares_map(
-        st.StaticStudent(init.weight), tokens, target))
+    # epoch 0: the teacher's token vectors (the map at identity), or the distilled table and
+    # the map (pca_dims, the teacher's width) at the least-squares fit
+    student = st.StaticStudent(init.weight, None if s.init == "teacher" else
+                               st.least_squares_map(st.StaticStudent(init.weight), tokens,
+                                                    target))
     log.info("static student: %d training texts + %d unlabelled, table %d x %d -> %d dims "
              "(teacher %s)", len(train_ids), len(unlabelled), *init.weight.shape,
              target.shape[1], teacher)
@@ -119,6 +124,20 @@ def run(t: TrainParams, enc: EncodersParams, cache: CacheParams, corpus: str,
              frozen_val.get(f"val/{t.monitor}", float("nan")),
              teacher_val.get(f"val/{t.monitor}", float("nan")), result.seconds)
     return out_report
+
+
+def start_table(init: str, pca_dims: int, enc: EncodersParams, teacher: str,
+                store_root: Path) -> static.StaticEncoder:
+    """The student's starting table and tokenizer (`train.schedule.static.init`,
+    `simtune.train.static_init`): the teacher's vector of each of its tokens, or model2vec's
+    distill of the query encoder cut to `pca_dims`; cached under `store_root`."""
+    if init == "distill":
+        spec = enc.models[enc.query]
+        return static_init.distilled_init(model_dir(enc.query, spec), pca_dims, store_root)
+    spec = enc.models[teacher]
+    key = f"encoders.models.{teacher}"
+    return static_init.teacher_init(load_encoder(teacher, spec, torch.device("cpu"), key=key),
+                                    model_dir(teacher, spec, key), store_root)
 
 
 def _curves(live_dir: Path, history: list[dict[str, float]], best: int) -> None:
