@@ -471,10 +471,10 @@ class StaticSchedule(HeadSchedule):
                                  "teacher's vectors (0: labels unused; unlabelled texts never "
                                  "enter it)")
     init: Literal["teacher", "distill"] = Field(description="the table's start: `teacher`, "
-                                                "the teacher's own vector of each token of the "
-                                                "query encoder's tokenizer (each token alone "
-                                                "through the whole teacher, head included), the "
-                                                "map at identity; `distill`, model2vec's distill "
+                                                "the teacher's own vector of each token of its "
+                                                "own tokenizer (each token alone through the "
+                                                "whole teacher, head included), the map at "
+                                                "identity; `distill`, model2vec's distill "
                                                 "of the query encoder cut to `pca_dims`, the map "
                                                 "fitted by least squares")
     pca_dims: int = Field(ge=2, le=4096, description="init distill: the table's width before "

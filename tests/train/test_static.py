@@ -204,8 +204,10 @@ def test_the_teacher_start_is_its_vector_of_each_token_alone(tmp_path: Path,
     words = ["city", "river", "?"]
     ids = [hf.convert_tokens_to_ids(w) for w in words]
     assert hf.unk_token_id not in ids
+    from model2vec.distill.inference import compute_weights
+
     want = teacher.encode(words, 8).float() * torch.from_numpy(
-        static_init.sif_weights(len(hf))[ids]).float()[:, None]
+        compute_weights(len(hf), 1e-4)[ids]).float()[:, None]
     assert float((table.weight[ids] - want).abs().max()) < 1e-5
     text = "what city, river?"
     assert table.tokenizer.encode(text, add_special_tokens=False).ids == hf(
@@ -213,11 +215,10 @@ def test_the_teacher_start_is_its_vector_of_each_token_alone(tmp_path: Path,
     again = static_init.teacher_init(teacher, folder, tmp_path / "store")
     assert torch.equal(again.weight, table.weight)
     assert len(list((tmp_path / "store" / "static-init").iterdir())) == 1
-
-
-def test_the_sif_weights_are_model2vecs() -> None:
-    """The weights `distill` applies (model2vec 0.10's own function) for the same ids."""
+    # a cached table that does not hold a row per token is refused, naming its folder
     import numpy as np
-    from model2vec.distill.inference import compute_weights
 
-    assert np.allclose(static_init.sif_weights(500), compute_weights(500, 1e-4))
+    cached = next((tmp_path / "store" / "static-init").iterdir())
+    np.save(cached / "table.npy", table.weight.numpy()[:5])
+    with pytest.raises(UserError, match="cached start table"):
+        static_init.teacher_init(teacher, folder, tmp_path / "store")

@@ -38,7 +38,6 @@ from simtune.train.losses import GroupLoss, PairLoss
 from simtune.train.validation import Schedule, selection_key
 
 log = logging.getLogger(__name__)
-INIT_VERSION = 1  # the cached init table's format: a change makes a new key
 
 
 @dataclass

@@ -51,8 +51,13 @@ def _cached(where: Path | None) -> StaticEncoder | None:
 
     if where is None or not (where / "table.npy").is_file():
         return None
-    return StaticEncoder(Tokenizer.from_file(str(where / "tokenizer.json")),
-                         torch.from_numpy(np.load(where / "table.npy")), "init")
+    tokenizer = Tokenizer.from_file(str(where / "tokenizer.json"))
+    table = np.load(where / "table.npy")
+    if table.ndim != 2 or len(table) < tokenizer.get_vocab_size(with_added_tokens=True):
+        raise UserError(f"{where}: the cached start table has {table.shape} rows x dims, its "
+                        f"tokenizer {tokenizer.get_vocab_size(with_added_tokens=True)} tokens; "
+                        f"delete the folder to rebuild it")
+    return StaticEncoder(tokenizer, torch.from_numpy(table), "init")
 
 
 def _keep(where: Path | None, tokenizer: Any, table: np.ndarray, meta: dict[str, Any]) -> None:
@@ -62,13 +67,6 @@ def _keep(where: Path | None, tokenizer: Any, table: np.ndarray, meta: dict[str,
         np.save(tmp / "table.npy", table)
         tokenizer.save(str(tmp / "tokenizer.json"))
         atomic.write_json(tmp / "meta.json", meta)
-
-
-def sif_weights(n: int, coefficient: float = SIF_COEFFICIENT) -> np.ndarray:
-    """(n,) model2vec's SIF weights of token ids 0..n-1: a / (a + p), p(id) proportional to
-    1 / (id + 2) (Zipf's law: a vocabulary roughly in frequency order)."""
-    inv_rank = 1.0 / np.arange(2, n + 2)
-    return coefficient / (coefficient + inv_rank / inv_rank.sum())
 
 
 def distilled_init(model_dir: Path, pca_dims: int, store: Path | None) -> StaticEncoder:
@@ -139,7 +137,9 @@ def teacher_init(encoder: Any, model_dir: Path, store: Path | None,
     with torch.inference_mode():  # batches in id order: row i is token i
         rows = torch.cat([encoder.embed(tokens).float().cpu()
                           for _, tokens in token_batches(hf, inner.prompt, batch)]).numpy()
-    table = (rows * sif_weights(len(rows))[:, None]).astype(np.float32)
+    from model2vec.distill.inference import compute_weights  # its SIF weights, as distill's
+
+    table = (rows * compute_weights(len(rows), SIF_COEFFICIENT)[:, None]).astype(np.float32)
     tokenizer = Tokenizer.from_str(hf.backend_tokenizer.to_str())
     tokenizer.no_padding()
     tokenizer.no_truncation()
