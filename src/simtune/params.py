@@ -680,7 +680,7 @@ class TrainParams(Section):
         "train the head on cached embeddings (fast); `top_layers`: train the encoder's top "
         "`train.schedule.top_layers.layers` layers (+ head) on cached lower-layer token "
         "states; `full`: the whole encoder in the loop and trainable, no cache (the slow path); "
-        "`static`: a token table student taught by `train.distill.teacher` (groups data; "
+        "`static`: a token table student taught by `train.distill.teacher` ("
         "`train.schedule.static`; served ~100x faster on a CPU; never chosen by auto)"
     )
     auto: AutoParams

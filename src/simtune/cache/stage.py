@@ -55,7 +55,8 @@ def texts_per_encoder(prepared: Prepared, encoders: EncodersParams,
     """Distinct text ids each view must hold: groups' texts and pairs' queries are `query` texts
     of `encoders.query`, pairs' documents `document` texts of `encoders.document`; one view (one
     set of ids) when both roles read the same one (one encoder, one prompt). `teacher`
-    (`train.distill.teacher`): that encoder's view of the groups' texts too."""
+    (`train.distill.teacher`): that encoder's views of the same texts too (pairs: its query
+    view of the queries, its document view of the documents: a static student's targets)."""
     ex = prepared.examples
     if prepared.kind == "groups":
         columns = [("query", encoders.query, ex.column("text_id"))]
@@ -64,6 +65,9 @@ def texts_per_encoder(prepared: Prepared, encoders: EncodersParams,
     else:
         columns = [("query", encoders.query, ex.column("query_id")),
                    ("document", encoders.document, ex.column("doc_id"))]
+        if teacher is not None:
+            columns += [("query", teacher, ex.column("query_id")),
+                        ("document", teacher, ex.column("doc_id"))]
     found: dict[str, tuple[Target, list[pa.ChunkedArray]]] = {}
     for role, name, column in columns:
         view = views.view_name(name, encoders.models[name], role)

@@ -251,6 +251,17 @@ def open_pair(out: Path, encoders: EncodersParams, cp: CacheParams, kind: str,
     return q, d
 
 
+def open_roles(out: Path, name: str, spec: EncoderParams, cp: CacheParams, kind: str,
+               placed: bool = True) -> tuple[vectors.CacheTable, vectors.CacheTable]:
+    """(query table, document table) of the one encoder `name` (a teacher: `texts_per_encoder`
+    fills its views of the same texts as the student's) for data of `kind`: its query view
+    twice for groups, or when one prompt makes both roles one view."""
+    q = open_cache(out, name, spec, cp, placed)
+    if kind == "groups" or view_name(name, spec, "document") == view_name(name, spec, "query"):
+        return q, q
+    return q, open_cache(out, name, spec, cp, placed, "document")
+
+
 def open_states_pair(out: Path, encoders: EncodersParams, cp: CacheParams, layer: int,
                      q_table: Any, d_table: Any) -> tuple[StatesTable, StatesTable]:
     """Top-layers mode: the layer cache of the (shared) encoder's query texts, row for row the

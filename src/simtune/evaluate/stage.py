@@ -171,11 +171,12 @@ def _distill(p: Params, prepared: Any, prepared_dir: Path, cache_dir: Path, head
     """`distill` of the report (`evaluate.distill`): the teacher scored from its cache view on
     the same test task (same queries, same order) as the trained and baseline `scored`, then
     the speed of the three models on the first `evaluate.speed_texts` test texts."""
-    from simtune.cache.views import open_cache
+    from simtune.cache.views import open_roles
 
     name = str(p.train.distill.teacher)
-    table = open_cache(cache_dir, name, p.encoders.models[name], p.cache, placed=False)
-    t_data = examples.load(prepared.kind, prepared.examples, table, table)
+    t_q, t_d = open_roles(cache_dir, name, p.encoders.models[name], p.cache, prepared.kind,
+                          placed=False)
+    t_data = examples.load(prepared.kind, prepared.examples, t_q, t_d)
     t_task = evaluation_task(t_data, p.evaluate.corpus, prepared_dir)
     te = t_task.score(by_rows(cached(t_data, heads.build("identity", t_data.dim, 1, 0.0))), ks)
     t, b, t_q = scored
@@ -197,7 +198,8 @@ def _speed(p: Params, prepared: Any, head_dir: Path, data: Data) -> dict[str, An
     from simtune.encoders import FrozenEncoder, resolve_device
     from simtune.model import load_encoder, load_model
 
-    rows = data.splits["test"].tensors["rows"][: p.evaluate.speed_texts].tolist()
+    test = data.splits["test"].tensors  # groups: its texts; pairs: its queries
+    rows = test["rows" if data.kind == "groups" else "q_rows"][: p.evaluate.speed_texts].tolist()
     texts = prepared.text_map()
     sample = [texts[data.row_ids["query"][r]] for r in rows]
     device, bs = resolve_device(p.cache.device), p.cache.batch_size

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from simtune.errors import UserError, echo
 from simtune.params import SPLITS, PrepareParams
-from simtune.prepare.prepared import Prepared, fold, normalize
+from simtune.prepare.prepared import CORPUS, Prepared, fold, normalize
 from simtune.prepare.sources import (
     Record,
     csv_rows,
@@ -38,7 +38,6 @@ from simtune.prepare.sources import (
 from simtune.prepare.split import assign
 
 log = logging.getLogger(__name__)
-CORPUS = "corpus"  # split of the examples rows that only put a document in the corpus
 QRELS_FILE = {"train": "train", "val": "dev", "test": "test"}  # our split -> qrels file stem
 
 

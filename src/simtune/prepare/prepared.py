@@ -33,6 +33,7 @@ from simtune.errors import UserError
 
 FORMAT_VERSION = 1
 UNLABELLED = "unlabelled"  # the split of a texts file's rows (groups data, no label)
+CORPUS = "corpus"  # the split of pairs rows that only put a document in the corpus (BEIR)
 
 
 

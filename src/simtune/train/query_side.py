@@ -13,7 +13,7 @@ The loss is multi-positive InfoNCE (SupCon's "out" form): for query i with posit
 the candidates, -1/|P(i)| sum_{p in P(i)} log softmax_p(cos(head(q_i), c) / T), T the supcon
 `temperature` (groups) or 1 / the mnrl `scale` (pairs); queries with no positive are left out.
 Validation ranks the same way (`QuerySideValidator`): head(queries) against frozen vectors
-(pairs: of the train and val documents, `train.stage.validation_task`). In top_layers mode the
+(pairs: of the train and val documents, `train.validation.validation_task`). In top_layers mode the
 queries run through the trainable top layers first (a query tower); the corpus stays the cached
 frozen vectors. With `train.objective: distill` the loss is the distillation `kl` of the head's
 rows against the batch's frozen vectors (`simtune.train.distill`).

@@ -30,14 +30,14 @@ from simtune.errors import UserError
 from simtune.examples import Data, batch_for
 from simtune.params import CacheParams, EncodersParams, Params, TrainParams
 from simtune.prepare.prepared import kind as prepared_kind
-from simtune.retrieval.task import RetrievalTask, retrieval_task
+from simtune.retrieval.task import RetrievalTask
 from simtune.train import headroom
 from simtune.train.checkpoint import Resume, fingerprint
 from simtune.train.data import check_trainable, load_data
 from simtune.train.epoch_log import progress_callbacks
 from simtune.train.epochs import EpochLoop
 from simtune.train.module import Diverged, SimilarityModule, diverged, is_divergence
-from simtune.train.validation import Schedule, Validator, frozen
+from simtune.train.validation import Schedule, Validator, frozen, validation_task
 
 log = logging.getLogger(__name__)
 
@@ -142,24 +142,6 @@ def in_force(train: TrainParams, enc: EncodersParams, prepared_dir: Path) -> Tra
     kind = prepared_kind(prepared_dir)
     return P.resolve_loss(resolve(train, enc, prepared_dir), kind,
                           f"the prepared data ({prepared_dir})")
-
-
-def validation_task(data: Data, side: str, corpus: str) -> RetrievalTask:
-    """The validation split's retrieval task. Groups: the test evaluation's corpus (the train
-    texts, or leave-one-out); pairs, with binary gains (the test ranks every document with
-    graded gains): the val documents; a query-side head's, the train and val documents, the
-    frozen corpus its loss ranks against (the val documents alone were too easy to choose an
-    epoch by: on 1,500 news title -> body pairs, frozen val MRR@10 0.95 against 0.84 on the
-    test, and the query-side head kept epoch 13, which lost 0.056 MRR@10 on test; against the
-    train and val documents it keeps the frozen encoder). The symmetric head keeps the val
-    documents: against the train and val ones too, its news pairs at 1,500 kept the frozen
-    encoder (instead of losing 0.019) but at 200 one seed in 3 kept an epoch that lost 0.2 P@1
-    (bench.small_data), where the val documents alone left nothing to gain. `side`:
-    `train.head.side`; `corpus`: `evaluate.corpus`."""
-    if data.kind == "pairs" and side == "query":
-        return retrieval_task(data, "val", "known")
-    against_train = data.kind == "groups" and corpus == "train"
-    return retrieval_task(data, "val", "train" if against_train else "split")
 
 
 def fit(t: TrainParams, enc: EncodersParams, cache: CacheParams, data: Data,

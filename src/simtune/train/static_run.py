@@ -1,10 +1,12 @@
 """The train stage's `train.mode: static` branch: a static student (`simtune.train.static`) fit
 to the teacher's cached vectors of the prepared texts, written where every mode writes.
 
-What it reads: the prepared groups data (its train split, its unlabelled texts, `prepare.file.
-kind: texts`), the teacher's cache view (`train.distill.teacher`: the cache stage fills it as
-for a distillation, `params.teacher_of`) and the query encoder's view (the frozen encoder's
-validation metrics, `frozen_val`, as every mode reports them). What it writes: the folded
+What it reads: the prepared data (`fit_rows`: groups, its train split and its unlabelled texts,
+`prepare.file.kind: texts`; pairs, its train split's queries and documents and a BEIR corpus's
+other documents), the teacher's cache views (`train.distill.teacher`: the cache stage fills
+them as for a distillation, `params.teacher_of`; pairs: one per role) and the query and
+document encoders' views (the frozen encoder's validation metrics, `frozen_val`, as every mode
+reports them). What it writes: the folded
 student as a static model folder in the head folder (`models/head`, `simtune.static`: what
 `load_model`, evaluate, search and export read) and `reports/train.json` with the keys the other
 modes write (epochs, best_epoch, selected, best_val, frozen_val, seconds, mode, mode_reason,
@@ -21,25 +23,28 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import torch
 
 from simtune import examples, static
 from simtune.atomic import write_json
 from simtune.cache import store
-from simtune.cache.views import open_cache
+from simtune.cache.views import open_pair, open_roles
 from simtune.encoders import check_teacher, model_dir
 from simtune.errors import UserError
+from simtune.examples import Data
 from simtune.model import load_encoder
 from simtune.params import CacheParams, EncodersParams, TrainParams
-from simtune.prepare.prepared import UNLABELLED
+from simtune.prepare.prepared import CORPUS, UNLABELLED
 from simtune.prepare.prepared import load as load_prepared
-from simtune.retrieval.task import RetrievalTask, by_rows, retrieval_task
+from simtune.retrieval.task import RetrievalTask, by_rows
 from simtune.train import static as st
 from simtune.train import static_init
-from simtune.train.validation import KS, separation
+from simtune.train.validation import KS, separation, validation_task
 
 log = logging.getLogger(__name__)
 
@@ -57,46 +62,35 @@ def run(t: TrainParams, enc: EncodersParams, cache: CacheParams, corpus: str,
     teacher = t.distill.teacher
     assert teacher is not None  # params refuses train.mode static without one
     prepared = load_prepared(prepared_dir)
-    if prepared.kind != "groups":
-        raise UserError(f"train.mode: static trains on groups data (texts with labels) for now; "
-                        f"the prepared data ({prepared_dir}) is {prepared.kind}")
     check_teacher(enc, teacher)
-    spec = enc.models[enc.query]
-    q_table = open_cache(cache_dir, enc.query, spec, cache, placed=False)
-    t_table = open_cache(cache_dir, teacher, enc.models[teacher], cache, placed=False)
-    data = examples.load("groups", prepared.examples, q_table, q_table)
+    q_table, d_table = open_pair(cache_dir, enc, cache, prepared.kind, placed=False)
+    t_views = open_roles(cache_dir, teacher, enc.models[teacher], cache, prepared.kind,
+                         placed=False)
+    data = examples.load(prepared.kind, prepared.examples, q_table, d_table)
     for name in ("train", "val"):
         if len(data.splits[name]) == 0:
             raise UserError(f"{prepared_dir}: the {name} split is empty")
     texts = prepared.text_map()
-    row_text = [texts[i] for i in data.row_ids["query"]]
     init = start_table(s.init, s.pca_dims, enc, teacher, store.root(cache.store))
-    # the fit's texts: the train split's, then every unlabelled one (label -1: the teacher alone)
-    ex = prepared.examples
-    split_of, ids = ex.column("split").to_pylist(), ex.column("text_id").to_pylist()
-    unlabelled = [i for i, sp in zip(ids, split_of, strict=True) if sp == UNLABELLED]
-    train_ids = [i for i, sp in zip(ids, split_of, strict=True) if sp == "train"]
-    fit_ids = train_ids + unlabelled
-    tokens = st.Tokens.of(init, [texts[i] for i in fit_ids])
-    target = t_table.vectors[t_table.index(fit_ids)].float()
-    labels = torch.cat([data.splits["train"].tensors["labels"],
-                        torch.full((len(unlabelled),), -1, dtype=torch.long)])
-    task = retrieval_task(data, "val", "train" if corpus == "train" else "split")
-    validate, frozen_val, teacher_val = _validation(task, init, row_text, q_table, t_table,
-                                                    data.row_ids["query"], s.val_every)
+    rows = fit_rows(prepared.kind, prepared.examples, *t_views)
+    tokens = st.Tokens.of(init, [texts[i] for i in rows.ids])
+    task = validation_task(data, "both", corpus)
+    validate, frozen_val, teacher_val = _validation(task, init, data, texts, (q_table, d_table),
+                                                    t_views, s.val_every)
     # epoch 0: the teacher's token vectors (the map at identity), or the distilled table and
     # the map (pca_dims, the teacher's width) at the least-squares fit
     student = st.StaticStudent(init.weight, None if s.init == "teacher" else
                                st.least_squares_map(st.StaticStudent(init.weight), tokens,
-                                                    target))
+                                                    rows.target))
     log.info("static student: %d training texts + %d unlabelled, table %d x %d -> %d dims "
-             "(teacher %s)", len(train_ids), len(unlabelled), *init.weight.shape,
-             target.shape[1], teacher)
+             "(teacher %s)", rows.labelled, rows.unlabelled, *init.weight.shape,
+             rows.target.shape[1], teacher)
     settings = st.FitSettings(lr=s.lr, batch_size=s.batch_size, max_epochs=s.max_epochs,
                               patience=s.patience, label_weight=s.label_weight,
                               temperature=t.loss.temperature, seed=t.seed, monitor=t.monitor)
-    result = st.fit(student, tokens, target, validate, settings,
-                    labels=labels if s.label_weight > 0 else None)
+    use = s.label_weight > 0
+    result = st.fit(student, tokens, rows.target, validate, settings,
+                    labels=rows.labels if use else None, pairs=rows.pairs if use else None)
     static.write(out, init.tokenizer, result.table, teacher)
     history = {int(h["epoch"]): h for h in result.history}
     epochs = len(result.history) - 1
@@ -109,7 +103,8 @@ def run(t: TrainParams, enc: EncodersParams, cache: CacheParams, corpus: str,
         "still_rising": bool(epochs >= s.max_epochs and result.best_epoch == epochs),
         "seconds": {"total": total, "fit": result.seconds,
                     "per_epoch": result.seconds / max(epochs, 1)},
-        "texts": {"train": len(train_ids), "unlabelled": len(unlabelled)},
+        "texts": {"train": rows.labelled, "unlabelled": rows.unlabelled,
+                  **({} if rows.pairs is None else {"pairs": len(rows.pairs)})},
         "teacher": teacher,  # epoch 0 trained nothing: no loss (NaN is no JSON)
         "history": [{k: v for k, v in h.items() if k != "loss" or v == v}
                     for h in result.history],
@@ -124,6 +119,57 @@ def run(t: TrainParams, enc: EncodersParams, cache: CacheParams, corpus: str,
              frozen_val.get(f"val/{t.monitor}", float("nan")),
              teacher_val.get(f"val/{t.monitor}", float("nan")), result.seconds)
     return out_report
+
+
+@dataclass
+class FitRows:
+    """The texts the student fits on, in order: `ids` (N,) text ids, `target` (N, D) the
+    teacher's vectors of them (each in its role's view), `labels` (N,) class indices, -1 for
+    an unlabelled text (groups; None for pairs), `pairs` (P, 2) rows of (query, document) of
+    the train split's positive pairs (pairs; None for groups); the first `labelled` rows are
+    the train split's texts, the `unlabelled` after them the teacher alone teaches."""
+
+    ids: list[str]
+    target: torch.Tensor
+    labels: torch.Tensor | None
+    pairs: torch.Tensor | None
+    labelled: int
+    unlabelled: int
+
+
+def fit_rows(kind: str, ex: pa.Table, t_query: Any, t_doc: Any) -> FitRows:
+    """The fit's texts of the prepared examples `ex` (`FitRows`). Groups: the train split's
+    texts, then every unlabelled one (`prepare.file.kind: texts`). Pairs: the train split's
+    distinct queries, then its distinct documents, then the corpus-only documents (a BEIR
+    corpus: what search will rank, unlabelled); the validation and test texts never. The
+    targets come from the teacher's query view `t_query` (queries, groups' texts) and
+    document view `t_doc` (documents)."""
+    col = ex.to_pydict()
+    split = col["split"]
+    if kind == "groups":
+        train = [i for i, sp in zip(col["text_id"], split, strict=True) if sp == "train"]
+        extra = [i for i, sp in zip(col["text_id"], split, strict=True) if sp == UNLABELLED]
+        classes = {lab: n for n, lab in enumerate(sorted({x for x in col["label"]
+                                                          if x is not None}))}
+        labels = [classes[lab] for lab, sp in zip(col["label"], split, strict=True)
+                  if sp == "train"] + [-1] * len(extra)
+        ids = train + extra
+        return FitRows(ids, t_query.vectors[t_query.index(ids)].float(),
+                       torch.tensor(labels, dtype=torch.long), None, len(train), len(extra))
+    train = [n for n, sp in enumerate(split) if sp == "train"]
+    queries = list(dict.fromkeys(col["query_id"][n] for n in train))
+    docs = list(dict.fromkeys(col["doc_id"][n] for n in train))
+    seen = set(docs)
+    extra = list(dict.fromkeys(d for d, sp in zip(col["doc_id"], split, strict=True)
+                               if sp == CORPUS and d not in seen))
+    q_at = {q: n for n, q in enumerate(queries)}
+    d_at = {d: len(queries) + n for n, d in enumerate(docs)}
+    pairs = torch.tensor([[q_at[col["query_id"][n]], d_at[col["doc_id"][n]]] for n in train
+                          if col["score"][n] > 0], dtype=torch.long).reshape(-1, 2)
+    target = torch.cat([t_query.vectors[t_query.index(queries)].float(),
+                        t_doc.vectors[t_doc.index(docs + extra)].float()])
+    return FitRows(queries + docs + extra, target, None, pairs, len(queries) + len(docs),
+                   len(extra))
 
 
 def start_table(init: str, pca_dims: int, enc: EncodersParams, teacher: str,
@@ -159,36 +205,55 @@ def _val(h: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in h.items() if k.startswith("val/")}
 
 
-def _validation(task: RetrievalTask, init: static.StaticEncoder, row_text: list[str],
-                q_table: Any, t_table: Any, row_ids: list[str], every: int
-                ) -> tuple[st.Validate, dict[str, float], dict[str, float]]:
+def _validation(task: RetrievalTask, init: static.StaticEncoder, data: Data,
+                texts: dict[str, str], frozen: tuple[Any, Any], teacher: tuple[Any, Any],
+                every: int) -> tuple[st.Validate, dict[str, float], dict[str, float]]:
     """(validate: the student's validation metrics, the frozen encoder's, the teacher's), all
-    on `task` ("val/<metric>" and the separation, as `train.validation` names them). Only the
-    rows the task ranks are tokenised and embedded; every metric (MAP@R too) on epochs that
-    are multiples of `every` (epoch 0 included), the top 10 on the others."""
-    parts = [task.queries.rows] + ([task.corpus.rows] if task.corpus is not None else [])
-    assert all(r is not None for r in parts)
-    needed = torch.unique(torch.cat(parts))  # type: ignore[arg-type]
-    tokens = st.Tokens.of(init, [row_text[r] for r in needed.tolist()])
+    on `task` ("val/<metric>" and the separation, as `train.validation` names them); `frozen`
+    and `teacher`: (query view, document view) of each. Only the rows the task ranks are
+    tokenised and embedded; every metric (MAP@R too) on epochs that are multiples of `every`
+    (epoch 0 included), the top 10 on the others."""
+    sides = {"query": data.row_ids["query"], "doc": data.row_ids["doc"]}
+    parts = [task.queries] + ([task.corpus] if task.corpus is not None else [])
+    needed: dict[str, torch.Tensor] = {}
+    for items in parts:
+        assert items.rows is not None
+        side = _side(items.role)
+        needed[side] = torch.unique(torch.cat([needed.get(side, items.rows), items.rows]))
+    tokens = {side: st.Tokens.of(init, [texts[sides[side][r]] for r in rows.tolist()])
+              for side, rows in needed.items()}
 
-    def score(table: torch.Tensor, upto_r: bool = True) -> dict[str, float]:
-        got = task.score(by_rows(lambda rows, role: table[rows]), KS, upto_r=upto_r)
-        q = table[task.queries.rows]
-        c = None if task.corpus is None else table[task.corpus.rows]
+    def score(tables: dict[str, torch.Tensor], upto_r: bool = True) -> dict[str, float]:
+        got = task.score(by_rows(lambda rows, role: tables[_side(role)][rows]), KS,
+                         upto_r=upto_r)
+        q = tables[_side(task.queries.role)][task.queries.rows]
+        c = None if task.corpus is None else tables[_side(task.corpus.role)][task.corpus.rows]
         return {f"val/{k}": v for k, v in {**got.metrics,
                                             "separation": separation(task, q, c)}.items()}
 
     epoch = [0]
 
     def validate(embed: Any) -> dict[str, float]:
-        vectors = embed(tokens)
-        table = torch.zeros(len(row_text), vectors.shape[1])
-        table[needed] = vectors
+        tables = {}
+        for side, rows in needed.items():
+            vectors = embed(tokens[side])
+            tables[side] = torch.zeros(len(sides[side]), vectors.shape[1])
+            tables[side][rows] = vectors
         full = epoch[0] % every == 0
         epoch[0] += 1
-        return score(table, upto_r=full)
+        return score(tables, upto_r=full)
 
-    frozen = score(q_table.vectors.float())
-    t_rows = t_table.index(row_ids)  # the teacher's view holds the same texts
-    teacher = score(t_table.vectors[t_rows].float())
-    return validate, frozen, teacher
+    frozen_scores = score({"query": frozen[0].vectors.float(), "doc": frozen[1].vectors.float()})
+    # the teacher's view of each role holds that role's texts (the frozen views may hold both)
+    t_tables = {}
+    for side, view in zip(("query", "doc"), teacher, strict=True):
+        rows = needed.get(side, torch.empty(0, dtype=torch.long))
+        t_tables[side] = torch.zeros(len(sides[side]), view.dim)
+        t_tables[side][rows] = view.vectors[view.index([sides[side][r]
+                                                        for r in rows.tolist()])].float()
+    return validate, frozen_scores, score(t_tables)
+
+
+def _side(role: str) -> str:
+    """The cache side of an `Items.role`: documents' rows are the document view's."""
+    return "doc" if role == "doc" else "query"
