@@ -51,8 +51,12 @@ def encode_file_run(folder: Path, texts: list[str], lines: int, work: Path) -> d
 HEADLINE_ROW = "ours+labels"  # the pipeline's default (train.schedule.static.label_weight 0.1)
 
 
-def _by(rows: list[dict[str, Any]], teacher: str, prefix: str) -> dict[str, Any]:
-    return next(r for r in rows if r["teacher"] == teacher and r["row"].startswith(prefix))
+def _by(rows: list[dict[str, Any]], group: tuple[str, str], prefix: str) -> dict[str, Any]:
+    """The row of (set, teacher) `group` whose name starts with `prefix` (lexical and frozen
+    rows: the set's, teacher "-")."""
+    name, teacher = group
+    return next(r for r in rows if r.get("set", "trec") == name and r["row"].startswith(prefix)
+                and r["teacher"] in (teacher, "-"))
 
 
 def _key(column: str) -> str:
@@ -60,48 +64,63 @@ def _key(column: str) -> str:
     return column.replace("/", "_per_").replace(" ", "_")
 
 
+def group_key(set_name: str, teacher: str) -> str:
+    """A (set, teacher)'s key in `headline`: trec's teacher name ("default": the figure paths
+    the pages quote), the set's name for every other set (one trained teacher each)."""
+    return teacher if set_name == "trec" else set_name
+
+
+def _groups(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return list(dict.fromkeys((r.get("set", "trec"), r["teacher"]) for r in rows
+                              if r["teacher"] != "-"))
+
+
 def headline(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per teacher, the figures a page quotes: every row's P@1, share, speeds and fit s, by
-    row name without its parenthesis ("ours+labels" -> ours_labels; columns by `_key`)."""
+    """Per set and teacher (`group_key`), the figures a page quotes: every row's P@1, share,
+    speeds and fit s (the set's frozen and lexical rows too), by row name without its
+    parenthesis ("ours+labels" -> ours_labels, "tf-idf" stays; columns by `_key`)."""
     out: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        if r["teacher"] == "-":
-            continue
-        key = r["row"].split(" (")[0].replace(" ", "_").replace("+", "_")
-        out.setdefault(r["teacher"], {})[key] = {_key(k): v for k, v in r.items()
-                                                  if k not in ("teacher", "row")}
+    for name, teacher in _groups(rows):
+        mine = out.setdefault(group_key(name, teacher), {})
+        for r in rows:
+            if r.get("set", "trec") != name or r["teacher"] not in (teacher, "-"):
+                continue
+            key = r["row"].split(" (")[0].replace(" ", "_").replace("+", "_")
+            mine[key] = {_key(k): v for k, v in r.items() if k not in ("teacher", "row", "set")}
     return out
 
 
 def headline_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The benchmarks page's headline rows (measure, ours, peer, ratio, target): per teacher,
-    the headline student's share of the teacher's lift (target on the default export), its
-    1-thread speed against MiniLM's, its P@1 against model2vec's distill and own fit, and
-    its fit seconds."""
-    frozen = next(r for r in rows if r["teacher"] == "-")
+    """The benchmarks page's headline rows (measure, ours, peer, ratio, target): per set and
+    teacher, the headline student's share of the teacher's lift (target on TREC's default
+    export), its 1-thread speed against MiniLM's, its P@1 against model2vec's distill and own
+    fit, BM25's and TF-IDF's, and its fit seconds."""
     out = []
-    for teacher in dict.fromkeys(r["teacher"] for r in rows if r["teacher"] != "-"):
-        ours, t = _by(rows, teacher, HEADLINE_ROW), _by(rows, teacher, "teacher")
-        m2v, fit = _by(rows, teacher, "m2v distill"), _by(rows, teacher, "m2v-fit")
-        default = teacher == "default"
+    for group in _groups(rows):
+        name, teacher = group
+        frozen = _by(rows, group, "frozen")
+        ours, t = _by(rows, group, HEADLINE_ROW), _by(rows, group, "teacher")
+        where = f"{name}, teacher {teacher}"
+        target = name == "trec" and teacher == "default"
         out += [
-            {"measure": f"static student ({HEADLINE_ROW}) test P@1, teacher {teacher} "
+            {"measure": f"static student ({HEADLINE_ROW}) test P@1, {where} "
                         f"(frozen MiniLM {frozen['p@1']:.3f})", "ours": ours["p@1"],
              "peer name": f"the teacher ({teacher})", "peer": t["p@1"],
              "ratio": f"{ours['share']:.2f} of the lift",
-             "target": f">= {TARGETS['share']:.2f} of the lift" if default else ""},
-            {"measure": f"encode texts/s, 1 thread, static student ({teacher}) vs MiniLM",
+             "target": f">= {TARGETS['share']:.2f} of the lift" if target else ""},
+            {"measure": f"encode texts/s, 1 thread, static student ({where}) vs MiniLM",
              "ours": ours["texts/s 1t"], "peer name": "frozen MiniLM",
              "peer": frozen["texts/s 1t"], "ratio": ours["x MiniLM 1t"],
-             "target": f"ours/peer >= {TARGETS['speed_1t']:.0f}"},
-            {"measure": f"test P@1, static student vs model2vec distill ({teacher})",
-             "ours": ours["p@1"], "peer name": "model2vec distill", "peer": m2v["p@1"],
-             "ratio": ours["p@1"] / m2v["p@1"] if m2v["p@1"] else "", "target": "ours/peer > 1"},
-            {"measure": f"test P@1, static student vs model2vec's own fit ({teacher})",
-             "ours": ours["p@1"], "peer name": "model2vec StaticModelForSimilarity.fit",
-             "peer": fit["p@1"], "ratio": ours["p@1"] / fit["p@1"] if fit["p@1"] else "",
-             "target": "ours/peer > 1"},
-            {"measure": f"static student fit s ({teacher}, {os.cpu_count()} cores)",
-             "ours": ours["fit s"], "peer name": "", "peer": "", "ratio": "",
-             "target": f"<= {TARGETS['fit_s']:.0f}"}]
+             "target": f"ours/peer >= {TARGETS['speed_1t']:.0f}"}]
+        for prefix, peer in (("m2v distill", "model2vec distill"),
+                             ("m2v-fit", "model2vec StaticModelForSimilarity.fit"),
+                             ("bm25", "BM25 (bm25s)"), ("tf-idf", "TF-IDF (scikit-learn)")):
+            other = _by(rows, group, prefix)
+            out.append({"measure": f"test P@1, ours vs {prefix} ({where})",
+                        "ours": ours["p@1"], "peer name": peer, "peer": other["p@1"],
+                        "ratio": ours["p@1"] / other["p@1"] if other["p@1"] else "",
+                        "target": "ours/peer > 1"})
+        out.append({"measure": f"static student fit s ({where}, {os.cpu_count()} cores)",
+                    "ours": ours["fit s"], "peer name": "", "peer": "", "ratio": "",
+                    "target": f"<= {TARGETS['fit_s']:.0f}"})
     return out

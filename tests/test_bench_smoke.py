@@ -187,10 +187,14 @@ def test_query_adapter_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:
     assert installed("bbc") or any(n.startswith("bbc: skipped") for n in got["skipped"])
 
 
-def test_static_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:
-    """bench.static on a 40-text groups set, the tiny BERT as the frozen encoder and a simtune
-    export over it as the teacher: every row scored, ours with and without labels, the
-    peer's fit, speeds against the frozen encoder; our students kept (`--keep`) load."""
+def test_static_runs_tiny(tmp_path: Path, tiny_bert: Path,
+                          capsys: pytest.CaptureFixture[str]) -> None:
+    """bench.static on every set kind, tiny, the tiny BERT as the frozen encoder: trec (a
+    40-text groups set, a simtune export over the tiny BERT as its teacher), bbc (20 articles
+    per label, where installed) and news-pairs (20 pairs), their teachers trained by the real
+    pipeline and exported, then reused when asked again; every row scored, the lexical peers
+    too; our students kept (`--keep`) load."""
+    from bench.long_data import installed
     from simtune import params as P
     from simtune.model import load_model
     from simtune.prepare import stage as prepare
@@ -201,19 +205,45 @@ def test_static_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:
     teacher = _export_teacher(tmp_path, tiny_bert)
     raw = distill_raw(tmp_path, tiny_bert, teacher)
     write(prepare.build(P.validate(raw).prepare), tmp_path / "prepared", tmp_path / "p.json")
-    got = _bench(tmp_path, "static", "--prepared", str(tmp_path / "prepared"), "--teacher",
-                 f"tiny={teacher}", "--encoder", str(tiny_bert), "--pca", "8", "--epochs", "2",
-                 "--unlabelled", "0", "--peer", "lr1e-3", "--keep", str(tmp_path / "kept"),
+    args = ["--prepared", str(tmp_path / "prepared"), "--teacher", f"tiny={teacher}",
+            "--encoder", str(tiny_bert), "--pca", "8", "--epochs", "2", "--unlabelled", "0",
+            "--peer", "lr1e-3", "--small", "20", "--work", str(tmp_path / "work"),
+            "--teacher-set", "encoders.models.minilm.max_length=32"]
+    got = _bench(tmp_path, "static", *args, "--keep", str(tmp_path / "kept"),
                  "--file-lines", "300")
-    rows = {r["row"].split(" (")[0]: r for r in got["results"]}
-    assert set(rows) == {"frozen MiniLM", "teacher", "m2v distill", "m2v-fit", "ours-distill",
-                         "ours", "ours+labels"}
-    assert all(0 <= r["p@1"] <= 1 and r["texts/s 1t"] > 0 for r in rows.values())
-    assert rows["frozen MiniLM"]["x MiniLM 1t"] == 1.0 and rows["ours"]["fit s"] > 0
-    assert rows["ours"]["epoch"] in range(3) and rows["ours"]["start s"] > 0
-    assert load_model(tmp_path / "kept" / "tiny-ours", "cpu").encode(["a text"]).shape == (1, 32)
-    assert [r["measure"].split(",")[0] for r in got["rows"]][:2] == [
-        "static student (ours+labels) test P@1", "encode texts/s"]
+    bbc = installed("bbc")
+    assert list(got["sets"]) == ["trec", *(["bbc"] if bbc else []), "news-pairs"]
+    assert bbc or any(n.startswith("bbc: skipped") for n in got["skipped"])
+    for name, info in got["sets"].items():
+        rows = {r["row"].split(" (")[0]: r for r in got["results"] if r["set"] == name}
+        assert set(rows) == {"frozen MiniLM", "bm25", "tf-idf", "teacher", "m2v distill",
+                             "m2v-fit", "ours-distill", "ours", "ours+labels"}, name
+        assert all(0 <= r["p@1"] <= 1 and r["texts/s 1t"] > 0 for r in rows.values())
+        assert rows["frozen MiniLM"]["x MiniLM 1t"] == 1.0 and rows["ours"]["fit s"] > 0
+        assert rows["ours"]["epoch"] in range(3) and rows["ours"]["start s"] > 0
+        assert rows["bm25"]["fit s"] > 0 and rows["tf-idf"]["teacher"] == "-"
+        if name != "trec":  # trained by the pipeline (auto: the whole tiny encoder here)
+            assert info["teacher"]["mode"] == "full" and not info["teacher"]["reused"]
+            assert rows["teacher"]["p@1"] == pytest.approx(info["teacher"]["teacher_p@1"])
+            assert got["headline"][name]["ours_labels"]["p@1"] == rows["ours+labels"]["p@1"]
+    assert got["sets"]["news-pairs"]["kind"] == "pairs"
+    assert any("news-pairs: no ours+texts" in n for n in got["skipped"])
+    kept = tmp_path / "kept" / "news-pairs-auto (full)-ours+labels"
+    assert load_model(kept, "cpu").encode(["a text"], role="document").shape == (1, 32)
+    assert load_model(tmp_path / "kept" / "trec-tiny-ours", "cpu").encode(["a"]).shape == (1, 32)
+    measures = [r["measure"] for r in got["rows"]]
+    assert measures[0].startswith("static student (ours+labels) test P@1, trec, teacher tiny")
+    assert any(m.startswith("test P@1, ours vs bm25 (news-pairs") for m in measures)
+    assert any(m.startswith("test P@1, ours vs tf-idf (trec") for m in measures)
     run = got["encode_file"]
     assert run["lines"] == 300 and run["peak_mb"] > 0
     assert run["output_mb"] == pytest.approx(300 * 32 * 4 / 2**20, abs=0.01)  # + the header
+    # a rerun reuses the trained teacher (same set, params and overrides): no training
+    from bench.static_teacher import teacher as trained
+
+    folder = got["sets"]["news-pairs"]["teacher"]["folder"]
+    again = trained("news-pairs", tmp_path / "work", [("encoders.models.minilm.max_length", 32)],
+                    str(tiny_bert), 20)
+    assert again["info"]["reused"] and str(again["export"]) == folder
+    assert capsys.readouterr().out.strip() == f"teacher reused: {Path(folder).parent}"
+    assert again["info"]["teacher_p@1"] == got["sets"]["news-pairs"]["teacher"]["teacher_p@1"]

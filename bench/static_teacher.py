@@ -1,0 +1,108 @@
+"""bench.static's teachers for the sets it prepares itself (bbc, news-pairs): the set prepared
+whole and split as bench.small_data splits it, the teacher trained by the real pipeline as
+bench.small_data's `pipeline` trains it, exported by the export stage's own function.
+
+- Data: `bench.small_data.records` of the set, written as a file for `prepare.source: file` and
+  prepared whole by the prepare stage's code; `bench.small_data_split`'s fixed held-out test
+  set, and the whole rest to train with a ninth to validation (`size=None`, seed 1).
+- Teacher: params.yaml as shipped (`train.mode: auto`; the mode auto chose is recorded), with
+  the `overrides` given (`--teacher-set`, e.g. a limit on the top layers' epochs), MiniLM (or
+  `model`) as the encoder: cache fill, train, evaluate (`bench.small_data.pipeline`), then
+  `simtune.export.stage.export` into `export/`.
+- Kept under `work/<set>-<key>/` (key: the set, `small`, the model, and a hash of params.yaml's
+  train, encoders and cache sections with the overrides), with its own store (`work/store`):
+  a rerun finds `teacher.json` there and reuses the export ("teacher reused: <folder>").
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = 1  # the draw's seed (bench.small_data's first) and the teacher's train.seed
+
+
+def key(name: str, raw: dict[str, Any], overrides: list[tuple[str, Any]], model: str,
+        small: int) -> str:
+    """`<set>-<hash>`: what decides the teacher (module docstring), nothing of the checkout."""
+    what = {"set": name, "small": small, "model": model, "overrides": overrides,
+            **{s: raw[s] for s in ("train", "encoders", "cache")}}
+    digest = hashlib.blake2b(json.dumps(what, sort_keys=True, default=str).encode(),
+                             digest_size=6).hexdigest()
+    return f"{name}{f'-small{small}' if small else ''}-{digest}"
+
+
+def _records(name: str, small: int) -> list[tuple[str, str]]:
+    """The set's records; `small` > 0: that many per label (groups) or pairs, in file order."""
+    from bench.small_data import PAIR_SETS, records
+
+    rows = records(name)
+    if not small:
+        return rows
+    if name in PAIR_SETS:
+        return rows[:small]
+    seen: dict[str, int] = {}
+    out = []
+    for text, label in rows:
+        if seen.get(label, 0) < small:
+            seen[label] = seen.get(label, 0) + 1
+            out.append((text, label))
+    return out
+
+
+def teacher(name: str, work: Path, overrides: list[tuple[str, Any]], model: str = "",
+            small: int = 0) -> dict[str, Any]:
+    """The set's prepared folder and trained teacher export (module docstring), trained now or
+    reused: {"prepared", "export", "info"} (info: the mode auto chose and why, the teacher's
+    and the frozen encoder's test P@1 from evaluate, seconds, `reused`)."""
+    from bench import small_data as bsd
+    from bench import small_data_split as split
+    from simtune import params as P
+    from simtune.export.model_card import CardInputs, read_report
+    from simtune.export.stage import export
+    from simtune.prepare import stage as prepare
+
+    raw = bsd.base_params()
+    folder = work / key(name, raw, overrides, model, small)
+    done = folder / "teacher.json"
+    if done.is_file() and (folder / "export").is_dir() and (folder / "prepared").is_dir():
+        print(f"teacher reused: {folder}", flush=True)
+        info = {**json.loads(done.read_text()), "reused": True}
+        return {"prepared": folder / "prepared", "export": folder / "export", "info": info}
+    if folder.exists():  # a run killed half-way: start it again
+        shutil.rmtree(folder)
+    kind = "pairs" if name in bsd.PAIR_SETS else "groups"
+    args = argparse.Namespace(model=model, max_length=0, set=overrides)
+    data = bsd.write_data(_records(name, small), kind, folder / "all.jsonl")
+    p = P.validate(bsd.run_params(raw, data, kind, work / "store", SEED, "default", args))
+    t0 = time.perf_counter()
+    full = prepare.build(p.prepare)
+    by = split.strata(full)
+    test = split.held_out(by)
+    split.write_subset(full, split.draw(by, test, None, SEED, kind), folder / "prepared",
+                       folder / "prepare.json")
+    run = folder / "run"
+    vectors_s = bsd.fill_vectors(p, folder / "prepared", run / "cache")
+    got = bsd.pipeline(p, folder / "prepared", run / "cache", run)
+    export(run / "model", folder / "export.tmp",
+           CardInputs(p, read_report(folder / "prepare.json"), read_report(run / "evaluate.json")))
+    (folder / "export.tmp").rename(folder / "export")
+    info = {"set": name, "kind": kind, "mode": got["mode"], "mode_reason": got["mode_reason"],
+            "teacher_p@1": got["trained"], "frozen_p@1": got["frozen"],
+            "kept_epoch": got["kept_epoch"], "epochs": got["epochs"],
+            "fill_s": vectors_s + got["fill_s"], "train_s": got["train_s"],
+            "seconds": time.perf_counter() - t0, "overrides": overrides,
+            "test_keys": len(test), "test_digest": split.digest(test),
+            "examples": json.loads((folder / "prepare.json").read_text()).get("examples")}
+    shutil.rmtree(run / "cache", ignore_errors=True)  # the vectors live in work/store
+    done.write_text(json.dumps(info, indent=2) + "\n")
+    print(f"{name}: teacher trained ({got['mode']}, test P@1 {got['trained']:.3f}, frozen "
+          f"{got['frozen']:.3f}, {info['seconds']:.0f} s): {folder / 'export'}", flush=True)
+    return {"prepared": folder / "prepared", "export": folder / "export",
+            "info": {**info, "reused": False}}
