@@ -31,11 +31,13 @@ Fit texts: groups' train texts; pairs' train queries and documents, each with th
 vector in its role. Every fit runs params.yaml's `train.schedule.static` and `train.loss.
 temperature`, `train.seed`, `train.monitor`. Columns: P@1, MRR@10, "share" (the row's P@1 gain
 over frozen MiniLM / the teacher's), texts/s on 1 thread and on every core (the test texts,
-each in its role; `load_model(folder).encode` for ours), fit s.
+each in its role, the first `--speed-texts` of each; `load_model(folder).encode` for ours),
+fit s.
 
     python -m bench.static [--sets trec,bbc,news-pairs] [--prepared data/prepared]
         [--teacher default=models/export ...] [--work ~/.cache/simtune-bench/static]
-        [--teacher-set train.KEY=VALUE ...] [--unlabelled 4000] [--small 0]
+        [--teacher-set train.KEY=VALUE ...] [--limit news-pairs=1500] [--speed-texts 256]
+        [--unlabelled 4000] [--small 0]
 
 Prints a Markdown table per set and writes bench/static.json.
 """
@@ -201,15 +203,16 @@ def load_set(b: Bench, name: str) -> tuple[sd.SetData, dict[str, Path]] | None:
     if name == "trec":
         teachers = dict(t.split("=", 1) for t in (a.teacher or
                                                    [f"default={ROOT / 'models' / 'export'}"]))
-        s = sd.load(name, a.prepared, a.small)
+        s = sd.load(name, a.prepared, a.small, a.speed_texts)
         info: dict[str, Any] = {"prepared": str(a.prepared)}
     else:
         if why := available(name):
             b.skip(f"{name}: skipped: {why}")
             return None
         model = "" if a.encoder == "minilm" else a.encoder
-        got = teacher(name, a.work, a.teacher_set or [], model, a.small)
-        s = sd.load(name, got["prepared"])
+        got = teacher(name, a.work, a.teacher_set or [], model, a.small,
+                      a.limit.get(name, 0))
+        s = sd.load(name, got["prepared"], speed_texts=a.speed_texts)
         mode = got["info"]["mode"]
         teachers = {f"auto ({mode})": got["export"]}
         info = {"teacher": {**got["info"], "folder": str(got["export"])}}
@@ -235,6 +238,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--teacher-set", action="append", type=_override, metavar="KEY=VALUE",
                     help="bbc, news-pairs: a params.yaml key for the teacher's training "
                     "(repeatable), e.g. train.schedule.top_layers.max_epochs=1")
+    ap.add_argument("--limit", default="", help="bbc, news-pairs: set=N,...: a seeded sample "
+                    "of N records before preparing (a bound on the teacher's training time)")
+    ap.add_argument("--speed-texts", type=int, default=256,
+                    help="the texts/s columns: the first N test texts of each role")
     ap.add_argument("--unlabelled", type=int, default=4000)
     ap.add_argument("--epochs", type=int, default=None,
                     help="max epochs (default: params.yaml's train.schedule.static)")
@@ -261,6 +268,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.label_weight = (schedule["label_weight"] if args.label_weight is None
                          else args.label_weight)
     args.sets = [x for x in args.sets.split(",") if x]
+    try:
+        args.limit = {k: int(v) for k, v in (x.split("=", 1) for x in args.limit.split(",") if x)}
+    except ValueError:
+        ap.error(f"--limit {args.limit}: expected set=N,...")
     if unknown := set(args.sets) - set(SETS):
         ap.error(f"unknown set(s) {sorted(unknown)} (known: {', '.join(SETS)})")
     return args

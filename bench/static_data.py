@@ -85,9 +85,10 @@ def distinct(data: Any, split: str) -> tuple[list[tuple[str, str]], torch.Tensor
     return [(x, "query") for x in queries] + [(x, "document") for x in docs], index
 
 
-def load(name: str, prepared: Path, small: int = 0) -> SetData:
+def load(name: str, prepared: Path, small: int = 0, speed_texts: int = 0) -> SetData:
     """`SetData` of a prepared folder; `small` > 0 keeps that many examples of each split (the
-    smoke test)."""
+    smoke test); `speed_texts` > 0: the speed columns' texts are the first that many test
+    texts of each role."""
     import pyarrow.compute as pc
 
     from simtune import examples
@@ -113,7 +114,8 @@ def load(name: str, prepared: Path, small: int = 0) -> SetData:
     val_fit, _ = distinct(data, "val")
     speed: dict[str, list[str]] = {}
     for text, role in distinct(data, "test")[0]:
-        speed.setdefault(role, []).append(text)
+        if not speed_texts or len(speed.get(role, [])) < speed_texts:
+            speed.setdefault(role, []).append(text)
     return SetData(name, p.kind, data, test, val, fit,
                    data.splits["train"].tensors["labels"] if groups else None, pairs,
                    val_fit, unl, speed)

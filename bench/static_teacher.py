@@ -9,9 +9,12 @@ bench.small_data's `pipeline` trains it, exported by the export stage's own func
   the `overrides` given (`--teacher-set`, e.g. a limit on the top layers' epochs), MiniLM (or
   `model`) as the encoder: cache fill, train, evaluate (`bench.small_data.pipeline`), then
   `simtune.export.stage.export` into `export/`.
-- Kept under `work/<set>-<key>/` (key: the set, `small`, the model, and a hash of params.yaml's
-  train, encoders and cache sections with the overrides), with its own store (`work/store`):
-  a rerun finds `teacher.json` there and reuses the export ("teacher reused: <folder>").
+- `limit` > 0: a seeded sample of that many records first (groups: stratified by label), a
+  bound on the teacher's training time (`--limit`).
+- Kept under `work/<set>-<key>/` (key: the set, `small`, `limit`, the model, and a hash of
+  params.yaml's train, encoders and cache sections with the overrides), with its own store
+  (`work/store`): a rerun finds `teacher.json` there and reuses the export ("teacher
+  reused: <folder>").
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import random
 import shutil
 import time
 from pathlib import Path
@@ -29,20 +33,31 @@ SEED = 1  # the draw's seed (bench.small_data's first) and the teacher's train.s
 
 
 def key(name: str, raw: dict[str, Any], overrides: list[tuple[str, Any]], model: str,
-        small: int) -> str:
+        small: int, limit: int = 0) -> str:
     """`<set>-<hash>`: what decides the teacher (module docstring), nothing of the checkout."""
     what = {"set": name, "small": small, "model": model, "overrides": overrides,
+            **({"limit": limit} if limit else {}),
             **{s: raw[s] for s in ("train", "encoders", "cache")}}
     digest = hashlib.blake2b(json.dumps(what, sort_keys=True, default=str).encode(),
                              digest_size=6).hexdigest()
     return f"{name}{f'-small{small}' if small else ''}-{digest}"
 
 
-def _records(name: str, small: int) -> list[tuple[str, str]]:
-    """The set's records; `small` > 0: that many per label (groups) or pairs, in file order."""
+def _records(name: str, small: int, limit: int = 0) -> list[tuple[str, str]]:
+    """The set's records; `limit` > 0: a seeded sample of that many (groups: each label its
+    share), in file order; `small` > 0: that many per label (groups) or pairs, in file
+    order."""
     from bench.small_data import PAIR_SETS, records
 
     rows = records(name)
+    if limit and limit < len(rows):
+        by: dict[str, list[int]] = {}
+        for i, (_, label) in enumerate(rows):
+            by.setdefault("" if name in PAIR_SETS else label, []).append(i)
+        rng = random.Random(SEED)
+        keep = [i for idx in by.values()
+                for i in rng.sample(idx, round(limit * len(idx) / len(rows)))]
+        rows = [rows[i] for i in sorted(keep)]
     if not small:
         return rows
     if name in PAIR_SETS:
@@ -57,7 +72,7 @@ def _records(name: str, small: int) -> list[tuple[str, str]]:
 
 
 def teacher(name: str, work: Path, overrides: list[tuple[str, Any]], model: str = "",
-            small: int = 0) -> dict[str, Any]:
+            small: int = 0, limit: int = 0) -> dict[str, Any]:
     """The set's prepared folder and trained teacher export (module docstring), trained now or
     reused: {"prepared", "export", "info"} (info: the mode auto chose and why, the teacher's
     and the frozen encoder's test P@1 from evaluate, seconds, `reused`)."""
@@ -69,7 +84,7 @@ def teacher(name: str, work: Path, overrides: list[tuple[str, Any]], model: str 
     from simtune.prepare import stage as prepare
 
     raw = bsd.base_params()
-    folder = work / key(name, raw, overrides, model, small)
+    folder = work / key(name, raw, overrides, model, small, limit)
     done = folder / "teacher.json"
     if done.is_file() and (folder / "export").is_dir() and (folder / "prepared").is_dir():
         print(f"teacher reused: {folder}", flush=True)
@@ -79,7 +94,7 @@ def teacher(name: str, work: Path, overrides: list[tuple[str, Any]], model: str 
         shutil.rmtree(folder)
     kind = "pairs" if name in bsd.PAIR_SETS else "groups"
     args = argparse.Namespace(model=model, max_length=0, set=overrides)
-    data = bsd.write_data(_records(name, small), kind, folder / "all.jsonl")
+    data = bsd.write_data(_records(name, small, limit), kind, folder / "all.jsonl")
     p = P.validate(bsd.run_params(raw, data, kind, work / "store", SEED, "default", args))
     t0 = time.perf_counter()
     full = prepare.build(p.prepare)
@@ -97,7 +112,7 @@ def teacher(name: str, work: Path, overrides: list[tuple[str, Any]], model: str 
             "teacher_p@1": got["trained"], "frozen_p@1": got["frozen"],
             "kept_epoch": got["kept_epoch"], "epochs": got["epochs"],
             "fill_s": vectors_s + got["fill_s"], "train_s": got["train_s"],
-            "seconds": time.perf_counter() - t0, "overrides": overrides,
+            "seconds": time.perf_counter() - t0, "overrides": overrides, "limit": limit,
             "test_keys": len(test), "test_digest": split.digest(test),
             "examples": json.loads((folder / "prepare.json").read_text()).get("examples")}
     shutil.rmtree(run / "cache", ignore_errors=True)  # the vectors live in work/store
