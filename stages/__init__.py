@@ -15,10 +15,10 @@ import typer
 from typer.core import TyperGroup
 
 # command -> the module of `stages` that defines it (as that module's Typer `app`), in pipeline
-# order; `search` and `sweep` are commands, not DVC stages
+# order; `search`, `encode` and `sweep` are commands, not DVC stages
 COMMANDS = {"check": "check", "prepare": "prepare", "cache": "cache", "negatives": "negatives",
             "train": "train", "evaluate": "evaluate", "export": "export", "search": "search",
-            "sweep": "sweep", "compare": "compare"}
+            "encode": "encode", "sweep": "sweep", "compare": "compare"}
 
 
 class _LazyGroup(TyperGroup):

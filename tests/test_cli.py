@@ -53,6 +53,7 @@ PATHS = {
                   "--metrics": "file-opt", "--data-report": "file-opt"},
     ("search",): {"--params": "file-in", "--head": "dir-in", "--prepared": "dir-in",
                   "--cache": "dir-opt"},
+    ("encode",): {"--model": "dir-in", "--out": "file-out"},
     ("sweep",): {"--params": "file-in", "--prepared": "dir-in", "--cache": "dir-in",
                  "--negatives": "dir-opt"},
     ("compare",): {"--params": "file-in"},
@@ -60,11 +61,14 @@ PATHS = {
 # numeric options: values that must be refused (a seed may be any integer); flags need none
 INTS = {("cache", "verify"): {"--sample": ["-1", "abc"], "--seed": ["abc"]},
         ("search",): {"--k": ["0", "-1", "abc"]}, ("cache", "gc"): {"--max-gb": ["-1", "abc"]},
+        ("encode",): {"--batch-size": ["0", "-1", "abc"]},
         ("sweep",): {"--top": ["0", "-1", "abc"], "--trials": ["0", "-1", "abc"]},
         ("compare",): {"--num": ["0", "-1", "abc"], "--width": ["-1", "abc"]}}
 # free-text options (a name): any string is valid there; an empty one is refused by the command
-NAMES = {("sweep",): {"--study"}, ("compare",): {"--rev"}}
-ARGS = {("search",): ["what is the capital"]}  # required arguments
+NAMES = {("sweep",): {"--study"}, ("compare",): {"--rev"},
+         ("encode",): {"--role"}}  # a choice: Typer refuses any other value
+# required arguments (encode's texts file: params.yaml is lines of text)
+ARGS = {("search",): ["what is the capital"], ("encode",): ["params.yaml"]}
 
 
 def _commands(group: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:

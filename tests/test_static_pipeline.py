@@ -169,7 +169,7 @@ def test_search_ranks_with_the_table(project: Path, folder: str) -> None:
     assert first.startswith("1.0000") and first.endswith(text)
 
 
-def test_static_mode_needs_a_teacher_and_groups_data(tmp_path: Path, tiny_bert: Path) -> None:
+def test_static_mode_needs_a_teacher(tmp_path: Path, tiny_bert: Path) -> None:
     raw = static_raw(tmp_path, tiny_bert)
     raw["train"]["distill"]["teacher"] = None
     result = CliRunner().invoke(app, ["cache", "--params", str(write_params(

@@ -166,10 +166,12 @@ def load(directory: Path) -> tuple[StaticEncoder, StaticConfig]:
 
 
 def encode_file(model: object, texts: Path, out: Path, batch_size: int = 4096,
-                progress: bool = True) -> int:
+                progress: bool = True, role: str = "query") -> int:
     """Embed every line of the UTF-8 file `texts` (one text a line) with `model` (anything
-    with `encode(texts, batch_size, role, progress) -> (n, D)`: `load_model`'s `Model`) into
-    the float32 .npy `out`, row i = line i; returns the number of rows. Streams: the lines are
+    with `encode(texts, batch_size, role, progress) -> (n, D)` and `encode_corpus` (same
+    arguments): `load_model`'s `Model`) into the float32 .npy `out`, row i = line i, as
+    `role`'s texts (`query`: `encode`; `document`: `encode_corpus`, the document prompt, and
+    a query-side head's frozen documents); returns the number of rows. Streams: the lines are
     counted, the .npy header written, then `batch_size` lines at a time are read, embedded and
     appended (plain writes, not a memory map, whose dirty pages would count against the
     process until flushed), so memory stays one batch whatever the file's size; `out` appears
@@ -186,11 +188,14 @@ def encode_file(model: object, texts: Path, out: Path, batch_size: int = 4096,
     import numpy as np
 
     texts, out = Path(texts), Path(out)
+    if role not in ("query", "document"):
+        raise UserError(f"role: '{role}' is not a role (query or document)")
+    embed = model.encode if role == "query" else model.encode_corpus  # type: ignore[attr-defined]
     if not texts.is_file():
         raise UserError(f"{texts}: no such file of texts (one text a line)")
     with texts.open("rb") as f:
         n = sum(1 for _ in f)
-    dim = int(model.encode(["dim"], 1).shape[1])  # type: ignore[attr-defined]
+    dim = int(embed(["dim"], 1, role).shape[1])
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-", suffix=".npy", dir=out.parent)
     try:
         with os.fdopen(fd, "wb") as sink, texts.open(encoding="utf-8", errors="strict",
@@ -201,7 +206,7 @@ def encode_file(model: object, texts: Path, out: Path, batch_size: int = 4096,
             rows, batch = 0, []
 
             def flush() -> None:
-                got = model.encode(batch, batch_size)  # type: ignore[attr-defined]
+                got = embed(batch, batch_size, role)
                 sink.write(np.ascontiguousarray(got.numpy(), dtype="<f4").tobytes())
                 bar.update(len(batch))
 

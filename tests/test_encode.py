@@ -1,0 +1,83 @@
+"""`simtune encode`: a file of texts (one a line) into a .npy of the model's vectors, row i =
+line i, with the user's files left alone: an existing output is replaced only when asked, the
+texts file never, and a refusal writes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from simtune import static
+from simtune.model import load_model
+from simtune.train import static_init
+from stages import app
+from tests.conftest import WORDS
+
+TEXTS = [f"{a} {b}" for a, b in zip(WORDS, WORDS[5:] + WORDS[:5], strict=True)]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A static model folder: model2vec's distill of a tiny random BERT (8 dims)."""
+    from tests.conftest import save_tiny_bert
+
+    root = tmp_path_factory.mktemp("encode")
+    init = static_init.distilled_init(save_tiny_bert(root / "bert"), 8, None)
+    static.write(root / "static", init.tokenizer, init.weight, None)
+    return root / "static"
+
+
+def _encode(*args: object) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, ["encode", *(str(a) for a in args)])
+    assert "Traceback" not in result.output
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_rows_are_the_lines_vectors(model: Path, tmp_path: Path) -> None:
+    (tmp_path / "docs.txt").write_text("\n".join(TEXTS) + "\n")
+    code, out, _ = _encode(tmp_path / "docs.txt", "--model", model, "--batch-size", 3)
+    assert code == 0 and out.strip() == f"{len(TEXTS)} texts -> {tmp_path / 'docs.npy'}"
+    got = torch.from_numpy(np.load(tmp_path / "docs.npy"))
+    want = load_model(model, "cpu").encode(TEXTS)
+    assert got.shape == want.shape and float((got - want).abs().max()) < 1e-6
+    # a static model has no prompts: the document role gives the same rows
+    code, _, _ = _encode(tmp_path / "docs.txt", "--model", model, "--role", "document",
+                         "--out", tmp_path / "d.npy")
+    assert code == 0 and np.array_equal(np.load(tmp_path / "d.npy"), got.numpy())
+
+
+@pytest.mark.parametrize(("out", "reason"), [
+    ("docs.npy", "{out}: exists; pass --overwrite to replace it"),
+    ("docs.txt", "{out}: the output is a .npy file; name it *.npy"),
+    ("vectors.bin", "{out}: the output is a .npy file; name it *.npy"),
+    ("missing/v.npy", "{parent}: no such folder for the output"),
+])
+def test_a_refusal_names_the_path_and_touches_nothing(model: Path, tmp_path: Path, out: str,
+                                                      reason: str) -> None:
+    (tmp_path / "docs.txt").write_text("\n".join(TEXTS) + "\n")
+    (tmp_path / "docs.npy").write_bytes(b"the user's own file")
+    before = {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    code, _, err = _encode(tmp_path / "docs.txt", "--model", model, "--out", tmp_path / out)
+    target = tmp_path / out
+    assert code == 1 and err.strip().splitlines()[-1] == "error: " + reason.format(
+        out=target, parent=target.parent)
+    assert {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+
+
+def test_overwrite_replaces_only_when_asked(model: Path, tmp_path: Path) -> None:
+    (tmp_path / "docs.txt").write_text("\n".join(TEXTS[:4]) + "\n")
+    (tmp_path / "docs.npy").write_bytes(b"the user's own file")
+    code, _, _ = _encode(tmp_path / "docs.txt", "--model", model, "--overwrite")
+    assert code == 0 and np.load(tmp_path / "docs.npy").shape == (4, 8)
+
+
+def test_texts_that_are_not_utf8_leave_no_output(model: Path, tmp_path: Path) -> None:
+    (tmp_path / "docs.txt").write_bytes(b"the city\n" + b"\xff\xfe river\n")
+    code, _, err = _encode(tmp_path / "docs.txt", "--model", model)
+    assert code == 1 and err.strip().splitlines()[-1].startswith(
+        f"error: {tmp_path / 'docs.txt'}: not UTF-8 text")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.txt"]
