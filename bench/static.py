@@ -27,6 +27,7 @@ test texts against the train texts; pairs: the test queries against every docume
               the train pairs (the pipeline's default)
   ours+texts  ours (+ labels) with `--unlabelled` news titles and sentences added as unlabelled
               texts (their teacher vectors only); groups sets only
+  ours+texts+labels xN  the same with N news texts, each N of `--curve` (the growth curve)
 Fit texts: groups' train texts; pairs' train queries and documents, each with the teacher's
 vector in its role. Every fit runs params.yaml's `train.schedule.static` and `train.loss.
 temperature`, `train.seed`, `train.monitor`. Columns: P@1, MRR@10, "share" (the row's P@1 gain
@@ -37,7 +38,7 @@ fit s.
     python -m bench.static [--sets trec,bbc,news-pairs] [--prepared data/prepared]
         [--teacher default=models/export ...] [--work ~/.cache/simtune-bench/static]
         [--teacher-set train.KEY=VALUE ...] [--limit news-pairs=1500] [--speed-texts 256]
-        [--unlabelled 4000] [--small 0]
+        [--unlabelled 4000] [--curve 1000,16000,64000] [--small 0]
 
 Prints a Markdown table per set and writes bench/static.json.
 """
@@ -127,8 +128,10 @@ class Bench:
 
         for r in lexical(s, self.threads):
             self.rows.append({"set": s.name, "teacher": "-", **r})
-        extra = s.unlabelled + news_texts(a.unlabelled) if (
-            a.unlabelled and s.kind == "groups") else s.unlabelled
+        groups = s.kind == "groups"
+        most = max([a.unlabelled, *a.curve]) if groups else 0
+        every = s.unlabelled + news_texts(most) if most else s.unlabelled
+        extra = every[: len(s.unlabelled) + a.unlabelled] if groups else s.unlabelled
         if s.kind != "groups":
             self.skip(f"{s.name}: no ours+texts rows (unlabelled texts are for groups sets)")
         lifts: dict[str, float] = {}
@@ -143,7 +146,7 @@ class Bench:
             self.row(s, tname, f"m2v distill (PCA {a.pca})", lambda t, r, m=m: m.encode(t, 1024),
                      self.init_s)
             target = tmemo.of(s.fit)
-            t_extra = tmemo(extra, "query") if extra else torch.empty(0, target.shape[1])
+            t_every = tmemo(every, "query") if every else torch.empty(0, target.shape[1])
             peer = m2v_fit(s, self.tmp / "m2v-own", target, tmemo.of(s.val_fit),
                            peer_settings(a.peer), a.epochs)
             self.row(s, tname, "m2v-fit (its best: " + str(peer["setting"]) + ")",
@@ -152,15 +155,19 @@ class Bench:
             start = static_init.teacher_init(ExportEncoder(teacher, tname), Path(tpath),
                                              self.store)
             start_s = time.perf_counter() - t0
+            # the growth curve: the default student + N unlabelled texts (groups sets)
+            curve = [(f"ours+texts+labels x{n}", a.label_weight,
+                      every[: len(s.unlabelled) + n], start) for n in a.curve if groups]
             for name, lw, ex, table_ in (
                     ("ours-distill", a.label_weight, s.unlabelled, self.init),
                     ("ours", 0.0, s.unlabelled, start),
                     ("ours+labels", a.label_weight, s.unlabelled, start),
                     ("ours+texts", 0.0, extra, start),
-                    ("ours+texts+labels", a.label_weight, extra, start)):
-                if name.startswith("ours+texts") and (not a.unlabelled or s.kind != "groups"):
+                    ("ours+texts+labels", a.label_weight, extra, start), *curve):
+                if name in ("ours+texts", "ours+texts+labels") and (not a.unlabelled
+                                                                     or not groups):
                     continue
-                fit_target = torch.cat([target, t_extra[:len(ex)]]) if ex else target
+                fit_target = torch.cat([target, t_every[:len(ex)]]) if ex else target
                 out = self.tmp / f"{s.name}-{tname}-{name}"
                 got = ours(s, table_, fit_target, ex, lw, a.epochs, out, lsq=table_ is self.init)
                 m = load_model(got["folder"], "cpu")
@@ -242,7 +249,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     "of N records before preparing (a bound on the teacher's training time)")
     ap.add_argument("--speed-texts", type=int, default=256,
                     help="the texts/s columns: the first N test texts of each role")
-    ap.add_argument("--unlabelled", type=int, default=4000)
+    ap.add_argument("--unlabelled", type=int, default=4000,
+                    help="groups sets: the news texts the ours+texts rows add")
+    ap.add_argument("--curve", default="",
+                    help="groups sets: N,...: an ours+texts+labels row with each N news texts "
+                    "(how the share grows with unlabelled texts), e.g. 1000,16000,64000")
     ap.add_argument("--epochs", type=int, default=None,
                     help="max epochs (default: params.yaml's train.schedule.static)")
     ap.add_argument("--label-weight", type=float, default=None,
@@ -268,6 +279,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.label_weight = (schedule["label_weight"] if args.label_weight is None
                          else args.label_weight)
     args.sets = [x for x in args.sets.split(",") if x]
+    try:
+        args.curve = [int(x) for x in args.curve.split(",") if x]
+    except ValueError:
+        ap.error(f"--curve {args.curve}: expected N,...")
     try:
         args.limit = {k: int(v) for k, v in (x.split("=", 1) for x in args.limit.split(",") if x)}
     except ValueError:

@@ -207,6 +207,7 @@ def test_static_runs_tiny(tmp_path: Path, tiny_bert: Path,
     write(prepare.build(P.validate(raw).prepare), tmp_path / "prepared", tmp_path / "p.json")
     args = ["--prepared", str(tmp_path / "prepared"), "--teacher", f"tiny={teacher}",
             "--encoder", str(tiny_bert), "--pca", "8", "--epochs", "2", "--unlabelled", "0",
+            "--curve", "3",
             "--peer", "lr1e-3", "--small", "20", "--work", str(tmp_path / "work"),
             "--teacher-set", "encoders.models.minilm.max_length=32"]
     got = _bench(tmp_path, "static", *args, "--keep", str(tmp_path / "kept"),
@@ -216,8 +217,13 @@ def test_static_runs_tiny(tmp_path: Path, tiny_bert: Path,
     assert bbc or any(n.startswith("bbc: skipped") for n in got["skipped"])
     for name, info in got["sets"].items():
         rows = {r["row"].split(" (")[0]: r for r in got["results"] if r["set"] == name}
+        curve = {"ours+texts+labels x3"} if info["kind"] == "groups" else set()
         assert set(rows) == {"frozen MiniLM", "bm25", "tf-idf", "teacher", "m2v distill",
-                             "m2v-fit", "ours-distill", "ours", "ours+labels"}, name
+                             "m2v-fit", "ours-distill", "ours", "ours+labels", *curve}, name
+        if curve:  # the growth curve's row: 3 news texts more than the default student's
+            counts = [int(rows[r]["row"].split("(")[1].split()[0])
+                      for r in ("ours+texts+labels x3", "ours+labels")]
+            assert counts[0] == counts[1] + 3
         assert all(0 <= r["p@1"] <= 1 and r["texts/s 1t"] > 0 for r in rows.values())
         assert rows["frozen MiniLM"]["x MiniLM 1t"] == 1.0 and rows["ours"]["fit s"] > 0
         assert rows["ours"]["epoch"] in range(3) and rows["ours"]["start s"] > 0
