@@ -6,8 +6,8 @@ pairs' documents: document, as the cache fill and the export embed them).
 - groups: the test texts rank the train texts (`evaluate.corpus: train`); validation: the val
   texts against the train texts. Fit texts: the train texts (labels) + unlabelled ones.
 - pairs: each distinct test query ranks every document of every split (evaluate's task, graded
-  gains when any score is not 1); validation: the val queries against the val documents (the
-  train stage's `validation_task` for a symmetric model, what the static mode validates on).
+  gains when any score is not 1); validation: the val queries against the train and val
+  documents (`known`: what the static mode validates pairs on, `static_run._validation_task`).
   Fit texts: the train split's distinct queries, then its distinct documents; `pairs` (P, 2)
   the (query, document) indices into them.
 """
@@ -95,7 +95,6 @@ def load(name: str, prepared: Path, small: int = 0, speed_texts: int = 0) -> Set
     from simtune import examples
     from simtune.prepare import prepared as prep
     from simtune.retrieval.task import retrieval_task
-    from simtune.train.validation import validation_task
 
     p = prep.load(prepared)
     ex = p.examples
@@ -111,7 +110,7 @@ def load(name: str, prepared: Path, small: int = 0, speed_texts: int = 0) -> Set
            .column("text_id").to_pylist()] if groups else []
     test = retrieval_task(data, "test", "train") if groups else retrieval_task(
         data, "test", "all", "graded")
-    val = validation_task(data, "both", "train")  # the train stage's (static: symmetric)
+    val = retrieval_task(data, "val", "train" if groups else "known")  # the static mode's
     fit, pairs = distinct(data, "train")
     val_fit, _ = distinct(data, "val")
     speed: dict[str, list[str]] = {}

@@ -2,7 +2,7 @@
 view of the queries and its document view of the documents (its two prompts differ here),
 the fit's texts are the train split's queries then documents, each taught its own role's
 teacher vector, the MNRL term pairs them, and the kept epoch's validation metrics are what the
-saved table scores on the same task."""
+saved table scores on the same task (the val queries against every known document)."""
 
 from __future__ import annotations
 
@@ -117,8 +117,8 @@ def test_train_on_pairs_keeps_what_the_saved_table_scores(project: tuple[Path, P
     report = static_run.run(t, p.encoders, p.cache, p.evaluate.corpus, root / "prepared",
                             root / "cache", root / "head", root / "train.json")
     assert report["texts"] == {"train": N, "unlabelled": 0, "pairs": N // 2}
-    # the kept epoch's metrics are the saved table's on the validation task (queries against
-    # the val documents), each side embedded from its text by the served model
+    # the kept epoch's metrics are the saved table's on the validation task (the val queries
+    # against the train and val documents), each side embedded from its text by the served model
     q_table, d_table = open_pair(root / "cache", p.encoders, p.cache, "pairs", placed=False)
     prepared = load_prepared(root / "prepared")
     data = examples.load("pairs", prepared.examples, q_table, d_table)
@@ -128,14 +128,14 @@ def test_train_on_pairs_keeps_what_the_saved_table_scores(project: tuple[Path, P
     def vectors(rows: torch.Tensor, role: str) -> torch.Tensor:
         ids = data.row_ids["doc" if role == "doc" else "query"]
         return model.encode([texts[ids[r]] for r in rows.tolist()])
-    task = retrieval_task(data, "val", "split")
+    task = retrieval_task(data, "val", "known")
     got = task.score(by_rows(vectors), KS).metrics
     assert got["mrr@10"] == pytest.approx(report["best_val"]["val/mrr@10"], abs=1e-6)
     # the teacher's validation metrics are its two cached views' on the same task
     t_q, t_d = open_roles(root / "cache", "teacher", p.encoders.models["teacher"], p.cache,
                           "pairs", placed=False)
     t_data = examples.load("pairs", prepared.examples, t_q, t_d)
-    teacher = retrieval_task(t_data, "val", "split").score(
+    teacher = retrieval_task(t_data, "val", "known").score(
         by_rows(lambda rows, role: (t_d if role == "doc" else t_q).vectors[rows].float()), KS)
     assert report["teacher_val"]["val/mrr@10"] == pytest.approx(teacher.metrics["mrr@10"])
 
