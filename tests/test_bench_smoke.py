@@ -207,7 +207,7 @@ def test_static_runs_tiny(tmp_path: Path, tiny_bert: Path,
     write(prepare.build(P.validate(raw).prepare), tmp_path / "prepared", tmp_path / "p.json")
     args = ["--prepared", str(tmp_path / "prepared"), "--teacher", f"tiny={teacher}",
             "--encoder", str(tiny_bert), "--pca", "8", "--epochs", "2", "--unlabelled", "0",
-            "--curve", "3",
+            "--curve", "3", "--speed-seconds", "0",
             "--peer", "lr1e-3", "--small", "20", "--work", str(tmp_path / "work"),
             "--teacher-set", "encoders.models.minilm.max_length=32"]
     got = _bench(tmp_path, "static", *args, "--keep", str(tmp_path / "kept"),
