@@ -70,11 +70,13 @@ def test_the_commands_page_lists_every_command_of_the_app(site: Path) -> None:
     sections = page_sections(site)
     assert list(sections) == list(app_commands())
     assert list(sections) == ["check", "prepare", "cache", "cache verify", "cache gc", "negatives",
-                              "train", "evaluate", "export", "search", "sweep", "compare"]
+                              "train", "evaluate", "export", "search", "encode", "sweep",
+                              "compare"]
     # each command's help, from the code (a docstring or Typer's help=)
     assert "exit 1 on any problem" in sections["cache verify"]
     assert "Run by the DVC stage <code>train</code>" in sections["train"]
     assert "Not a DVC stage" in sections["sweep"] and "Not a DVC stage" in sections["compare"]
+    assert "Not a DVC stage" in sections["encode"]
     # every option of every command, in click's order, `--help` left out
     for words, (command, ctx) in app_commands().items():
         options = [r[0].split(" <")[0] for r in option_rows(sections[words])]
