@@ -11,8 +11,9 @@ bench.small_data's `pipeline` trains it, exported by the export stage's own func
   `simtune.export.stage.export` into `export/`.
 - `limit` > 0: a seeded sample of that many records first (groups: stratified by label), a
   bound on the teacher's training time (`--limit`).
-- Kept under `work/<set>-<key>/` (key: the set, `small`, `limit`, the model, and a hash of
-  params.yaml's train, encoders and cache sections with the overrides), with its own store
+- Kept under `work/<set>-<key>/` (key: the set, `small`, `limit`, the model, a hash of the
+  records it trains on and of params.yaml's train, encoders and cache sections with the
+  overrides), with its own store
   (`work/store`): a rerun finds `teacher.json` there and reuses the export ("teacher
   reused: <folder>").
 """
@@ -33,10 +34,12 @@ SEED = 1  # the draw's seed (bench.small_data's first) and the teacher's train.s
 
 
 def key(name: str, raw: dict[str, Any], overrides: list[tuple[str, Any]], model: str,
-        small: int, limit: int = 0) -> str:
-    """`<set>-<hash>`: what decides the teacher (module docstring), nothing of the checkout."""
+        small: int, rows: list[tuple[str, str]], limit: int = 0) -> str:
+    """`<set>-<hash>`: what decides the teacher (module docstring), nothing of the checkout;
+    `rows`, the records it trains on, are hashed too, so a changed sample is a new teacher."""
     what = {"set": name, "small": small, "model": model, "overrides": overrides,
             **({"limit": limit} if limit else {}),
+            "records": hashlib.blake2b(json.dumps(rows).encode(), digest_size=8).hexdigest(),
             **{s: raw[s] for s in ("train", "encoders", "cache")}}
     digest = hashlib.blake2b(json.dumps(what, sort_keys=True, default=str).encode(),
                              digest_size=6).hexdigest()
@@ -54,9 +57,15 @@ def _records(name: str, small: int, limit: int = 0) -> list[tuple[str, str]]:
         by: dict[str, list[int]] = {}
         for i, (_, label) in enumerate(rows):
             by.setdefault("" if name in PAIR_SETS else label, []).append(i)
+        # each label's share of `limit`, by largest remainder: exactly `limit` in all (plain
+        # rounding gave 99 of 100 on TREC coarse)
+        exact = {lab: limit * len(idx) / len(rows) for lab, idx in by.items()}
+        count = {lab: int(x) for lab, x in exact.items()}
+        for lab in sorted(exact, key=lambda lab: count[lab] - exact[lab])[
+                :limit - sum(count.values())]:
+            count[lab] += 1
         rng = random.Random(SEED)
-        keep = [i for idx in by.values()
-                for i in rng.sample(idx, round(limit * len(idx) / len(rows)))]
+        keep = [i for lab, idx in by.items() for i in rng.sample(idx, count[lab])]
         rows = [rows[i] for i in sorted(keep)]
     if not small:
         return rows
@@ -84,7 +93,8 @@ def teacher(name: str, work: Path, overrides: list[tuple[str, Any]], model: str 
     from simtune.prepare import stage as prepare
 
     raw = bsd.base_params()
-    folder = work / key(name, raw, overrides, model, small, limit)
+    rows = _records(name, small, limit)
+    folder = work / key(name, raw, overrides, model, small, rows, limit)
     done = folder / "teacher.json"
     if done.is_file() and (folder / "export").is_dir() and (folder / "prepared").is_dir():
         print(f"teacher reused: {folder}", flush=True)
@@ -94,7 +104,7 @@ def teacher(name: str, work: Path, overrides: list[tuple[str, Any]], model: str 
         shutil.rmtree(folder)
     kind = "pairs" if name in bsd.PAIR_SETS else "groups"
     args = argparse.Namespace(model=model, max_length=0, set=overrides)
-    data = bsd.write_data(_records(name, small, limit), kind, folder / "all.jsonl")
+    data = bsd.write_data(rows, kind, folder / "all.jsonl")
     p = P.validate(bsd.run_params(raw, data, kind, work / "store", SEED, "default", args))
     t0 = time.perf_counter()
     full = prepare.build(p.prepare)

