@@ -72,7 +72,8 @@ def run(t: TrainParams, enc: EncodersParams, cache: CacheParams, corpus: str,
             raise UserError(f"{prepared_dir}: the {name} split is empty")
     texts = prepared.text_map()
     init = start_table(s.init, s.pca_dims, enc, teacher, store.root(cache.store))
-    rows = fit_rows(prepared.kind, prepared.examples, *t_views)
+    rows = fit_rows(prepared.kind, prepared.examples, *t_views,
+                    train_labels=data.splits["train"].tensors.get("labels"))
     tokens = st.Tokens.of(init, [texts[i] for i in rows.ids])
     task = _validation_task(data, corpus)
     validate, frozen_val, teacher_val = _validation(task, init, data, texts, (q_table, d_table),
@@ -137,25 +138,25 @@ class FitRows:
     unlabelled: int
 
 
-def fit_rows(kind: str, ex: pa.Table, t_query: Any, t_doc: Any) -> FitRows:
+def fit_rows(kind: str, ex: pa.Table, t_query: Any, t_doc: Any,
+             train_labels: torch.Tensor | None = None) -> FitRows:
     """The fit's texts of the prepared examples `ex` (`FitRows`). Groups: the train split's
     texts, then every unlabelled one (`prepare.file.kind: texts`). Pairs: the train split's
     distinct queries, then its distinct documents, then the corpus-only documents (a BEIR
     corpus: what search will rank, unlabelled); the validation and test texts never. The
     targets come from the teacher's query view `t_query` (queries, groups' texts) and
-    document view `t_doc` (documents)."""
+    document view `t_doc` (documents); `train_labels` (groups): the train split's class
+    indices, in `ex`'s order (`examples.load`'s)."""
     col = ex.to_pydict()
     split = col["split"]
     if kind == "groups":
         train = [i for i, sp in zip(col["text_id"], split, strict=True) if sp == "train"]
         extra = [i for i, sp in zip(col["text_id"], split, strict=True) if sp == UNLABELLED]
-        classes = {lab: n for n, lab in enumerate(sorted({x for x in col["label"]
-                                                          if x is not None}))}
-        labels = [classes[lab] for lab, sp in zip(col["label"], split, strict=True)
-                  if sp == "train"] + [-1] * len(extra)
+        assert train_labels is not None and len(train_labels) == len(train)
+        labels = torch.cat([train_labels, torch.full((len(extra),), -1, dtype=torch.long)])
         ids = train + extra
-        return FitRows(ids, t_query.vectors[t_query.index(ids)].float(),
-                       torch.tensor(labels, dtype=torch.long), None, len(train), len(extra))
+        return FitRows(ids, t_query.vectors[t_query.index(ids)].float(), labels, None,
+                       len(train), len(extra))
     train = [n for n, sp in enumerate(split) if sp == "train"]
     queries = list(dict.fromkeys(col["query_id"][n] for n in train))
     docs = list(dict.fromkeys(col["doc_id"][n] for n in train))
