@@ -67,9 +67,12 @@ def test_an_edit_while_train_runs_under_dvc_fails_the_stage_and_records_nothing(
     fix it recorded the new value beside a model trained on the old one); the next `dvc
     repro` runs train on the new value."""
     project, _, params, _ = _baseline_copy(pipeline_baseline, tmp_path)
-    # a train key: the check stage reruns, then train (and what follows), not cache
+    # a train key: the check stage reruns, then train (and what follows), not cache. The
+    # baseline's one epoch ends within a second of the stage's first log line, and under a
+    # loaded CI the edit came after it (evaluate refused instead); 300 epochs that cannot
+    # stop early hold the stage open for several seconds after that line
     raw = yaml.safe_load(params.read_text())
-    raw["train"]["seed"] += 1
+    raw["train"]["schedule"]["head"].update(max_epochs=300, patience=300)
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
     train_entry = yaml.safe_load((project.path / "dvc.lock").read_text())["stages"]["train"]
     dvc = subprocess.Popen([sys.executable, "-m", "dvc", "repro"], cwd=project.path,
