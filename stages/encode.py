@@ -52,5 +52,7 @@ def encode(
         raise UserError(f"{out}: exists; pass --overwrite to replace it")
     if not out.parent.is_dir():
         raise UserError(f"{out.parent}: no such folder for the output")
+    if not texts.is_file():  # before the model loads (seconds for an encoder)
+        raise UserError(f"{texts}: no such file of texts (one text a line)")
     n = encode_file(load_model(model, "cpu"), texts, out, batch_size, role=role.value)
     print(f"{n} texts -> {out}")

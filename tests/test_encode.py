@@ -81,3 +81,22 @@ def test_texts_that_are_not_utf8_leave_no_output(model: Path, tmp_path: Path) ->
     assert code == 1 and err.strip().splitlines()[-1].startswith(
         f"error: {tmp_path / 'docs.txt'}: not UTF-8 text")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.txt"]
+
+
+def test_a_missing_texts_file_is_named_before_the_model_loads(model: Path,
+                                                              tmp_path: Path) -> None:
+    (tmp_path / "not-a-model").mkdir()  # loading it would fail with the model's error
+    code, _, err = _encode(tmp_path / "gone.txt", "--model", tmp_path / "not-a-model")
+    assert code == 1 and err.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'gone.txt'}: no such file of texts (one text a line)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["not-a-model"]
+
+
+def test_a_folder_it_cannot_write_is_named_as_the_user_gave_it(model: Path,
+                                                               tmp_path: Path) -> None:
+    """/proc is a folder no file can be created in (even as root): the error names the
+    output the user gave, not the temp file simtune tried first."""
+    (tmp_path / "docs.txt").write_text("\n".join(TEXTS) + "\n")
+    code, _, err = _encode(tmp_path / "docs.txt", "--model", model, "--out", "/proc/v.npy")
+    assert code == 1 and err.strip().splitlines()[-1] == (
+        "error: /proc/v.npy: cannot write there (No such file or directory)")

@@ -196,7 +196,10 @@ def encode_file(model: object, texts: Path, out: Path, batch_size: int = 4096,
     with texts.open("rb") as f:
         n = sum(1 for _ in f)
     dim = int(embed(["dim"], 1, role).shape[1])
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-", suffix=".npy", dir=out.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-", suffix=".npy", dir=out.parent)
+    except OSError as e:  # the user's path, not the temp file's name they never gave
+        raise UserError(f"{out}: cannot write there ({e.strerror})") from None
     try:
         with os.fdopen(fd, "wb") as sink, texts.open(encoding="utf-8", errors="strict",
                                                        newline="\n") as f, \
