@@ -216,11 +216,11 @@ def _validation(task: RetrievalTask, init: static.StaticEncoder, data: Data,
     (epoch 0 included), the top 10 on the others."""
     sides = {"query": data.row_ids["query"], "doc": data.row_ids["doc"]}
     parts = [task.queries] + ([task.corpus] if task.corpus is not None else [])
-    needed: dict[str, torch.Tensor] = {}
+    by_side: dict[str, list[torch.Tensor]] = {}
     for items in parts:
         assert items.rows is not None
-        side = _side(items.role)
-        needed[side] = torch.unique(torch.cat([needed.get(side, items.rows), items.rows]))
+        by_side.setdefault(_side(items.role), []).append(items.rows)
+    needed = {side: torch.unique(torch.cat(rows)) for side, rows in by_side.items()}
     tokens = {side: st.Tokens.of(init, [texts[sides[side][r]] for r in rows.tolist()])
               for side, rows in needed.items()}
 
