@@ -19,7 +19,7 @@ Data: TREC (fine labels, the prepare stage's split), `--texts` questions sampled
 layer cache is filled into a fresh store first (not timed here: bench.cache_fill measures it).
 
     python -m bench.epoch [--texts 0] [--layers 2] [--batch 64] [--threads 2] [--epochs 1]
-                          [--repeats 2] [--profile 0] [--model minilm]
+                          [--repeats 2] [--profile 0] [--model minilm] [--max-length 0]
 
 Prints a table and writes bench/epoch.json.
 """
@@ -46,9 +46,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def params_for(work: Path, texts: int, layers: int, batch: int, epochs: int, model: str,
-               store: Path) -> Path:
+               store: Path, max_length: int = 0) -> Path:
     """params.yaml's values with TREC (`texts` sampled, 0: all) as a CSV, the top `layers`
-    layers, `batch`, `epochs` and the fresh `store`; written to `work/params.yaml`."""
+    layers, `batch`, `epochs`, the fresh `store` and the encoder `model` (`max_length`: its
+    window, 0: params.yaml's); written to `work/params.yaml`."""
     from bench.layers import write_data
     from simtune import params as P
 
@@ -60,6 +61,8 @@ def params_for(work: Path, texts: int, layers: int, batch: int, epochs: int, mod
         p["prepare"]["file"].update(path=str(data), format="csv", kind="groups")
         p["prepare"]["file"]["columns"].update(text="text", label="label")
     p["encoders"]["models"]["minilm"]["model"] = model
+    if max_length:
+        p["encoders"]["models"]["minilm"]["max_length"] = max_length
     p["cache"].update(store=str(store), device="cpu")
     t = p["train"]
     t["mode"] = "top_layers"
@@ -211,6 +214,7 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0,
                     help="cProfile this many pipeline steps (first run; 0: off)")
     ap.add_argument("--model", default="minilm", help="encoders.models.minilm.model")
+    ap.add_argument("--max-length", type=int, default=0, help="its max_length (0: params')")
     ap.add_argument("--name", default="epoch", help="results file: bench/<name>.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)  # both sides: the same threads
@@ -218,7 +222,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="simtune-bench-epoch-") as d:
         work = Path(d)
         params = params_for(work, args.texts, args.layers, args.batch, args.epochs,
-                            args.model, work / "store")
+                            args.model, work / "store", args.max_length)
         p, t, data = setup(params, work)
         loops, groups, pipes = [], [], []
         for i in range(args.repeats):

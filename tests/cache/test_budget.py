@@ -50,7 +50,7 @@ def test_auto_takes_the_head_past_the_time_budget_and_the_top_layers_within(
     asked: list[int] = []
     mode, why = modes.choose(t, enc, TEXTS, _speed(at, asked))
     assert mode == "top_layers" and asked == [2]  # the speed of the top 2 layers
-    assert f"run ~4 epochs x 15 s = ~1.0 min <= train.auto.max_minutes 1 on this machine" in why
+    assert "run ~4 epochs x 15 s = ~1.0 min <= train.auto.max_minutes 1 on this machine" in why
     mode, why = modes.choose(t, enc, TEXTS, _speed(60.6 / (4 * total)))
     assert mode == "head"
     assert "= ~1.0 min > train.auto.max_minutes 1 on this machine" in why
