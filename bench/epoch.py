@@ -247,7 +247,8 @@ def main() -> None:
     path = write_results(args.name, {
         "machine": machine(), "command": " ".join(["python -m bench.epoch", *sys.argv[1:]]),
         "texts": n, "layers": args.layers, "batch": t.run.batch_size, "threads": args.threads,
-        "load_1min": load, "cores": os.cpu_count(), "loop": loops, "grouped": groups,
+        "load_1min": load, "cores": os.cpu_count(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "loop": loops, "grouped": groups,
         "pipeline": pipes,
         "profile": profile, "rows": rows})
     print(f"\nwrote {path}")
