@@ -238,7 +238,8 @@ def test_ddp_two_cpu_processes_equal_one_for_the_top_layers(tmp_path: Path, lora
 
 
 def test_epoch_0_validates_from_the_cached_vectors_as_the_top_layers_would(
-        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     """Issue 51: epoch 0 (the frozen encoder) reads the cached vectors instead of running every
     validation text through the untouched top layers: the same vectors (float32 states here,
     2e-5), the same ranking metrics, and one validation pass fewer in the run."""
@@ -276,7 +277,12 @@ def test_epoch_0_validates_from_the_cached_vectors_as_the_top_layers_would(
         return real(self, split, role)
 
     monkeypatch.setattr(represent.CachedStates, "embed_split", counted)
+    caplog.set_level("INFO", logger="simtune.train")
     report = train_stage.run(p, tmp_path / "prepared", tmp_path / "cache", tmp_path / "head",
                              tmp_path / "train.json", None)
     assert report["epochs"] == 1
     assert sorted(calls) == sorted(len(data.splits[s]) for s in ("train", "val"))
+    # the train log's estimate, once, from the first steps (40 texts, batch 8: steps 2-5)
+    (line,) = [r.getMessage() for r in caplog.records if "run estimate" in r.getMessage()]
+    assert line.startswith("run estimate from the first 4 steps (") and "5 steps an epoch" in line
+    assert "~1 epochs x " in line
