@@ -220,18 +220,27 @@ def cached_encoder(data: Data, rep: Any) -> Callable[[Split, str], torch.Tensor]
     evaluate's baseline scores) instead of a forward pass of every validation text through
     the top layers (one validation of the run's epochs + 1). None in the other modes (head:
     its representation is the cache already; full: no cache)."""
-    from simtune.train.represent import ROWS, CachedStates
+    from simtune.train.represent import CachedStates
 
     if not isinstance(rep, CachedStates) or data.q_vectors is None or data.d_vectors is None:
         return None
-    tables = {"doc": data.d_vectors, "neg": data.d_vectors}
+    return _CachedEncoder(data, rep.device).embed_split
 
-    def vectors(sp: Split, role: str) -> torch.Tensor:
-        table = tables.get(role, data.q_vectors)
+
+class _CachedEncoder:
+    """`cached_encoder`'s vectors, a bound method like the representation's `embed_split`
+    (whose `__self__.device` the query-side validator reads)."""
+
+    def __init__(self, data: Data, device: torch.device) -> None:
+        self.data, self.device = data, device
+
+    def embed_split(self, sp: Split, role: str) -> torch.Tensor:
+        from simtune.train.represent import ROWS
+
+        table = self.data.d_vectors if role in ("doc", "neg") else self.data.q_vectors
         assert table is not None
         rows = sp.tensors[ROWS[role]]
-        return table[rows.to(table.device)].float().to(rep.device)
-    return vectors
+        return table[rows.to(table.device)].float().to(self.device)
 
 
 class _NotFinite(Exception):
