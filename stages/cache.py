@@ -37,7 +37,8 @@ def cache(ctx: typer.Context, params: Path = PARAMS, prepared: Path = PREPARED,
     # a loss the data cannot take is refused now, not at the train stage after the fill
     P.resolve_loss(p.train, kind(prepared), f"the prepared data ({prepared})")
     P.check_unlabelled(p.train, unlabelled(prepared), f"the prepared data ({prepared})")
-    t = resolve(p.train, p.encoders, prepared)  # train.mode auto: what the layers fit
+    # train.mode auto: what the layers fit (and their time on this machine)
+    t = resolve(p.train, p.encoders, prepared, p.cache.store)
     results = lib.fill(prepared, out, p.encoders, p.cache, layer=layer_for(p.encoders, t),
                        teacher=P.teacher_of(p.train))
     if report is not None and lib.dist_from_env().rank == 0:
@@ -61,7 +62,7 @@ def verify(params: Path = PARAMS, prepared: Path = PREPARED, out: Path = OUT,
     p = P.load(params)
     if not out.is_dir():
         raise UserError(f"{out}: no cache here (run the cache stage)")
-    t = resolve(p.train, p.encoders, prepared)
+    t = resolve(p.train, p.encoders, prepared, p.cache.store)
     results = lib.verify(prepared, out, p.encoders, p.cache, sample, seed,
                          resolve_device(p.cache.device), layer_for(p.encoders, t),
                          P.teacher_of(p.train))
@@ -96,7 +97,7 @@ def gc(params: Path = PARAMS,
     p = P.load(params)
     try:  # auto: as the cache stage resolved it on the default prepared data, when there
         prepared = Path("data/prepared")
-        t = resolve(p.train, p.encoders, prepared) if p.train.mode != "auto" or (
+        t = resolve(p.train, p.encoders, prepared, p.cache.store) if p.train.mode != "auto" or (
             prepared / "texts.parquet").exists() else None
         layer = layer_for(p.encoders, t) if t is not None else None
     except UserError:  # the layer of a model that cannot load is not in use either

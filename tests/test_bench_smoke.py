@@ -25,6 +25,7 @@ pytestmark = pytest.mark.integration  # real benches, in their own processes
 # or "parser only: <why it cannot run tiny under `make test`>"
 COVERAGE = {
     "cache_fill": "run",
+    "epoch": "run",
     "eval_topk": "run",
     "mpnet": "run",
     "gpu": "parser only: needs a CUDA GPU (tests/test_gpu.py runs its paths on one)",
@@ -127,6 +128,20 @@ def test_item12_cache_fill_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:
     assert got["max_abs_diff_onnx_torch"] <= 1e-5
     assert got["refill"] == {**got["refill"], "embedded": 0, "model_loaded": False}
     assert got["synthetic_open"]["open"]["rows"] == 1000
+
+
+def test_bench_epoch_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:
+    """Issue 51 item 2: 200 TREC questions on the tiny BERT's top 2 layers, one run of each
+    side (the bare loop, the grouped loop, the train stage's fit), profiled: the same batches
+    an epoch on every side, and the ratios are the table's."""
+    got = _bench(tmp_path, "epoch", "--texts", "200", "--model", str(tiny_bert),
+                 "--max-length", "32", "--repeats", "1", "--threads", "1", "--profile", "2")
+    assert got["layers"] == 2 and got["threads"] == 1 and got["texts"] > 100
+    (loop,), (grouped,), (pipe,) = got["loop"], got["grouped"], got["pipeline"]
+    assert len(loop["train_s"]) == len(grouped["train_s"]) == len(pipe["train_s"]) == 1
+    wall = got["rows"][0]
+    assert wall["ratio"] == pytest.approx(pipe["train_s"][0] / loop["train_s"][0])
+    assert pipe["validation_s"] > 0 and "training_step" in got["profile"]
 
 
 def test_item12_eval_topk_runs_tiny(tmp_path: Path) -> None:

@@ -150,9 +150,9 @@ def test_float_keys_are_found() -> None:
             "train.head.dropout", "train.schedule.full.lr", "cache.store_max_gb",
             "negatives.margin", "sweep.timeout"} <= keys
     # train.lora.alpha and .dropout, train.distill.temperature and .label_weight,
-    # evaluate.significance.alpha, the schedules' head_lr, train.auto.max_layer_gb,
-    # train.schedule.static.lr and .label_weight
-    assert len(keys) == 25
+    # evaluate.significance.alpha, the schedules' head_lr, train.auto.max_layer_gb and
+    # .max_minutes, train.schedule.static.lr and .label_weight
+    assert len(keys) == 26
     assert "cache.max_layer_gb" in keys  # null: no cap
 
 

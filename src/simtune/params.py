@@ -510,6 +510,12 @@ class AutoParams(Section):
     max_layer_gb: Number = Field(ge=0, le=10**4, description="the largest estimated layer "
                                  "cache (tokens x hidden x states_dtype bytes) for which the "
                                  "top layers train")
+    max_minutes: Number = Field(ge=0, le=10**6, description="the longest estimated run (in "
+                                "minutes) for which the top layers train: max_epochs x an epoch "
+                                "(the texts' tokens x this machine's seconds per token through "
+                                "the top layers, timed once by a short probe and kept in the "
+                                "store, `simtune.cache.budget`); over it, the head (0: no time "
+                                "bound)")
 
 
 class InForce(Section):
@@ -876,6 +882,7 @@ _NOT_SWEPT = {
     "schedule.top_layers.layers": "the loaded layer cache depends on it",
     "auto.max_tokens": "the resolved mode depends on it",
     "auto.max_layer_gb": "the resolved mode depends on it",
+    "auto.max_minutes": "the resolved mode depends on it",
     "accelerator": "a sweep runs in one process", "devices": "a sweep runs in one process",
     "num_nodes": "a sweep runs in one process", "strategy": "a sweep runs in one process",
 }

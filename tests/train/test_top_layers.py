@@ -235,3 +235,54 @@ def test_ddp_two_cpu_processes_equal_one_for_the_top_layers(tmp_path: Path, lora
         for k in one:
             diff = float((one[k] - two[k]).abs().max())
             assert diff <= 1e-4, (name, k, diff)
+
+
+def test_epoch_0_validates_from_the_cached_vectors_as_the_top_layers_would(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 51: epoch 0 (the frozen encoder) reads the cached vectors instead of running every
+    validation text through the untouched top layers: the same vectors (float32 states here,
+    2e-5), the same ranking metrics, and one validation pass fewer in the run."""
+    from simtune import heads
+    from simtune.train import stage as train_stage
+    from simtune.train.validation import Validator, cached_encoder, validation_task
+
+    _, p = _top_project(tmp_path, tiny_bert, max_epochs=1, patience=1)
+    data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
+    rep = represent.build("top_layers", p.encoders, data.tables, p.train.lora).eval()
+    head = heads.build("mlp", data.dim, 2, 0.0)
+    head.load_state_dict(head.identity_state())
+    task = validation_task(data, "both", p.evaluate.corpus)
+    validator = Validator(data, task, rep.embed_split, head, False)
+    cached = cached_encoder(data, rep)
+    assert cached is not None
+    with torch.inference_mode():
+        long_way, _ = validator(True)
+        with validator.representing(cached):
+            short, _ = validator(True)
+        for split in ("train", "val"):
+            sp = data.splits[split]
+            assert torch.allclose(cached(sp, "text"), rep.embed_split(sp, "text"), atol=2e-5)
+    assert validator.rep == rep.embed_split  # put back after the block
+    separation = short.pop("separation")
+    assert separation == pytest.approx(long_way.pop("separation"), abs=1e-5)
+    assert short == long_way and "p@1" in short
+    assert cached_encoder(data, represent.build("head", p.encoders, data.tables, None)) is None
+    # the run: epoch 1's validation embeds its two splits through the top layers; epoch 0 none
+    calls: list[int] = []
+    real = represent.CachedStates.embed_split
+
+    def counted(self: represent.CachedStates, split: object, role: str) -> torch.Tensor:
+        calls.append(len(split))  # type: ignore[arg-type]
+        return real(self, split, role)
+
+    monkeypatch.setattr(represent.CachedStates, "embed_split", counted)
+    caplog.set_level("INFO", logger="simtune.train")
+    report = train_stage.run(p, tmp_path / "prepared", tmp_path / "cache", tmp_path / "head",
+                             tmp_path / "train.json", None)
+    assert report["epochs"] == 1
+    assert sorted(calls) == sorted(len(data.splits[s]) for s in ("train", "val"))
+    # the train log's estimate, once, from the first steps (40 texts, batch 8: steps 2-5)
+    (line,) = [r.getMessage() for r in caplog.records if "run estimate" in r.getMessage()]
+    assert line.startswith("run estimate from the first 4 steps (") and "5 steps an epoch" in line
+    assert "~1 epochs x " in line

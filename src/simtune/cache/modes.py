@@ -6,8 +6,10 @@ tokens x hidden x 2 bytes, an epoch's forward and backward pass tokens x layers.
 `full` on very little data (tokens up to `train.auto.full_max_tokens`: a few dozen short texts
 per label, where training every layer gained most and an epoch costs seconds even so),
 `top_layers` when the tokens of every text the encoder embeds fit `train.auto.max_tokens` and
-the estimated layer cache fits `train.auto.max_layer_gb`, `head` beyond (or where the top
-layers cannot run: two encoders, mined negatives). The same inputs give the same answer, so the
+the estimated layer cache fits `train.auto.max_layer_gb` and the estimated run on this machine
+fits `train.auto.max_minutes` (`simtune.cache.budget`: max_epochs x the tokens x the top
+layers' seconds per token, measured once and kept), `head` beyond (or where the top layers
+cannot run: two encoders, mined negatives). The same inputs give the same answer, so the
 cache and train stages (and the sweep) each resolve it once and agree; the reason goes to the
 stage logs, reports/train.json and the model card.
 """
@@ -16,15 +18,19 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from simtune import params as P
+from simtune.cache import budget
 from simtune.encoders import model_config, model_dir, prompt_of
 from simtune.params import EncodersParams, TrainParams
 from simtune.pretrained import load_tokenizer
 
 log = logging.getLogger(__name__)
+# (layers) -> (seconds per token of the top layers on this machine, where it came from)
+Speed = Callable[[int], tuple[float, str]]
 SAMPLE = 2000  # texts whose tokens are counted (the mean is scaled to all): a second at most
 
 
@@ -61,9 +67,13 @@ def estimate(encoders: EncodersParams, texts: list[str]) -> Estimate:
     return Estimate(len(texts), mean, hidden, len(texts) * mean * hidden * width / 1e9)
 
 
-def choose(t: TrainParams, encoders: EncodersParams, texts: list[str]) -> tuple[str, str]:
+def choose(t: TrainParams, encoders: EncodersParams, texts: list[str],
+           speed: Speed | None = None) -> tuple[str, str]:
     """(mode, reason) of `t.mode` on data of `texts` (every text the encoder embeds): a set
-    mode as it is; `auto` by the rule of this module's docstring."""
+    mode as it is; `auto` by the rule of this module's docstring. `speed(layers)`: (seconds
+    per token of the top `layers` layers on this machine, where the figure came from;
+    `simtune.cache.budget`), asked only when the top layers fit the other bounds and
+    `train.auto.max_minutes` is set; None: the time is not estimated (the reason says so)."""
     if t.mode != "auto":
         return t.mode, f"train.mode: {t.mode}"
     if encoders.document != encoders.query:
@@ -84,25 +94,53 @@ def choose(t: TrainParams, encoders: EncodersParams, texts: list[str]) -> tuple[
         return "head", (f"auto: head (train.schedule.top_layers.layers {layers} > the "
                         f"encoder's {total} layers)")
     fits = e.total <= a.max_tokens and e.gb <= a.max_layer_gb
-    mode = "top_layers" if fits else "head"
+    over, timed = _timed(t, e.total, speed) if fits else (False, "")
+    mode = "top_layers" if fits and not over else "head"
     why = (f"auto: {mode} ({e.texts:,} texts x {e.tokens:.1f} tokens = {e.total:,} tokens "
            f"{'<=' if e.total <= a.max_tokens else '>'} train.auto.max_tokens "
            f"{a.max_tokens:,}; layer cache ~{e.gb:.2f} GB "
            f"{'<=' if e.gb <= a.max_layer_gb else '>'} train.auto.max_layer_gb "
-           f"{a.max_layer_gb:g})")
+           f"{a.max_layer_gb:g}{timed})")
     return mode, why
 
 
-def resolve(t: TrainParams, encoders: EncodersParams, prepared_dir: Path) -> TrainParams:
+def _timed(t: TrainParams, tokens: int, speed: Speed | None) -> tuple[bool, str]:
+    """(whether the estimated run passes `train.auto.max_minutes`, the reason's part)."""
+    a, top = t.auto, t.schedule.top_layers
+    if not a.max_minutes:
+        return False, ""
+    if speed is None:
+        return False, "; run time not estimated"
+    per_token, source = speed(top.layers)
+    e = budget.estimate(tokens, top.max_epochs, per_token)
+    over = e.minutes > a.max_minutes
+    return over, (f"; run {e.text()} = ~{e.minutes:.1f} min "
+            f"{'>' if over else '<='} train.auto.max_minutes {a.max_minutes:g} on this "
+            f"machine ({per_token * 1e3:.3g} ms per token, {source})")
+
+
+def resolve(t: TrainParams, encoders: EncodersParams, prepared_dir: Path,
+            store: str | None = None) -> TrainParams:
     """`t` resolved (`params.effective`) for the prepared data at `prepared_dir`: `auto`
-    chosen (`choose`) over every prepared text, the mode's schedule in force."""
+    chosen (`choose`) over every prepared text, the mode's schedule in force. `store`:
+    `cache.store`, where this machine's top-layers speed is kept (`simtune.cache.budget`);
+    every stage of a pipeline passes it, so all resolve the same mode (None: no time bound)."""
     if t.mode == "auto":
         from simtune.prepare.prepared import load as load_prepared
 
         texts = load_prepared(prepared_dir).texts.column("text").to_pylist()
-        mode, reason = choose(t, encoders, texts)
+        speed = None if store is None else _speed(encoders, t.accelerator, store)
+        mode, reason = choose(t, encoders, texts, speed)
         log.info("train.mode %s", reason)  # a set mode needs no word
     else:
         mode, reason = choose(t, encoders, [])
     return P.effective(t, mode, reason)
 
+
+
+def _speed(encoders: EncodersParams, accelerator: str, store: str) -> Speed:
+    """`choose`'s `speed`: this machine's kept figure (`budget.seconds_per_token`)."""
+    from simtune.cache.store import root
+
+    device = budget.device_of(accelerator)
+    return lambda layers: budget.seconds_per_token(encoders, layers, device, root(store))

@@ -21,6 +21,9 @@ Layout (root: `cache.store`, or `$SIMTUNE_STORE` when set):
                                    a workspace layer view referencing that entry
                                    (its states are read from the store:
                                    `simtune.cache.reference`)
+    <root>/speed.json              this machine's top-layers seconds per token, per
+                                   model, layers, device and torch version
+                                   (`train.auto.max_minutes`: `simtune.cache.budget`)
 
 Fingerprints live side by side, so switching a setting back and forth re-embeds nothing. Shards
 are immutable once listed; a shard whose checksum fails is dropped (with a warning naming it)

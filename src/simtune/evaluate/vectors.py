@@ -38,7 +38,7 @@ def top_layers(head: heads.Head, head_dir: Path, p: Params, prepared_dir: Path,
     from simtune.cache.views import layer_for, open_states_pair
     from simtune.encoders import resolve_device
 
-    layer = layer_for(p.encoders, resolve(p.train, p.encoders, prepared_dir))
+    layer = layer_for(p.encoders, resolve(p.train, p.encoders, prepared_dir, p.cache.store))
     if layer is None:
         raise UserError(f"{head_dir}: trained in top_layers mode, but the params resolve to "
                         "another mode now; rerun train")

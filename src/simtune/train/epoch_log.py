@@ -35,6 +35,7 @@ from simtune.train.epochs import EpochLoop
 
 log = logging.getLogger(__name__)
 EVERY_S = 10.0  # seconds between the lines within one epoch (not on a terminal: the bar there)
+ESTIMATE_STEPS = 5  # steps timed (after the first) for the run's estimate
 
 
 def interactive() -> bool:
@@ -46,8 +47,49 @@ def progress_callbacks(loop: EpochLoop) -> tuple[list[pl.Callback], bool]:
     """(callbacks, whether Lightning's progress bar is on: its `enable_progress_bar`) for a fit
     whose validation and history are `loop`'s; put them after `loop` in the trainer's list."""
     if interactive():
-        return [EpochBar(loop)], True
-    return [EpochLog(loop)], False
+        return [EpochBar(loop), RunEstimate(loop)], True
+    return [EpochLog(loop), RunEstimate(loop)], False
+
+
+def estimate_line(step_s: float, steps: int, validation_s: float, epochs: int,
+                  measured: int) -> str:
+    """The run's length at the measured speed: `epochs` more epochs of `steps` steps of
+    `step_s` seconds and `validation_s` seconds of validation each (`measured`: the steps the
+    speed was timed on)."""
+    train_s = step_s * steps
+    epoch_s = train_s + validation_s
+    return (f"run estimate from the first {measured} steps ({step_s:.2f} s a step, {steps} "
+            f"steps an epoch): ~{epochs} epochs x {epoch_s:.0f} s ({train_s:.0f} s training + "
+            f"{validation_s:.0f} s validation) = ~{epochs * epoch_s / 60:.1f} min at most "
+            "(early stopping may end it sooner)")
+
+
+class RunEstimate(pl.Callback):
+    """One log line, once, after the first `batches` steps of the first epoch this process
+    trains: how long the run will take at their speed (`estimate_line`; the first step is
+    left out: it warms up). Validation per epoch: the frozen epoch 0's (which ranked every
+    metric, the most an epoch's validation does), averaged with the trained epochs' before a
+    resume."""
+
+    def __init__(self, loop: EpochLoop, batches: int = ESTIMATE_STEPS) -> None:
+        self.loop, self.batches, self.done, self._start = loop, batches, False, 0.0
+
+    def on_train_batch_end(self, trainer: pl.Trainer, module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        total = trainer.num_training_batches
+        if self.done or not trainer.is_global_zero or total == float("inf") or total < 2:
+            return
+        if batch_idx == 0:
+            self._start = time.perf_counter()
+            return
+        if batch_idx < min(self.batches, int(total) - 1):
+            return
+        self.done = True
+        step_s = (time.perf_counter() - self._start) / batch_idx
+        # epoch 0's validation, and each epoch's before a resume
+        validation = self.loop.validation_seconds / (len(self.loop.train_seconds) + 1)
+        log.info(estimate_line(step_s, int(total), validation,
+                               trainer.max_epochs - trainer.current_epoch, batch_idx))
 
 
 class EpochLog(pl.Callback):

@@ -30,7 +30,7 @@ import torch
 
 from simtune.atomic import write_json
 from simtune.retrieval import metrics
-from simtune.train.validation import KS, Schedule, Validator, selection_key
+from simtune.train.validation import KS, Schedule, Validator, cached_encoder, selection_key
 
 log = logging.getLogger(__name__)
 KEPT = "kept_epoch.json"  # in the curves' directory: the kept epoch, for the plots
@@ -99,8 +99,9 @@ class EpochLoop(pl.Callback):
         start, trained = time.perf_counter(), copy.deepcopy(module.head.state_dict())
         identity = module.head.identity_state()
         module.head.load_state_dict(identity)
-        try:
-            scores, finite = self._validate(trainer, module, True)
+        try:  # top_layers: the frozen encoder's cached vectors (`validation.cached_encoder`)
+            with self.validator.representing(cached_encoder(module.data, module.rep)):
+                scores, finite = self._validate(trainer, module, True)
         finally:
             module.head.load_state_dict(trained)  # the init the optimizer starts from
         module._stop_if(not finite, "the frozen encoder's validation vectors are not finite")

@@ -79,7 +79,7 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     resolved `train`, `encoders`, `cache`, `evaluate.corpus`), never `p`."""
     quiet_lightning()
     auto = p.train.loss.name == "auto"
-    t = in_force(p.train, p.encoders, prepared_dir)
+    t = in_force(p.train, p.encoders, prepared_dir, p.cache.store)
     enc, cache, corpus = p.encoders, p.cache, p.evaluate.corpus
     if t.mode == "static":  # a token table taught by the teacher's cached vectors
         from simtune.train import static_run
@@ -133,14 +133,16 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     return result
 
 
-def in_force(train: TrainParams, enc: EncodersParams, prepared_dir: Path) -> TrainParams:
+def in_force(train: TrainParams, enc: EncodersParams, prepared_dir: Path,
+             store: str | None = None) -> TrainParams:
     """The train params as a run trains them, resolved once: the mode (`train.mode: auto`
     chosen from the prepared data and the encoders `enc`, `cache.modes`) with its own
     schedule section in force (`t.run`, `params.effective`), and the loss that runs on the
     prepared data's kind (`params.resolve_loss`: `auto` resolved), so the checkpoint's
-    fingerprint and the saved head record what ran, not `auto`."""
+    fingerprint and the saved head record what ran, not `auto`. `store`: `cache.store`
+    (auto's time bound: `cache.modes.resolve`)."""
     kind = prepared_kind(prepared_dir)
-    return P.resolve_loss(resolve(train, enc, prepared_dir), kind,
+    return P.resolve_loss(resolve(train, enc, prepared_dir, store), kind,
                           f"the prepared data ({prepared_dir})")
 
 

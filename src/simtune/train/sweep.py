@@ -89,7 +89,7 @@ def load(p: Params, prepared_dir: Path, cache_dir: Path,
     `p` is unpacked here, as the train stage unpacks it: the calls below get its sections."""
     quiet_lightning()
     p = with_fixed(p)
-    t = resolve(p.train, p.encoders, prepared_dir)  # auto: as the cache stage chose
+    t = resolve(p.train, p.encoders, prepared_dir, p.cache.store)  # as the cache stage chose
     if t.devices != 1 or t.num_nodes != 1:
         raise UserError("train.devices: a sweep runs in one process; set train.devices and "
                         "train.num_nodes to 1")

@@ -14,7 +14,8 @@ kept epoch at the end (from its kept weights). With `monitor: map@r` every epoch
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -199,6 +200,47 @@ class Validator:
         # the separation with MAP@R only: both break ties, and a tie computes every metric
         extra = {"separation": separation(task, q, c)} if full else {}
         return {**self.last.metrics, **extra}, True
+
+
+    @contextlib.contextmanager
+    def representing(self, rep: Callable[[Split, str], Any] | None) -> Iterator[None]:
+        """Within the block, `rep` embeds the splits (None: the validator's own)."""
+        own = self.rep
+        self.rep = rep or own
+        try:
+            yield
+        finally:
+            self.rep = own
+
+
+def cached_encoder(data: Data, rep: Any) -> Callable[[Split, str], torch.Tensor] | None:
+    """Epoch 0's representation in top_layers mode: the frozen encoder's vectors, read from
+    the cached vector tables (`data.q_vectors`, `d_vectors`: the encoder's own float32 output,
+    what the untouched top layers give from the float16 states up to their rounding, and what
+    evaluate's baseline scores) instead of a forward pass of every validation text through
+    the top layers (one validation of the run's epochs + 1). None in the other modes (head:
+    its representation is the cache already; full: no cache)."""
+    from simtune.train.represent import CachedStates
+
+    if not isinstance(rep, CachedStates) or data.q_vectors is None or data.d_vectors is None:
+        return None
+    return _CachedEncoder(data, rep.device).embed_split
+
+
+class _CachedEncoder:
+    """`cached_encoder`'s vectors, a bound method like the representation's `embed_split`
+    (whose `__self__.device` the query-side validator reads)."""
+
+    def __init__(self, data: Data, device: torch.device) -> None:
+        self.data, self.device = data, device
+
+    def embed_split(self, sp: Split, role: str) -> torch.Tensor:
+        from simtune.train.represent import ROWS
+
+        table = self.data.d_vectors if role in ("doc", "neg") else self.data.q_vectors
+        assert table is not None
+        rows = sp.tensors[ROWS[role]]
+        return table[rows.to(table.device)].float().to(self.device)
 
 
 class _NotFinite(Exception):
