@@ -1044,7 +1044,7 @@ def _check_space(p: Params) -> None:
         try:
             TrainParams.model_validate(raw)
         except ValidationError as e:
-            err = e.errors()[0]
+            err = _auto_or_number(e.errors())[0]
             where = _dotted(("train", *err["loc"]))
             msg = str(err["msg"]).removeprefix("Value error, ")
             raise ValueError(f"sweep.{what}.{key}: the value {value!r} is refused by the "
