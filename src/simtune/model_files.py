@@ -71,6 +71,8 @@ class TrainingMeta(_File):
     head_side: Literal["both", "query"] = "both"  # query: documents keep the frozen vectors
     # why this mode ran (`train.mode: auto`'s estimate, or the mode set); heads before: None
     mode_reason: str | None = None
+    # `lr: auto`: the rate the probe chose and why (`simtune.train.probe`); else none
+    lr_reason: str | None = None
     # "frozen": no trained epoch beat epoch 0, the untouched encoder (the head saved at
     # identity; in top_layers and full modes no encoder/ is saved: the frozen one serves it)
     selected: Literal["trained", "frozen"] | None = None

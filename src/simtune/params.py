@@ -439,14 +439,30 @@ class HeadSchedule(Section):
                            "epoch); 1: every metric every epoch")
 
 
+# an encoder mode's learning rate: a number, or `auto` (a probe picks one, `train.probe`)
+Rate = Annotated[float, BeforeValidator(_yaml_float), Field(gt=0, le=10)]
+AUTO = Literal["auto"]
+
+
 class EncoderSchedule(HeadSchedule):
     """`train.schedule.full`: full mode's schedule (the whole encoder in the loop: a few epochs
-    of small batches at a low learning rate). `lr` is the encoder layers' rate."""
+    of small batches at a low learning rate). `lr` is the encoder layers' rate; `auto` lets a
+    short probe on this data choose it from `probe_rates` (`simtune.train.probe`)."""
 
-    lr: Number = Field(gt=0, description="AdamW learning rate of the encoder's "
-                       "trainable layers")
-    head_lr: Number = Field(gt=0, description="learning rate of the head (and loss "
-                            "parameters); a 10x faster head overfits first")
+    lr: Rate | AUTO = Field(
+        description="AdamW learning rate of the encoder's trainable layers; `auto`: each of "
+        "`probe_rates` trains `probe_steps` steps from the same start and the one whose "
+        "validation is best trains the run (the train log, reports/train.json and the model "
+        "card say which and why); a number is used as written")
+    head_lr: Rate | AUTO = Field(
+        description="learning rate of the head (and loss parameters); `auto`: the layers' "
+        "rate (a 10x faster head overfits first)")
+    probe_rates: list[Rate] = Field(
+        min_length=1, max_length=16, description="lr auto: the rates the probe tries, each "
+        "from the untouched encoder, ranked by the monitored metric on the validation texts")
+    probe_steps: int = Field(gt=0, le=100_000, description="lr auto: optimizer steps each "
+                             "probed rate trains (the batches of an epoch, cycled when an "
+                             "epoch is shorter)")
 
 
 class TopLayersSchedule(EncoderSchedule):
@@ -524,8 +540,11 @@ class InForce(Section):
 
     mode: Literal["head", "top_layers", "full", "static"]
     reason: str = Field(description="why this mode (`auto`: the estimate against train.auto)")
-    lr: Number = Field(description="the head's (and loss parameters') learning rate")
-    encoder_lr: Number | None = Field(description="the trainable encoder layers' (None: head)")
+    lr: Number | Literal["auto"] = Field(description="the head's (and loss parameters') "
+                                          "learning rate (`auto`: the layers' once probed)")
+    encoder_lr: Number | Literal["auto"] | None = Field(
+        description="the trainable encoder layers' (None: head; `auto`: before the probe)")
+    lr_reason: str = Field(default="", description="lr auto: which rate the probe chose, why")
     layers: int = Field(description="top_layers: the layers that train (else 0)")
     batch_size: int
     max_epochs: int
@@ -564,8 +583,9 @@ def in_force(t: TrainParams, mode: str | None = None, reason: str = "") -> InFor
     if mode not in ("head", "top_layers", "full", "static"):
         raise ValueError(f"train.mode {mode!r}: resolve it first (simtune.cache.modes.choose)")
     s = getattr(t.schedule, mode)
+    head_lr = getattr(s, "head_lr", s.lr)
     return InForce(mode=mode, reason=reason or f"train.mode: {mode}",
-                   lr=getattr(s, "head_lr", s.lr),
+                   lr=s.lr if head_lr == "auto" else head_lr,  # auto: the layers' rate
                    encoder_lr=None if mode in ("head", "static") else s.lr,
                    layers=getattr(s, "layers", 0), batch_size=s.batch_size,
                    max_epochs=s.max_epochs, patience=s.patience, val_every=s.val_every,
@@ -1031,7 +1051,7 @@ def _check_space(p: Params) -> None:
         try:
             TrainParams.model_validate(raw)
         except ValidationError as e:
-            err = e.errors()[0]
+            err = _auto_or_number(e.errors())[0]
             where = _dotted(("train", *err["loc"]))
             msg = str(err["msg"]).removeprefix("Value error, ")
             raise ValueError(f"sweep.{what}.{key}: the value {value!r} is refused by the "
@@ -1109,8 +1129,9 @@ def _dotted(loc: tuple[Any, ...]) -> str:
 
 
 def _optional_of(ann: Any) -> Any:
-    """`X` for an optional `X | None` annotation (`prompts`, `chunks`), else `ann` itself."""
-    args = [a for a in typing.get_args(ann) if a is not type(None)]
+    """`X` for an optional `X | None` annotation (`prompts`, `chunks`), or an `X | 'auto'` one
+    (an encoder's `lr`), else `ann` itself."""
+    args = [a for a in typing.get_args(ann) if a is not type(None) and a != AUTO]
     if typing.get_origin(ann) in (typing.Union, types.UnionType) and len(args) == 1:
         return args[0]
     return ann
@@ -1138,6 +1159,29 @@ def _is_branch(part: Any) -> bool:
     `function-before[_yaml_float(), float]`), not a key of the file."""
     return isinstance(part, str) and (part in {"int", "float", "bool", "str", "none"}
                                       or re.fullmatch(r"[\w-]+\[.*\]", part) is not None)
+
+
+def _auto_or_number(errors: list[Any]) -> list[dict[str, Any]]:
+    """The errors of a value of a `number | 'auto'` key (an encoder's `lr`): a number's are the
+    number's own (its bounds, finiteness), at the key (the 'auto' member's error dropped); any
+    other value gets one error at the key, expected a number or 'auto'."""
+    def auto_member(err: Any) -> bool:
+        return (err["type"] == "literal_error" and len(err["loc"]) > 1
+                and err.get("ctx", {}).get("expected") == "'auto'")
+    keys = {tuple(err["loc"][:-1]) for err in errors if auto_member(err)}
+    out, seen = [], set()
+    for err in errors:
+        loc = tuple(err["loc"])
+        if loc[:-1] not in keys or not _is_branch(loc[-1]):
+            out.append(dict(err))
+        elif isinstance(err.get("input"), int | float) and not isinstance(err["input"], bool):
+            if not auto_member(err):
+                out.append({**err, "loc": loc[:-1]})
+        elif loc[:-1] not in seen:
+            seen.add(loc[:-1])
+            out.append({**err, "loc": loc[:-1], "type": "union",
+                        "expected": "a number or 'auto'"})
+    return out
 
 
 def _merge_branches(errors: list[Any]) -> list[dict[str, Any]]:
@@ -1267,7 +1311,7 @@ def validate(raw: Any, source: str = "params.yaml") -> Params:
     except ValidationError as e:
         # an unknown key first: a typo (`lrr:`) also makes its intended key missing, and
         # the typo, not the missing key, is what the user must fix
-        errors = sorted(_merge_branches(e.errors()),
+        errors = sorted(_merge_branches(_auto_or_number(e.errors())),
                         key=lambda err: err["type"] != "extra_forbidden")
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise UserError(_message(source, dict(errors[0])) + more) from None

@@ -235,6 +235,8 @@ def render(meta: dict[str, Any], head: dict[str, Any], plain: bool, modules: lis
     mode = f"{meta['mode']}: {MODES[meta['mode']]}"
     if meta.get("mode_reason"):  # train.mode auto: what chose it
         mode += f" ({meta['mode_reason']})"
+    if meta.get("lr_reason"):  # lr auto: the probe's choice
+        mode += f"; {meta['lr_reason']}"
     if frozen:
         head_desc = f"none: {FROZEN}; no epoch of the trained `{head['type']}` head was kept"
         trained = {"head": "a head trained on cached embeddings",

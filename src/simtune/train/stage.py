@@ -31,13 +31,20 @@ from simtune.examples import Data, batch_for
 from simtune.params import CacheParams, EncodersParams, Params, TrainParams
 from simtune.prepare.prepared import kind as prepared_kind
 from simtune.retrieval.task import RetrievalTask
-from simtune.train import headroom
+from simtune.train import headroom, probe
 from simtune.train.checkpoint import Resume, fingerprint
 from simtune.train.data import check_trainable, load_data
 from simtune.train.epoch_log import progress_callbacks
 from simtune.train.epochs import EpochLoop
 from simtune.train.module import Diverged, SimilarityModule, diverged, is_divergence
-from simtune.train.validation import Schedule, Validator, frozen, validation_task
+from simtune.train.validation import (
+    Schedule,
+    Validator,
+    disagreement,
+    disagreement_line,
+    frozen,
+    validation_task,
+)
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +116,9 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     task = validation_task(data, t.head.side, corpus)
     # the frozen encoder at 1.0 on validation: said, and (frozen_candidate) kept untrained
     gain = headroom.check(data, task, t.frozen_candidate)
+    # `lr: auto`: the probe picks the rate (not when nothing can gain: no epoch trains)
+    t = probe.run(t, data, fit, skip=gain["nothing_to_gain"] and t.frozen_candidate, enc=enc,
+                  cache=cache, accelerator=accelerator)
     loop_type = (functools.partial(EpochLoop, frozen_only=True)
                  if gain["nothing_to_gain"] and t.frozen_candidate else EpochLoop)
     module, loop, trainer, seconds = fit(t, enc, cache, data, task, accelerator, live_dir,
@@ -119,7 +129,8 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     result = {**report_of(loop, seconds, len(data.training), t.monitor,
                           p.evaluate.significance.resamples, p.evaluate.significance.seed),
               "nothing_to_gain": gain["nothing_to_gain"], "mode": t.mode,
-              "mode_reason": t.run.reason, "in_force": t.run.shown()}
+              "mode_reason": t.run.reason, "in_force": t.run.shown(),
+              **({"lr_reason": t.run.lr_reason} if t.run.lr_reason else {})}
     save(module, loop, t, enc, out)
     write_json(report, result)
     for done in resumes:
@@ -149,7 +160,7 @@ def in_force(train: TrainParams, enc: EncodersParams, prepared_dir: Path,
 def fit(t: TrainParams, enc: EncodersParams, cache: CacheParams, data: Data,
         task: RetrievalTask, accelerator: str, live_dir: Path | None,
         loop_type: Callable[..., EpochLoop] = EpochLoop, progress: bool = True,
-        extra: Callable[[EpochLoop], list[pl.Callback]] | None = None
+        extra: Callable[[EpochLoop], list[pl.Callback]] | None = None, max_steps: int = -1
         ) -> tuple[SimilarityModule, EpochLoop, pl.Trainer, float]:
     """Build the module and trainer for the train params `t` (resolved: the mode's schedule in
     force, `in_force`), the encoders `enc` (the query encoder's, top_layers and full modes) and
@@ -159,7 +170,8 @@ def fit(t: TrainParams, enc: EncodersParams, cache: CacheParams, data: Data,
     Returns the module (the last epoch's weights), the loop (the kept weights, the history),
     the trainer and the seconds `trainer.fit` took; `progress`: each epoch's progress, numbered
     as the report numbers epochs (`epoch_log`: a bar on a terminal, else a log line per epoch);
-    `extra`: callbacks to run after the loop's, given the loop (the resumable checkpoint)."""
+    `extra`: callbacks to run after the loop's, given the loop (the resumable checkpoint);
+    `max_steps`: stop after this many optimizer steps (-1: the epochs decide; the probe)."""
     t = fit_schedule(t, len(data.training), announce=progress)
     pl.seed_everything(t.seed, workers=True, verbose=False)
     module_type, validator_type = _query_side_or(SimilarityModule, Validator, t)
@@ -172,7 +184,8 @@ def fit(t: TrainParams, enc: EncodersParams, cache: CacheParams, data: Data,
     shown, bar = progress_callbacks(loop) if progress else ([], False)
     trainer = pl.Trainer(
         accelerator=accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
-        precision=t.precision, max_epochs=t.run.max_epochs, num_sanity_val_steps=0,
+        precision=t.precision, max_epochs=t.run.max_epochs, max_steps=max_steps,
+        num_sanity_val_steps=0,
         callbacks=[loop, *(extra(loop) if extra else []), *shown], logger=False,
         enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=bar,
         use_distributed_sampler=False, deterministic="warn" if accelerator == "gpu" else True)
@@ -233,6 +246,8 @@ def report_of(loop: EpochLoop, total: float, n_train: int, monitor: str = "mrr@1
         "selected": "frozen" if loop.best_epoch == 0 else "trained",
         "best_val": loop.history[loop.best_epoch], "frozen_val": loop.history.get(0, {}),
         "val_lift": val_lift(loop, monitor, resamples, seed),
+        # epoch 0 kept, yet a trained epoch beat it on another metric: which, by how much
+        "other_metric": disagreement(loop.history, loop.best_epoch, monitor),
         "full_validations": loop.full_validations,
         # the last epoch was the best trained one when max_epochs ended the run: more may gain
         "still_rising": bool(epochs >= loop.schedule.max_epochs and loop.schedule.rising),
@@ -272,6 +287,8 @@ def log_selection(result: dict[str, Any], monitor: str) -> None:
         log.warning("no trained epoch beat the frozen encoder on validation (val %s %.4f at "
                     "epoch 0): kept epoch 0, the head saved at identity (the frozen encoder's "
                     "vectors)", monitor, frozen_value)
+        if result.get("other_metric"):  # what training found that the monitor did not keep
+            log.warning("%s", disagreement_line(result["other_metric"]))
     elif lift and not lift["resolved"]:
         lo, hi = lift["ci95"]
         log.warning("the validation split (%d queries) cannot tell the kept epoch %d from the "
@@ -316,6 +333,8 @@ def save(module: SimilarityModule, loop: EpochLoop, t: TrainParams, enc: Encoder
                 # what evaluate and search check the cache against (`evaluate.trained_on`)
                 "encoder_description": describe(enc.query, enc.models[enc.query], role="query")}
         meta["mode_reason"] = t.run.reason
+        if t.run.lr_reason:  # lr auto: the rate the probe chose, and why
+            meta["lr_reason"] = t.run.lr_reason
         meta["selected"] = "frozen" if loop.best_epoch == 0 else "trained"
         if t.head.side != "both":  # the key only when set: `both` writes what it did
             meta["head_side"] = t.head.side

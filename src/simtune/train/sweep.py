@@ -32,7 +32,7 @@ from simtune.examples import Data
 from simtune.negatives import mined
 from simtune.params import Params, TrainParams
 from simtune.retrieval.task import RetrievalTask
-from simtune.train import space
+from simtune.train import probe, space
 from simtune.train import study as study_lib
 from simtune.train.data import check_compatible, check_trainable, load_data
 from simtune.train.epochs import EpochLoop
@@ -152,8 +152,12 @@ def train_trial(loaded: Loaded, values: dict[str, Any], trial: Any = None
     stopped it at or 0). `trial` None: no pruning (a plain run, as the train stage)."""
     t, base = _checked(loaded, values), loaded.params
     loop_type: Any = functools.partial(PruningLoop, trial) if trial is not None else EpochLoop
+    accelerator = accelerator_of(t)
+    # `lr: auto` (an encoder mode): the probe picks the trial's rate, as the train stage does
+    t = probe.run(t, loaded.data, fit, enc=base.encoders, cache=base.cache,
+                  accelerator=accelerator)
     module, loop, trainer, _ = fit(t, base.encoders, base.cache, loaded.data, loaded.task,
-                                   accelerator_of(t), None, loop_type, progress=False)
+                                   accelerator, None, loop_type, progress=False)
     value = loop.schedule.best_value if getattr(loop, "pruned_at", 0) else \
         loop.history[loop.best_epoch][f"val/{t.monitor}"]
     result = (float(value), len(loop.train_seconds), getattr(loop, "pruned_at", 0))

@@ -201,7 +201,6 @@ class Validator:
         extra = {"separation": separation(task, q, c)} if full else {}
         return {**self.last.metrics, **extra}, True
 
-
     @contextlib.contextmanager
     def representing(self, rep: Callable[[Split, str], Any] | None) -> Iterator[None]:
         """Within the block, `rep` embeds the splits (None: the validator's own)."""
@@ -241,6 +240,45 @@ class _CachedEncoder:
         assert table is not None
         rows = sp.tensors[ROWS[role]]
         return table[rows.to(table.device)].float().to(self.device)
+
+
+RANK_METRICS = ("p@1", "mrr@10", "ndcg@10", "map@r")  # what `train.monitor` can name
+
+
+def disagreement(history: dict[int, dict[str, float]], kept: int, monitor: str
+                 ) -> dict[str, Any] | None:
+    """What training found that the monitored metric did not keep: when epoch 0 (the frozen
+    encoder) is `kept` but a trained epoch beat it on validation on another rank metric, the
+    epoch and metric of the largest such lift -> {epoch, metric, lifts: every rank metric
+    that epoch computed, minus epoch 0's}; else None. `history`: epoch -> "val/<name>" scores
+    (an epoch that computed only the top 10 has no MAP@R: it competes on what it has)."""
+    if kept != 0 or 0 not in history:
+        return None
+    frozen = history[0]
+    best: tuple[float, int, str] | None = None
+    for epoch, scores in sorted(history.items()):
+        for name in RANK_METRICS:
+            key = f"val/{name}"
+            if epoch == 0 or name == monitor or key not in scores or key not in frozen:
+                continue
+            lift = scores[key] - frozen[key]
+            if lift > 0 and (best is None or lift > best[0]):
+                best = (lift, epoch, name)
+    if best is None:
+        return None
+    _, epoch, name = best
+    lifts = {m: history[epoch][f"val/{m}"] - frozen[f"val/{m}"] for m in RANK_METRICS
+             if f"val/{m}" in history[epoch] and f"val/{m}" in frozen}
+    return {"epoch": epoch, "metric": name, "lifts": lifts}
+
+
+def disagreement_line(d: dict[str, Any]) -> str:
+    """`disagreement`'s finding in one line: "epoch 2: map@r +0.3100, mrr@10 -0.0100 on
+    validation; `train.monitor: map@r` keeps it"."""
+    lifts = ", ".join(f"{m} {v:+.4f}" for m, v in sorted(
+        d["lifts"].items(), key=lambda kv: (kv[0] != d["metric"], RANK_METRICS.index(kv[0]))))
+    return (f"epoch {d['epoch']}: {lifts} on validation against the frozen encoder; "
+            f"`train.monitor: {d['metric']}` keeps it")
 
 
 class _NotFinite(Exception):
