@@ -26,7 +26,9 @@ def search(
         "params evaluate.hybrid.enabled"),
 ) -> None:
     """The nearest texts of the prepared corpus to QUERY, with cosine (or, hybrid, RRF)
-    scores; on groups data each text's label beside it."""
+    scores; on groups data each text's label beside it. The first search after a train embeds
+    the corpus under the trained model and keeps it in the shared store (cache.store): later
+    searches embed the query alone."""
     from simtune import params as P
     from simtune.evaluate.search import search as lib
     from simtune.evaluate.search import show

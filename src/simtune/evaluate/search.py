@@ -1,7 +1,8 @@
 """`simtune search`: the nearest texts of the prepared corpus to a query, with the trained model.
 
-The corpus vectors come from the cache through the trained head when the cache matches the
-current encoder settings (instant); otherwise the model embeds the corpus itself. The hybrid
+The corpus vectors come from the cache (`evaluate.corpus`): the frozen cached vectors through
+the head, or the trained model's own corpus vectors, computed by the first search and kept in
+the shared store, so a later search embeds the query alone. The hybrid
 (`evaluate.hybrid`, or `hybrid`) ranks by reciprocal-rank fusion of the model's and BM25's full
 rankings of the corpus (`simtune.retrieval.lexical`); its scores are the fused RRF scores.
 """
@@ -14,10 +15,9 @@ from typing import NamedTuple
 
 import torch
 
-from simtune import heads
-from simtune.cache.views import open_cache
 from simtune.errors import UserError
 from simtune.evaluate import trained_on
+from simtune.evaluate.corpus import corpus_vectors
 from simtune.model import load_model
 from simtune.params import Params
 from simtune.prepare.prepared import fold
@@ -26,7 +26,6 @@ from simtune.retrieval import lexical
 from simtune.retrieval.lexical import BM25
 from simtune.retrieval.metrics import cosine
 from simtune.retrieval.topk import topk
-from simtune.static import is_static
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +73,8 @@ def search(p: Params, query: str, k: int, head_dir: Path, prepared_dir: Path,
     ids = list(texts)
     if prepared.kind == "pairs":
         ids = sorted(set(prepared.examples.column("doc_id").to_pylist()))
-    role = "document" if prepared.kind == "pairs" else "query"
-    name = p.encoders.document if prepared.kind == "pairs" else p.encoders.query
-    corpus = _corpus_vectors(p, name, ids, head_dir, cache_dir, role, model.side)
-    if corpus is None:
-        log.info("embedding the corpus with the model (%d texts)", len(ids))
-        corpus = model.encode_corpus([texts[i] for i in ids], role=role, progress=True)
+    corpus = corpus_vectors(p, model, head_dir, prepared_dir, cache_dir, prepared.kind, ids,
+                            texts)
     if k > len(ids):
         log.warning("--k %d is more than the corpus (%d texts): showing all", k, len(ids))
         k = len(ids)
@@ -98,19 +93,3 @@ def search(p: Params, query: str, k: int, head_dir: Path, prepared_dir: Path,
     return [Hit(float(s), texts[ids[i]], labels.get(ids[i]))
             for s, i in zip(scores[0], idx[0].tolist(), strict=True) if i >= 0]
 
-
-def _corpus_vectors(p: Params, name: str, ids: list[str], head_dir: Path,
-                    cache_dir: Path, role: str, side: str = "both") -> torch.Tensor | None:
-    if is_static(head_dir) or ((head_dir / "encoder").is_dir() and side != "query"):
-        return None  # a fine-tuned encoder or a static table: the frozen cache does not
-        # apply (but a query tower's corpus is the frozen encoder's: the cache's); a table
-        # embeds the corpus at ~100x MiniLM's speed
-    try:
-        table = open_cache(cache_dir, name, p.encoders.models[name], p.cache, role=role)
-    except UserError as e:
-        log.info("not using the cache: %s", e)
-        return None
-    vectors = table.vectors[table.index(ids).to(table.vectors.device)].float()
-    if side == "query":
-        return vectors.cpu()  # a query-side head: the corpus keeps the frozen cached vectors
-    return heads.load(head_dir)(vectors).cpu()
