@@ -425,7 +425,7 @@ class HeadSchedule(Section):
     """`train.schedule.head`: head mode's schedule (the head alone trains, on cached vectors:
     many cheap epochs of large batches)."""
 
-    lr: Number = Field(gt=0, description="AdamW learning rate of the head (and loss "
+    lr: Number = Field(gt=0, le=10, description="AdamW learning rate of the head (and loss "
                        "parameters; one too high diverges: the run stops in one line)")
     batch_size: int = Field(gt=1, le=2**20, description="examples per batch per process")
     max_epochs: int = Field(gt=0, le=100_000, description="upper bound on epochs")
@@ -443,9 +443,9 @@ class EncoderSchedule(HeadSchedule):
     """`train.schedule.full`: full mode's schedule (the whole encoder in the loop: a few epochs
     of small batches at a low learning rate). `lr` is the encoder layers' rate."""
 
-    lr: Number = Field(gt=0, description="AdamW learning rate of the encoder's "
+    lr: Number = Field(gt=0, le=10, description="AdamW learning rate of the encoder's "
                        "trainable layers")
-    head_lr: Number = Field(gt=0, description="learning rate of the head (and loss "
+    head_lr: Number = Field(gt=0, le=10, description="learning rate of the head (and loss "
                             "parameters); a 10x faster head overfits first")
 
 
