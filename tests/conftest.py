@@ -21,6 +21,16 @@ ROOT = Path(__file__).resolve().parents[1]
 TEST_DATA = {"source": "trec", "trec_labels": "fine"}
 
 
+def project_params() -> dict[str, Any]:
+    """A fresh copy of the repository's params.yaml as a plain dict with the tests' own data
+    source (`TEST_DATA`, no file): what the project ships, whatever data the user's copy of the
+    file names (the docs' figures were run under it, `tests/test_figures.py`)."""
+    raw = copy.deepcopy(yaml.safe_load((ROOT / "params.yaml").read_text()))
+    raw["prepare"].update(TEST_DATA)
+    raw["prepare"]["file"]["path"] = None  # the user's data file is not the tests'
+    return raw
+
+
 def repo_params() -> dict[str, Any]:
     """A fresh copy of the repository's params.yaml as a plain dict, with `train.mode: head`
     and the tests' own data source (`TEST_DATA`, no file): each test names the mode it tests
@@ -29,10 +39,8 @@ def repo_params() -> dict[str, Any]:
     pipeline and README tests that run params.yaml itself. The file supplies every key (the
     schema requires each one, so any params.yaml that loads has them all: a key added to the
     schema reaches every test without a second copy of the values)."""
-    raw = copy.deepcopy(yaml.safe_load((ROOT / "params.yaml").read_text()))
+    raw = project_params()
     raw["train"]["mode"] = "head"
-    raw["prepare"].update(TEST_DATA)
-    raw["prepare"]["file"]["path"] = None  # the user's data file is not the tests'
     return raw
 
 
