@@ -237,10 +237,8 @@ def test_the_workspace_row_after_a_failed_run_shows_its_state_not_the_last_runs_
     project, *_ = _committed_baseline(pipeline_baseline, tmp_path)
     failed = project.dvc("exp", "run", "-S", "train.schedule.head.lr=1e30", check=False)
     assert failed.returncode != 0, failed.stdout[-2000:]
-    from simtune import params as P
-
-    assert P.read_yaml(project.path / "params.yaml")["train"]["schedule"]["head"]["lr"] == (
-        1e30)  # DVC wrote -S into the workspace (as `1e+30`: simtune's loader reads it)
+    text = (project.path / "params.yaml").read_text()
+    assert "      lr: 1e+30\n" in text  # DVC wrote -S into the workspace
     out = project.run(sys.executable, "-m", "stages", "compare", "--width", "200").stdout
     lines = out.splitlines()
     header = lines[0].split()
