@@ -35,7 +35,7 @@ def compare(
 
     from simtune import params as P
     from simtune.errors import UserError
-    from simtune.evaluate.compare import flat_keys, render
+    from simtune.evaluate.compare import flat_keys, render, stale_files
 
     if not params.is_file():
         raise UserError(f"{params}: no such params file (run simtune compare in the "
@@ -52,5 +52,6 @@ def compare(
         raise UserError(f"dvc exp show: {str(err).splitlines()[0] or type(err).__name__}"
                         ) from None
     width = width or shutil.get_terminal_size((120, 24)).columns
-    for line in render(records, flat_keys(raw or {}), width):
+    stale = stale_files(Path("."), params)  # a failed run's workspace: its state, not figures
+    for line in render(records, flat_keys(raw or {}), width, stale):
         print(line)

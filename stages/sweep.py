@@ -38,17 +38,16 @@ def sweep(
                                    "(by default a tie keeps the params file as it is)"),
 ) -> None:
     """Search train.* with Optuna (TPE, pruned per epoch) over the loaded cache, in one process."""
-    import copy
-
     from simtune import params as P
     from simtune.errors import UserError
     from simtune.train import space
     from simtune.train import sweep as lib
     from simtune.train import sweep_report as report
 
-    # what the trials run under, kept to refuse --apply into a file edited meanwhile
-    ran_under = P.read_yaml(params)
-    p = P.validate(copy.deepcopy(ran_under), str(params))
+    # the bytes the trials run from, kept to refuse --apply into a file edited meanwhile
+    P.read_yaml(params)  # a missing or non-UTF-8 file: its own line
+    ran_from = params.read_bytes()
+    p = P.validate(P.parse_yaml(ran_from.decode("utf-8"), str(params)), str(params))
     if study_name is not None and (problem := P.study_problem(study_name)):
         raise UserError(f"--study: {problem}")
     update = {k: v for k, v in (("trials", trials), ("study", study_name)) if v is not None}
@@ -62,12 +61,15 @@ def sweep(
                         f"{numbers}, see its line above); run the sweep again for the missing "
                         "ones" + ("; nothing applied" if apply else ""))
     if apply:
-        report.check_unchanged(params, ran_under)  # edited while the sweep ran: one line
+        def unchanged(now: bytes) -> None:  # edited while the sweep ran: one line, no write
+            report.check_unchanged(params, ran_from, now)
+
+        unchanged(params.read_bytes())
         values = report.best_values(study)  # no complete trial: one line
         ties = report.tied(study)
         if len(ties) > 1 and not apply_tie:
             print(f"not applied: {len(ties)} trials tie at the best value, so {params} keeps "
                   "its values (--apply --apply-tie writes the first of them anyway)")
             return
-        space.write_yaml(params, values)
+        space.write_yaml(params, values, unchanged)  # checked again at the write
         print(f"wrote the best values into {params}")

@@ -74,3 +74,34 @@ def test_item10_checkpoint_error_names_last_pt(tmp_path: Path, tiny_bert: Path) 
     assert lines[1].startswith("INFO simtune.train.epochs: epoch 0 (the frozen encoder")
     assert lines[2:] == [f"error: {last}: cannot write: Is a directory"]
     _no_temps(last.parent)
+
+
+def test_issue52_item7_stale_temps_go_and_outputs_follow_the_umask(tmp_path: Path) -> None:
+    """A kill -9 between a temp's creation and its rename leaves `.NAME.tmp-XXXXXXXX`: the
+    next write of that output removes it (a file, or a folder for `atomic_dir`); a name of
+    another pattern, another output's temp or a temp a live writer holds (flock) stays.
+    Every output gets 0666 / 0777 less the umask, never mkstemp's 0600."""
+    import fcntl
+
+    stale_file, stale_dir = tmp_path / ".a.json.tmp-k1x_9abc", tmp_path / ".out.tmp-zz00yy11"
+    stale_file.write_text("half")
+    (stale_dir / "inner").mkdir(parents=True)
+    kept = [tmp_path / ".a.json.tmp-mine", tmp_path / ".b.json.tmp-k1x_9abc",
+            tmp_path / "a.json.tmp-k1x_9abc", tmp_path / ".a.json.tmp-held0000"]
+    for path in kept:
+        path.write_text("not stale")
+    old = os.umask(0o027)
+    try:
+        with kept[-1].open("rb") as held:
+            fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+            write_bytes(tmp_path / "a.json", b"{}\n")
+            with atomic_dir(tmp_path / "out") as tmp:
+                (tmp / "f").write_text("x")
+    finally:
+        os.umask(old)
+    assert not stale_file.exists() and not stale_dir.exists()
+    assert all(path.read_text() == "not stale" for path in kept)
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o640
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o750
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["a.json", "out", *(p.name for p in kept)])

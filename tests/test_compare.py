@@ -98,6 +98,41 @@ def test_an_unfinished_row_says_its_state_and_shows_no_metrics_of_its_parent() -
     assert row == ["faced-jock", "failed", "1e+08", "-", "-", "3", "9.5"]  # mode: unchanged
 
 
+def test_a_stale_workspace_row_says_so_and_shows_no_figures() -> None:
+    """Issue 52, item 3: the workspace's metrics files missing or older than its params.yaml
+    (`stale_files`: a failed run) are not its params' result: `stale` and `-`, file by file;
+    the other rows keep theirs."""
+    keys = ["train.schedule.head.lr"]
+    records = _records()
+    records[0]["train.schedule.head.lr"] = 1e30
+    for stale, shown in (([0, 1], ["-", "-", "-", "-"]), ([0], ["-", "-", "57", "84.671"]),
+                         ([], ["0.7825", "0.8172", "57", "84.671"])):
+        lines = render(records, keys, 200, stale)
+        assert lines[0].split() == ["Experiment", "state", "train.schedule.head.lr",
+                                    "trained.p@1", "trained.mrr@10", "kept_epoch", "train_s"]
+        assert lines[1].split() == ["workspace", "stale" if stale else "-", "1e+30", *shown]
+        assert lines[2].split() == ["main", "done", "0.005", "0.7825", "0.8172", "57",
+                                    "84.671"]
+
+
+def test_stale_files_are_the_missing_and_the_older_than_params(tmp_path: Path) -> None:
+    import os
+
+    from simtune.evaluate.compare import stale_files
+
+    params = tmp_path / "params.yaml"
+    params.write_text("x: 1\n")
+    (tmp_path / "reports").mkdir()
+    assert stale_files(tmp_path, params) == [0, 1]  # neither file
+    evaluate, train = tmp_path / "reports/metrics.json", tmp_path / "reports/train_metrics.json"
+    for path in (evaluate, train):
+        path.write_text("{}")
+    at = params.stat().st_mtime_ns
+    os.utime(evaluate, ns=(at - 1, at - 1))  # one nanosecond before the params' edit
+    os.utime(train, ns=(at, at))  # written in the same instant: not older
+    assert stale_files(tmp_path, params) == [0]
+
+
 def test_render_narrow_moves_params_to_a_further_table_hides_nothing() -> None:
     keys = ["prepare.file.path", "train.schedule.head.lr", "train.mode"]
     lines = render(_records(), keys, 70)
@@ -190,6 +225,32 @@ def test_a_failed_queued_experiment_shows_its_state_and_not_its_parents_metrics(
                       "trained.mrr@10": "-", "mode": "-", "kept_epoch": "-", "train_s": "-"}, out
     assert parent["state"] == "done" and parent["prepare.source"] == "file"
     assert parent["trained.p@1"] == f"{metrics['trained']['p@1']:.4f}", out
+
+
+@pytest.mark.integration
+def test_the_workspace_row_after_a_failed_run_shows_its_state_not_the_last_runs_figures(
+        pipeline_baseline: Path, tmp_path: Path) -> None:
+    """Issue 52, item 3, in a real DVC repo: `dvc exp run -S train.schedule.head.lr=1e30`
+    fails (the check refuses it; on c61e518 train diverged after DVC deleted its outputs) and
+    leaves 1e30 in params.yaml; the workspace row showed lr 1e+30 beside the previous run's
+    P@1, kept epoch and seconds. Now: `stale` and `-`; the commit's row keeps its figures."""
+    project, *_ = _committed_baseline(pipeline_baseline, tmp_path)
+    failed = project.dvc("exp", "run", "-S", "train.schedule.head.lr=1e30", check=False)
+    assert failed.returncode != 0, failed.stdout[-2000:]
+    text = (project.path / "params.yaml").read_text()
+    assert "      lr: 1e+30\n" in text  # DVC wrote -S into the workspace
+    out = project.run(sys.executable, "-m", "stages", "compare", "--width", "200").stdout
+    lines = out.splitlines()
+    header = lines[0].split()
+    assert header == ["Experiment", "state", "train.schedule.head.lr", "trained.p@1",
+                      "trained.mrr@10", "mode", "kept_epoch", "train_s"], out
+    rows = [dict(zip(header, line.split(), strict=True)) for line in lines[1:]]
+    assert rows[0] == {"Experiment": "workspace", "state": "stale",
+                       "train.schedule.head.lr": "1e+30", "trained.p@1": "-",
+                       "trained.mrr@10": "-", "mode": "-", "kept_epoch": "-", "train_s": "-"}, out
+    metrics = json.loads((project.path / "reports" / "metrics.json").read_text())
+    assert rows[1]["state"] == "done" and rows[1]["train.schedule.head.lr"] != "1e+30"
+    assert rows[1]["trained.p@1"] == f"{metrics['trained']['p@1']:.4f}", out
 
 
 def _page_example() -> tuple[list[dict[str, object]], list[str]]:

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from bench import report
-from tests.conftest import ROOT
+from tests.conftest import ROOT, project_params
 
 DOCS = ROOT / "docs"
 QUOTE = re.compile(r"\{\{\s*bench\.(\w+)")
@@ -65,13 +65,13 @@ def _pages() -> dict[str, str]:
 
 
 def test_no_page_quotes_a_bench_run_under_other_settings() -> None:
-    today = yaml.safe_load((ROOT / "params.yaml").read_text())
+    today = project_params()
     assert stale_quotes(_pages(), report.load(), today) == []
 
 
 def test_a_quote_of_a_bench_run_under_other_patience_is_caught() -> None:
     """main at f3a16f9 quoted "82 epochs" of a train_speed run under patience 25 (now 15)."""
-    today = yaml.safe_load((ROOT / "params.yaml").read_text())
+    today = project_params()
     patience = today["train"]["schedule"]["head"]["patience"]
     then = {**report.flat(today), "train.schedule.head.patience": 25}
     results = {"train_speed": {"run_under": {"commit": "x", "params": then}}}
@@ -103,7 +103,7 @@ def test_a_key_that_moved_since_is_compared_at_its_new_place() -> None:
     """`train.patience` moved to `train.schedule.head.patience` (simtune.params.MOVED): a bench
     that recorded the old key under today's value ran under today's settings; another value is
     named with the key it has now."""
-    today = yaml.safe_load((ROOT / "params.yaml").read_text())
+    today = project_params()
     patience = today["train"]["schedule"]["head"]["patience"]
     now = {k: v for k, v in report.flat(today).items() if not k.startswith("train.schedule.")}
     same = {"x": {"run_under": {"commit": "x", "params": {**now, "train.patience": patience}}}}
@@ -122,7 +122,7 @@ def test_a_bench_records_the_commit_and_params_it_ran_under(tmp_path: Path) -> N
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                           text=True, check=True).stdout.strip()
     assert got["rows"] == [1] and got["run_under"]["commit"] == head
-    assert got["run_under"]["params"] == report.flat(
+    assert got["run_under"]["params"] == report.flat(  # the file as it is: what a bench reads
         yaml.safe_load((ROOT / "params.yaml").read_text()))
     assert isinstance(got["run_under"]["dirty"], bool)
 
@@ -168,7 +168,7 @@ def test_a_copy_that_is_not_the_committed_locked_output_is_caught(tmp_path: Path
 
 def test_params_and_run_placeholders_are_the_files_values() -> None:
     hook = _hook("generate")
-    today = yaml.safe_load((ROOT / "params.yaml").read_text())
+    today = project_params()
     metrics = json.loads((DOCS / "run" / "metrics.json").read_text())
     text = "{{ params.train.schedule.head.patience }} / {{ run.metrics.trained.p@1|.3f }}"
     assert hook.bench_figures(text, "p.md") == (
@@ -255,7 +255,7 @@ def test_the_faqs_layer_cache_messages_are_the_codes(monkeypatch: pytest.MonkeyP
 # --- issue 44 item 18: a generated table says what it ran under; a figure has one source -----
 
 def _today() -> dict:
-    return yaml.safe_load((ROOT / "params.yaml").read_text())
+    return project_params()
 
 
 def test_every_generated_table_says_the_settings_it_ran_under_where_not_todays() -> None:

@@ -92,13 +92,6 @@ ALLOWED = {
     "sweep.space.<name>.high": "checked against the swept train key's schema",
     "sweep.space.<name>.choices[]": "checked against the swept train key's schema",
     "sweep.fixed.<name>": "checked against the fixed train key's schema",
-    # any finite learning rate is honoured: one too high diverges and the run stops in one line
-    # naming the key, nothing saved (tests/train/test_train.py, up to 1e40, where AdamW's step
-    # overflows float32)
-    **dict.fromkeys(("train.schedule.head.lr", "train.schedule.top_layers.lr",
-                     "train.schedule.top_layers.head_lr", "train.schedule.full.lr",
-                     "train.schedule.full.head_lr"),
-                    "too high diverges: one line naming the key (test_train's divergence tests)"),
 }
 # TrainParams keys whose bounds come with the lead's restructuring of the train section (issue
 # 44: the schedule moved into train.schedule.<mode>, bounded there; TrainParams is theirs while
@@ -274,6 +267,34 @@ def test_the_check_command_refuses_a_negative_seed_before_any_stage(tmp_path: Pa
     assert result.stderr.strip() == (f"error: {params}: train.seed: expected an integer >= 0 "
                                      "and <= 4294967295, got -1")
     assert not out.exists()
+
+
+LRS = ["train.schedule.head.lr", "train.schedule.top_layers.lr",
+       "train.schedule.top_layers.head_lr", "train.schedule.full.lr", "train.schedule.full.head_lr"]
+
+
+@pytest.mark.parametrize("key", LRS)
+def test_the_check_command_bounds_every_learning_rate_as_statics(tmp_path: Path, key: str
+                                                                  ) -> None:
+    """Issue 52, item 5: `lr: 1e30` passed `check` for head, top_layers and full (static's was
+    refused above 10); DVC then deleted models/head and train diverged. Refused at the check
+    now, by the same bound as static's."""
+    from typer.testing import CliRunner
+
+    from stages import app
+
+    raw = repo_params()
+    _place(raw, key, 1e30)
+    params = write_params(tmp_path / "params.yaml", raw)
+    out = tmp_path / "checked.json"
+    result = CliRunner().invoke(app, ["check", "--params", str(params), "--out", str(out)])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (f"error: {params}: {key}: expected a number > 0 and "
+                                     "<= 10, got 1e+30")
+    assert not out.exists()
+    _place(raw, key, 10)  # the bound itself passes, as static's
+    P.validate(raw)
+    assert _max("train.schedule.static.lr") == 10
 
 
 def _max(key: str) -> int:

@@ -2,9 +2,11 @@
 so that two processes never write the same output at once.
 
 Every output is first written under a temporary name next to its destination (same filesystem, so
-the final `os.replace` is atomic) and renamed into place only when complete. `locked` holds an
-exclusive `flock` on a lock file for a block (the cache fill per store entry and view, `train`
-per output): it dies with its process, so a killed run never leaves a stale lock.
+the final `os.replace` is atomic) and renamed into place only when complete (`new_temp`: made
+with the umask's permissions, not mkstemp's 0600, and held under a `flock` until renamed, so the
+next write of the same output removes the temps a kill -9 left and never a live one). `locked`
+holds an exclusive `flock` on a lock file for a block (the cache fill per store entry and view,
+`train` per output): it dies with its process, so a killed run never leaves a stale lock.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -30,15 +33,22 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with _naming(dest, dest.parent / f".{dest.name}.tmp-"):
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; outputs get the usual permissions
+    fd, tmp = new_temp(dest, directory=True)
     try:
         with _naming(dest, tmp):  # a file the block writes inside tmp is named inside dest
             yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        os.close(fd)
         raise
+    try:
+        _into_place(dest, tmp)
+    finally:
+        os.close(fd)  # the temp's flock: held until it is dest (or gone)
+
+
+def _into_place(dest: Path, tmp: Path) -> None:
+    """Rename the finished folder `tmp` to `dest`, the previous `dest` put back on failure."""
     old = None
     try:
         with _naming(dest, tmp):
@@ -176,28 +186,95 @@ def is_locked(path: Path) -> bool:
 
 
 def _umask() -> int:
+    """The process's umask: read from /proc (Linux), where setting it to read it back would
+    let another thread create a file under umask 0 meanwhile."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        status = Path("/proc/self/status").read_text().splitlines()
+        return int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def temp_pattern(dest: Path, suffix: str = "") -> re.Pattern[str]:
+    """The names `new_temp` gives `dest`'s temps: `.NAME.tmp-` + tempfile's 8 random
+    characters + `suffix`. Only these are ever removed as stale."""
+    return re.compile(rf"\.{re.escape(Path(dest).name)}\.tmp-[a-z0-9_]{{8}}{re.escape(suffix)}")
+
+
+def remove_stale_temps(dest: Path, suffix: str = "") -> list[Path]:
+    """Remove the temps of `dest` (`temp_pattern`) beside it that no process holds: a write
+    killed before its rename (kill -9, power loss) left them; a live write holds its temp's
+    flock, so it is skipped. Returns what was removed."""
+    dest = Path(dest)
+    pattern = temp_pattern(dest, suffix)
+    try:
+        names = [p for p in dest.parent.iterdir() if pattern.fullmatch(p.name)]
+    except OSError:  # no folder yet (or unreadable: the write itself will say so)
+        return []
+    return [p for p in names if _remove_unheld(p)]
+
+
+def _remove_unheld(path: Path) -> bool:
+    """Remove `path` (a file or a folder) if no process holds its flock, holding it meanwhile
+    (a writer that locks it after that finds it gone and makes another: `new_temp`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def new_temp(dest: Path, suffix: str = "", directory: bool = False) -> tuple[int, Path]:
+    """A new temp file (or, `directory`, folder) beside `dest`, named by `temp_pattern`, with
+    the umask's permissions (mkstemp's 0600 would stay on the renamed output), after removing
+    the stale ones (`remove_stale_temps`). Returns (fd, path): `fd` holds the temp's flock
+    until the caller closes it, after the rename (for a file, `fd` is open for writing). An
+    OSError names `dest`, not the temp."""
+    dest = Path(dest)
+    remove_stale_temps(dest, suffix)
+    prefix = f".{dest.name}.tmp-"
+    while True:
+        with _naming(dest, dest.parent / prefix):
+            if directory:
+                path = tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=dest.parent)
+                fd = os.open(path, os.O_RDONLY)
+            else:
+                fd, path = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=dest.parent)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits only while a cleaner removes it
+        if _is_file_at(fd, Path(path)):
+            break
+        os.close(fd)  # removed as stale between its creation and the lock: make another
+    os.chmod(fd, (0o777 if directory else 0o666) & ~_umask())
+    return fd, Path(path)
 
 
 def write_bytes(dest: Path, data: bytes) -> None:
     """Write `data` to `dest` through a temp file in the same directory, then rename."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    prefix = dest.parent / f".{dest.name}.tmp-"
-    with _naming(dest, prefix):
-        fd, tmp = tempfile.mkstemp(prefix=prefix.name, dir=dest.parent)
+    fd, tmp = new_temp(dest)
     try:
-        with _naming(dest, Path(tmp), unnamed=True):
-            with os.fdopen(fd, "wb") as f:
+        with _naming(dest, tmp, unnamed=True):
+            with os.fdopen(fd, "wb", closefd=False) as f:  # fd keeps the flock to the rename
                 f.write(data)
-            os.chmod(tmp, 0o666 & ~_umask())
             os.replace(tmp, dest)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    finally:
+        os.close(fd)
 
 
 def write_json(dest: Path, obj: Any) -> None:

@@ -425,7 +425,7 @@ class HeadSchedule(Section):
     """`train.schedule.head`: head mode's schedule (the head alone trains, on cached vectors:
     many cheap epochs of large batches)."""
 
-    lr: Number = Field(gt=0, description="AdamW learning rate of the head (and loss "
+    lr: Number = Field(gt=0, le=10, description="AdamW learning rate of the head (and loss "
                        "parameters; one too high diverges: the run stops in one line)")
     batch_size: int = Field(gt=1, le=2**20, description="examples per batch per process")
     max_epochs: int = Field(gt=0, le=100_000, description="upper bound on epochs")

@@ -165,6 +165,16 @@ def load(directory: Path) -> tuple[StaticEncoder, StaticConfig]:
     return StaticEncoder(tokenizer, weight, directory.name or "static"), config
 
 
+def _line_text(texts: Path, number: int, line: bytes) -> str:
+    """Line `number` (1-based) of `texts` decoded; not UTF-8: one line naming the line and
+    the byte within it (1-based), not the offset in a decoder's chunk."""
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{texts}: not UTF-8 text (line {number}, byte {e.start + 1} of the "
+                        "line)") from None
+
+
 def encode_file(model: object, texts: Path, out: Path, batch_size: int = 4096,
                 progress: bool = True, role: str = "query") -> int:
     """Embed every line of the UTF-8 file `texts` (one text a line) with `model` (anything
@@ -183,9 +193,10 @@ def encode_file(model: object, texts: Path, out: Path, batch_size: int = 4096,
         encode_file(load_model("models/export"), Path("docs.txt"), Path("docs.npy"))
     """
     import os
-    import tempfile
 
     import numpy as np
+
+    from simtune.atomic import new_temp
 
     texts, out = Path(texts), Path(out)
     if role not in ("query", "document"):
@@ -196,13 +207,13 @@ def encode_file(model: object, texts: Path, out: Path, batch_size: int = 4096,
     with texts.open("rb") as f:
         n = sum(1 for _ in f)
     dim = int(embed(["dim"], 1, role).shape[1])
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-", suffix=".npy", dir=out.parent)
+    try:  # new_temp removes the `.NAME.tmp-*.npy` a kill -9 left; this one gets the umask's mode
+        fd, tmp = new_temp(out, ".npy")
     except OSError as e:  # the user's path, not the temp file's name they never gave
-        raise UserError(f"{out}: cannot write there ({e.strerror})") from None
+        reason = (e.strerror or str(e)).removeprefix("cannot write: ")  # new_temp's own words
+        raise UserError(f"{out}: cannot write there ({reason})") from None
     try:
-        with os.fdopen(fd, "wb") as sink, texts.open(encoding="utf-8", errors="strict",
-                                                       newline="\n") as f, \
+        with os.fdopen(fd, "wb", closefd=False) as sink, texts.open("rb") as f, \
                 Progress(n, f"encode {texts.name}", enabled=progress) as bar:
             np.lib.format.write_array_header_1_0(sink, {"descr": "<f4", "fortran_order": False,
                                                         "shape": (n, dim)})
@@ -213,9 +224,10 @@ def encode_file(model: object, texts: Path, out: Path, batch_size: int = 4096,
                 sink.write(np.ascontiguousarray(got.numpy(), dtype="<f4").tobytes())
                 bar.update(len(batch))
 
-            for line in f:
+            for number, line in enumerate(f, 1):
                 # lines end at "\n" alone, as they were counted (a lone "\r" is text)
-                batch.append(line.removesuffix("\n").removesuffix("\r"))
+                batch.append(_line_text(texts, number, line.removesuffix(b"\n")
+                                        .removesuffix(b"\r")))
                 if len(batch) == batch_size:
                     flush()
                     rows, batch = rows + len(batch), []
@@ -225,9 +237,8 @@ def encode_file(model: object, texts: Path, out: Path, batch_size: int = 4096,
         if rows != n:  # the file changed between the count and the read
             raise UserError(f"{texts}: changed while it was read ({n} lines, then {rows})")
         os.replace(tmp, out)
-    except UnicodeDecodeError as e:
-        raise UserError(f"{texts}: not UTF-8 text (byte {e.start} of a line)") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        os.close(fd)  # the temp's flock, held to the rename
     return n

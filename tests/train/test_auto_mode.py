@@ -133,11 +133,12 @@ def test_a_sweep_key_that_moved_names_the_new_one() -> None:
 
 def test_patience_counts_from_the_first_trained_epoch() -> None:
     """A slow starter below the frozen encoder trains on while it improves; it stops
-    `patience` epochs after its last improvement, and says so when it was still rising."""
+    `patience` epochs after its last improvement; still below the frozen encoder, it is not
+    "still rising" (issue 52, item 8: the last epoch must beat epoch 0 too)."""
     s = Schedule(1, 2, 10)
     s.record(0, 0.84)  # the frozen encoder
     stops = [s.record(e, v)[1] for e, v in enumerate((0.60, 0.70, 0.80, 0.81), start=1)]
-    assert stops == [False] * 4 and s.best_epoch == 0 and s.trained_best == 4 and s.rising
+    assert stops == [False] * 4 and s.best_epoch == 0 and s.trained_best == 4 and not s.rising
     # counted from epoch 0, patience 2 would have stopped at epoch 2 (0.70, still rising)
     assert s.record(5, 0.805) == (False, False)
     assert s.record(6, 0.80) == (False, True)  # two epochs after the best trained (4)

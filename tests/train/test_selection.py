@@ -289,3 +289,45 @@ def test_with_frozen_candidate_off_the_best_trained_epoch_is_kept_even_below_epo
     on = Schedule(1, 5, 3)
     assert on.record(0, (0.9,)) == (True, False)
     assert on.record(1, (0.5,)) == (False, False) and on.best_epoch == 0
+
+
+# issue 52, item 8: "still rising" only when the last trained epoch beat the one before it and
+# epoch 0 (hand-made validation curves: epoch -> (MRR@10, MAP@R, separation))
+RISING_CURVES = [
+    # full mode, max_epochs 1, lr 1e-12: validation flat, epoch 0 kept (the issue's case)
+    pytest.param({0: (0.8611, 0.7, 0.1), 1: (0.8611, 0.7, 0.1)}, False, id="flat"),
+    # the separation alone moved: no rank metric rose
+    pytest.param({0: (0.8611, 0.7, 0.1), 1: (0.8611, 0.7, 0.1 + 1e-9)}, False, id="separation"),
+    # climbing, but still below the frozen encoder
+    pytest.param({0: (0.9, 0.8, 0.1), 1: (0.6, 0.5, 0.2), 2: (0.7, 0.6, 0.2)}, False,
+                 id="below-epoch-0"),
+    # best trained epoch last and above epoch 0, but no better than the one before it
+    pytest.param({0: (0.5, 0.4, 0.1), 1: (0.7, 0.6, 0.2), 2: (0.7, 0.6, 0.2)}, False,
+                 id="plateau"),
+    # the last beat the one before it and epoch 0
+    pytest.param({0: (0.5, 0.4, 0.1), 1: (0.6, 0.5, 0.2), 2: (0.7, 0.6, 0.2)}, True,
+                 id="rising"),
+    # saturated MRR@10, MAP@R still climbing: a rank metric rose (epoch 2's MAP@R is computed
+    # when it ties the kept epoch 1 on MRR@10; a tie-breaker not computed proves no gain)
+    pytest.param({0: (0.9, 0.6, 0.1), 1: (1.0, 0.7, 0.2), 2: (1.0, 0.75, 0.2),
+                  3: (1.0, 0.8, 0.2)}, True, id="map@r"),
+]
+
+
+@pytest.mark.parametrize(("table", "rising"), RISING_CURVES)
+def test_still_rising_only_when_the_last_epoch_beat_the_one_before_and_epoch_0(
+        table: dict[int, tuple[float, float, float]], rising: bool,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Full mode, max_epochs 1, validation flat at 0.8611 and epoch 0 kept: the log warned
+    "still rising ... more epochs may gain" (epoch 1 counted as rising against nothing)."""
+    from simtune.train.stage import log_selection, report_of
+
+    loop, _, _ = _run_loop(table)
+    report = report_of(loop, 1.0, 40, resamples=10)
+    assert report["epochs"] == max(table) and report["still_rising"] is rising
+    with caplog.at_level("WARNING", logger="simtune.train.stage"):
+        log_selection(report, "mrr@10")
+    said = [m for m in caplog.messages if m.startswith("still rising")]
+    assert said == ([f"still rising: epoch {max(table)}, the last (the mode's max_epochs), was "
+                     "the best trained epoch on val mrr@10; more epochs may gain"]
+                    if rising else [])

@@ -959,13 +959,61 @@ def test_issue44_item7_apply_refuses_a_params_file_edited_while_the_sweep_ran(
     assert params_file.read_text() == edited[0]  # byte for byte the user's file
     assert result.stdout.splitlines()[-1].startswith("dvc exp run --temp -S ")
 
-    # a comment added meanwhile changes no value; a value does (the keys named, at most 3)
-    ran_under = P.read_yaml(params_file)
-    params_file.write_text("# my note\n" + params_file.read_text())
-    report.check_unchanged(params_file, ran_under)
-    earlier = yaml.safe_load(yaml.safe_dump(ran_under))
+    # the bytes decide: a value changed names the keys (at most 3); a comment added meanwhile
+    # is refused too, saying no value changed (issue 52, item 2: the file stays the user's)
+    ran_from = params_file.read_bytes()
+    report.check_unchanged(params_file, ran_from, ran_from)
+    earlier = yaml.safe_load(ran_from)
     earlier["prepare"]["split"]["seed"] = 7
     earlier["sweep"]["trials"] = 9
     with pytest.raises(UserError) as e:
-        report.check_unchanged(params_file, earlier)
+        report.check_unchanged(params_file, yaml.safe_dump(earlier).encode(), ran_from)
     assert "(prepare.split.seed 7 -> 99, sweep.trials 9 -> 2)" in str(e.value)
+    with pytest.raises(UserError) as e:
+        report.check_unchanged(params_file, ran_from, b"# my note\n" + ran_from)
+    assert f"{params_file} changed while the sweep ran (its comments or layout, no value)" in (
+        str(e.value))
+
+
+# --- issue 52 item 2: the bytes at the moment --apply writes ------------------------------------
+
+def test_issue52_item2_apply_compares_the_bytes_at_the_write(
+        tmp_path: Path, tiny_bert: Path, fake_training: list[dict[str, Any]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user edits `expansion: 2 -> 4` and `dropout: 0.25  # my edit` after the trials, while
+    `--apply --apply-tie` is on its way to writing (here: as it looks for a tie, after the
+    check that read the file at the start of --apply): the sweep said "wrote the best values"
+    into a combination no trial ran and overwrote the user's dropout. Now it refuses in one line
+    naming both keys and the file is byte for byte the user's, comment included."""
+    _, params_file = _sweep_project(tmp_path, tiny_bert, trials=2)
+    text = params_file.read_text()
+    assert "    expansion: 2\n" in text and "    dropout: 0.0\n" in text
+    edited: list[str] = []
+    real_tied, real_summary = report.tied, report.summary
+    summarised: list[str] = []
+
+    def summary(*args: Any) -> str:
+        summarised.append(real_summary(*args))
+        return summarised[-1]
+
+    def tied_then_edit(study: optuna.Study) -> list[int]:
+        values = real_tied(study)
+        if not summarised or edited:  # the summary's own call: the trials' end, not --apply's
+            return values
+        mine = (params_file.read_text().replace("    expansion: 2\n", "    expansion: 4\n", 1)
+                .replace("    dropout: 0.0\n", "    dropout: 0.25  # my edit\n", 1))
+        params_file.write_text(mine)
+        edited.append(mine)
+        return values
+
+    monkeypatch.setattr(report, "tied", tied_then_edit)
+    monkeypatch.setattr(report, "summary", summary)
+    result = CliRunner().invoke(app, _args(tmp_path, params_file, "--apply", "--apply-tie"))
+    assert len(fake_training) == 2 and edited
+    assert result.exit_code == 1, result.output
+    assert "wrote the best values" not in result.output
+    assert result.stderr.splitlines()[-1:] == [
+        f"error: {params_file} changed while the sweep ran (train.head.expansion 2 -> 4, "
+        "train.head.dropout 0.0 -> 0.25): nothing applied (the trials ran under its earlier "
+        "values); apply the line above with dvc exp run, or sweep again"]
+    assert params_file.read_text() == edited[0]  # the user's bytes, their comment intact

@@ -456,6 +456,20 @@ def test_full_mode_trains_the_encoder_and_evaluate_uses_it(small: tuple[Path, Pa
 # --- divergence: one line, nothing saved -------------------------------------------------------
 
 
+def _past_the_bound(monkeypatch: pytest.MonkeyPatch, lr: float) -> None:
+    """The train stage runs at head lr `lr`, past the bound `check` holds it to (<= 10, issue 52
+    item 5): divergence is still caught by train itself, whatever let the value through."""
+    real = P.load
+
+    def load(path: str | Path = "params.yaml") -> P.Params:
+        p = real(path)
+        s = p.train.schedule
+        schedule = s.model_copy(update={"head": s.head.model_copy(update={"lr": lr})})
+        return p.model_copy(update={"train": p.train.model_copy(update={"schedule": schedule})})
+
+    monkeypatch.setattr(P, "load", load)
+
+
 def _diverged(root: Path, params_file: Path) -> str:
     """Run the stage expecting divergence; return the error line after checking that nothing
     (head, report) was written and the previous head is untouched."""
@@ -474,48 +488,54 @@ def _diverged(root: Path, params_file: Path) -> str:
     return last
 
 
-def test_non_finite_loss_stops_training(small: tuple[Path, Path]) -> None:
+def test_non_finite_loss_stops_training(small: tuple[Path, Path],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """lr 1e8 (AdamW's decay multiplies the weights by 1 - 1e8 * 0.01 each step) overflows to a
     NaN loss within the first epoch: stop there, name the epoch, step and likely cause."""
     root, params_file = small
-    _edit(params_file, lr=1e8, max_epochs=3)
+    _edit(params_file, max_epochs=3)
+    _past_the_bound(monkeypatch, 1e8)
     line = _diverged(root, params_file)
     assert re.fullmatch(r"error: train\.schedule\.head\.lr: training diverged at epoch 1, "
                         r"step [2-5]: the loss is (nan|inf); the learning rate 1e\+08 is likely "
                         r"too high; nothing saved", line), line
 
 
-def test_weights_that_turn_non_finite_on_the_last_step_are_caught(small: tuple[Path, Path]
-                                                                  ) -> None:
+def test_weights_that_turn_non_finite_on_the_last_step_are_caught(
+        small: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """One step per epoch and one epoch: the loss of that step is finite, the weights after it
     give inf/NaN vectors (lr 1e36); they are checked before they are kept as the best."""
     root, params_file = small
-    _edit(params_file, lr=1e36, max_epochs=1, batch_size=100000, min_steps=0)  # clamped: 1 step
+    _edit(params_file, max_epochs=1, batch_size=100000, min_steps=0)  # clamped: 1 step
+    _past_the_bound(monkeypatch, 1e36)
     line = _diverged(root, params_file)
     assert line == ("error: train.schedule.head.lr: training diverged at epoch 1, step 1: the "
                     "validation vectors are no longer finite; the learning rate 1e+36 is likely "
                     "too high; nothing saved")
 
 
-def test_an_update_beyond_float32_is_divergence_not_a_traceback(small: tuple[Path, Path]
-                                                                ) -> None:
+def test_an_update_beyond_float32_is_divergence_not_a_traceback(
+        small: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """lr 1e40 is a finite float, but AdamW's step (10 x lr at step 1) overflows float32: the
     fused kernel writes non-finite weights, so step 2's loss is nan (the loop over tensors
     refuses the scalar instead: `stage.fit` turns that into the same kind of line)."""
     root, params_file = small
-    _edit(params_file, lr=1e40, max_epochs=1)
+    _edit(params_file, max_epochs=1)
+    _past_the_bound(monkeypatch, 1e40)
     line = _diverged(root, params_file)
     assert line == ("error: train.schedule.head.lr: training diverged at epoch 1, step 2: the "
                     "loss is nan; the learning rate 1e+40 is likely too high; nothing saved")
 
 
-def test_item11_diverged_run_prints_no_warning(small: tuple[Path, Path]) -> None:
+def test_item11_diverged_run_prints_no_warning(small: tuple[Path, Path],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Vectors that turn non-finite are never scored: numpy printed two RuntimeWarnings
     ("invalid value encountered in matmul") before the one line."""
     import warnings
 
     root, params_file = small
-    _edit(params_file, lr=1e36, max_epochs=1, batch_size=100000, min_steps=0)
+    _edit(params_file, max_epochs=1, batch_size=100000, min_steps=0)
+    _past_the_bound(monkeypatch, 1e36)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         line = _diverged(root, params_file)
@@ -533,7 +553,8 @@ def test_item11_diverged_run_leaves_no_checkpoint_or_curves(tmp_path: Path, tiny
 
     root = tmp_path
     _, params_file = project(root, tiny_bert, n=40)
-    _edit(params_file, lr=1e8, max_epochs=3)
+    _edit(params_file, max_epochs=3)
+    _past_the_bound(monkeypatch, 1e8)
     written: list[Path] = []
     real_write = checkpoint.write_bytes
 

@@ -11,12 +11,16 @@ Each row says its state (done, failed, running, queued: DVC's `State`), and show
 metrics the row produced. DVC fills a failed queued experiment's metrics from the files of the
 commit it was queued on (its run wrote none), and a running one's from whatever its workspace
 holds so far; a metrics file whose values equal the parent commit's in such a row is the
-parent's, shown as `-`.
+parent's, shown as `-`. The workspace row's metrics are DVC's reading of the workspace's files
+(or of dvc.lock's record when a failed run deleted them): a metrics file that is missing or
+older than params.yaml (`stale_files`) is not its params' result, so its cells are `-` and the
+row's state `stale`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 # the metrics shown, in order; the first two always, the rest while the table fits the width
@@ -30,6 +34,8 @@ MIN_CELL = 8  # a param column is cut to no fewer characters (then `…`)
 # headline; reports/train_metrics.json: train's kept epoch and seconds): a row's metrics file is
 # its own or the parent's as a whole
 METRIC_FILES = (("trained.p@1", "trained.mrr@10"), ("mode", "kept_epoch", "train_s"))
+# where each of those lives in the workspace (dvc.yaml's `metrics`), in the same order
+METRIC_PATHS = ("reports/metrics.json", "reports/train_metrics.json")
 # DVC's `State` of an experiment (its executor's: `dvc queue status`) -> the word shown; a row
 # without one (a commit, an experiment read from its git ref) ran to the end
 STATES = {"success": "done", "failed": "failed", "running": "running", "queued": "queued"}
@@ -67,26 +73,47 @@ def _label(record: Mapping[str, Any]) -> str:
     return str(name or rev[:7] or "workspace")
 
 
+def stale_files(root: Path, params: Path) -> list[int]:
+    """The indices (into `METRIC_FILES`) of the workspace's metrics files under `root` that
+    are missing or older than the params file `params`: a run that failed (DVC deleted its
+    outputs first) or not yet run since params.yaml was edited (`dvc exp run -S` writes it
+    before any stage runs)."""
+    since = Path(params).stat().st_mtime_ns
+    out = []
+    for i, rel in enumerate(METRIC_PATHS):
+        path = Path(root) / rel
+        if not path.is_file() or path.stat().st_mtime_ns < since:
+            out.append(i)
+    return out
+
+
 def state(record: Mapping[str, Any]) -> str:
-    """The row's state: done, failed, running or queued; `-` for the workspace (DVC does not
-    say whether its outputs follow its params: `dvc status` does)."""
+    """The row's state: done, failed, running or queued; for the workspace `stale` when a
+    metrics file of it is not its params' result (`own_metrics`), else `-` (DVC does not say
+    whether its outputs follow its params: `dvc status` does)."""
     if _label(record) == "workspace":
-        return "-"
+        return "stale" if record.get("State") == "stale" else "-"
     value = str(record.get("State") or "success").lower()
     return STATES.get(value, value)
 
 
-def own_metrics(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def own_metrics(records: Sequence[Mapping[str, Any]], stale: Sequence[int] = ()
+                ) -> list[dict[str, Any]]:
     """`records` with the metrics an unfinished row (failed, running, queued) did not produce
     set to None: each metrics file (`METRIC_FILES`) whose shown values all equal those of the
     row's parent commit (the `baseline` row above it, as DVC lists them), or all of them where
     no parent is listed. A finished row keeps every value: an experiment that reran no stage
-    of a file holds its parent's file as its own result."""
+    of a file holds its parent's file as its own result. The workspace row: the files
+    `stale` (indices into `METRIC_FILES`, `stale_files`) set to None, its state `stale`."""
     out: list[dict[str, Any]] = []
     parent: Mapping[str, Any] | None = None
     for record in records:
         row = dict(record)
-        if row.get("typ") == "baseline" and _label(row) != "workspace":
+        if _label(row) == "workspace":
+            for i in stale:
+                row.update(dict.fromkeys(METRIC_FILES[i]))
+            row["State"] = "stale" if stale else None
+        elif row.get("typ") == "baseline":
             parent = row
         elif state(row) in UNFINISHED:
             for keys in METRIC_FILES:
@@ -116,7 +143,8 @@ def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[st
     return [line(header), *(line(r) for r in rows)]
 
 
-def render(records: Sequence[Mapping[str, Any]], params: Iterable[str], width: int) -> list[str]:
+def render(records: Sequence[Mapping[str, Any]], params: Iterable[str], width: int,
+           stale: Sequence[int] = ()) -> list[str]:
     """The comparison as lines of at most `width` characters.
 
     `records`: DVC's experiment records (`dvc.api.exp_show`: one mapping per row, with
@@ -124,9 +152,10 @@ def render(records: Sequence[Mapping[str, Any]], params: Iterable[str], width: i
     params' dotted keys (those of `params.yaml`). The first table holds the experiment, its
     state, the changed params that fit and the metrics (those the row produced: `own_metrics`);
     params that do not fit follow in further tables, each again with the experiment column, so
-    nothing is hidden. A cell wider than its share is cut with `…`.
+    nothing is hidden. A cell wider than its share is cut with `…`. `stale`: the workspace's
+    metrics files that are not its params' result (`stale_files`).
     """
-    records = own_metrics(records)
+    records = own_metrics(records, stale)
     labels = [_label(r) for r in records]
     label_w = min(max(len(x) for x in ["Experiment", *labels]), max(width // 3, MIN_CELL))
     labels = [_cut(x, label_w) for x in labels]

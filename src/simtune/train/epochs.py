@@ -177,7 +177,7 @@ class EpochLoop(pl.Callback):
         module.head.load_state_dict(self.state["head"])
         module.rep.load_state_dict(self.state["rep"])
         self.history[best], _ = self._validate(trainer, module, True)
-        self.schedule.best_key = selection_key(self.history[best], self.monitor)
+        self.schedule.completed(best, selection_key(self.history[best], self.monitor))
         self.full_validations += 1
         if current is not None:
             module.head.load_state_dict(current["head"])
@@ -215,6 +215,8 @@ class EpochLoop(pl.Callback):
                 "best": (self.schedule.best_epoch, list(self.schedule.best_key)),
                 "trained_best": (self.schedule.trained_best, list(self.schedule.trained_key),
                                  self.schedule.rising),
+                "keys": [None if k is None else list(k)  # epoch 0's and the last's (`rising`)
+                         for k in (self.schedule.frozen_key, self.schedule.last_key)],
                 "per_query": self.per_query,
                 "train_seconds": self.train_seconds, "train_cpu_seconds": self.train_cpu_seconds,
                 "validation_seconds": self.validation_seconds,
@@ -231,6 +233,9 @@ class EpochLoop(pl.Callback):
         epoch, key, rising = state.get("trained_best", (0, [-float("inf")], False))
         s = self.schedule
         s.trained_best, s.trained_key, s.rising = epoch, tuple(key), rising
+        s.frozen_key, s.last_key = (None if k is None else tuple(k)
+                                    for k in state.get("keys", (None, None)))
+        s.last_epoch = int(state.get("epoch", len(self.train_seconds)))
         self.per_query = dict(state["per_query"])
         self.train_seconds = list(state["train_seconds"])
         self.train_cpu_seconds = state["train_cpu_seconds"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -182,10 +183,13 @@ def parse_overrides(line: str) -> dict[str, Any]:
     return out
 
 
-def write_yaml(path: Path, values: dict[str, Any]) -> None:
+def write_yaml(path: Path, values: dict[str, Any],
+               unchanged: Callable[[bytes], None] | None = None) -> None:
     """Set each dotted key of `values` in the YAML file `path` in place: ruamel's round trip
     keeps comments, order and layout; the file is replaced atomically and must still validate
-    (so a failure leaves it as it was)."""
+    (so a failure leaves it as it was). `unchanged` (raises to refuse) is given the file's
+    bytes when they are read and again just before the rename: an edit landing meanwhile is
+    refused, never overwritten (what is left is the atomic rename's own instant)."""
     import io
 
     from ruamel.yaml import YAML
@@ -195,7 +199,10 @@ def write_yaml(path: Path, values: dict[str, Any]) -> None:
     yaml.preserve_quotes = True
     yaml.representer.add_representer(  # ruamel writes null as nothing; keep the file's `null`
         type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null"))
-    before = path.read_text(encoding="utf-8")
+    data = path.read_bytes()
+    if unchanged is not None:
+        unchanged(data)
+    before = data.decode("utf-8")
     P.parse_yaml(before, str(path))  # a key given twice: one line (ruamel raises its own error)
     raw = yaml.load(before)
     for key, value in values.items():
@@ -207,4 +214,6 @@ def write_yaml(path: Path, values: dict[str, Any]) -> None:
     yaml.dump(raw, out)
     text = out.getvalue()
     P.validate(P.parse_yaml(text, str(path)), str(path))
+    if unchanged is not None:
+        unchanged(path.read_bytes())
     write_bytes(path, text.encode("utf-8"))

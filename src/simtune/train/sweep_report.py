@@ -67,20 +67,25 @@ def _leaves(raw: Any) -> dict[str, Any]:
     return out
 
 
-def check_unchanged(path: Path, ran_under: Any) -> None:
-    """Refuse, in one line naming the keys that differ (at most 3), when the params file `path`
-    no longer parses to `ran_under` (what the sweep read when it started): it was edited while
-    the sweep ran, so its values are not those the trials ran under, and writing the best
-    values into it would mix the two. Comments and layout are no change."""
+def check_unchanged(path: Path, ran_from: bytes, now: bytes) -> None:
+    """Refuse, in one line naming the keys whose values differ (at most 3), when the params
+    file `path` holds `now`, not the bytes `ran_from` the sweep started from: it was edited
+    while the sweep ran (or while `--apply` was writing), so its values are not those the
+    trials ran under, and writing the best values into it would mix the two or undo the
+    user's edit. A comment or layout edit is refused too (the file is left as the user left
+    it, their comment intact); the line then says no value changed."""
     from simtune import params as P
 
-    now = P.read_yaml(path)
-    if now == ran_under:
+    if now == ran_from:
         return
-    changes = study_lib.changes(_leaves(ran_under), _leaves(now), "(none)")
-    raise UserError(f"{path} changed while the sweep ran ({changes or 'its values'}): nothing "
-                    "applied (the trials ran under its earlier values); apply the line above "
-                    "with dvc exp run, or sweep again")
+    try:
+        old, new = (_leaves(P.parse_yaml(b.decode("utf-8"), str(path))) for b in (ran_from, now))
+        changed = study_lib.changes(old, new, "(none)") or "its comments or layout, no value"
+    except (UserError, UnicodeDecodeError):  # half-saved by an editor: still the user's
+        changed = "it no longer parses"
+    raise UserError(f"{path} changed while the sweep ran ({changed}): nothing applied (the "
+                    "trials ran under its earlier values); apply the line above with dvc exp "
+                    "run, or sweep again")
 
 
 def best_values(study: optuna.Study) -> dict[str, Any]:

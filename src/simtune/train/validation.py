@@ -40,7 +40,9 @@ class Schedule:
     epoch, so a slow starter still below the frozen encoder trains on while it improves (a
     query-side head rose from val MRR@10 0.607 to 0.813, the frozen 0.841, when patience
     counted from epoch 0 stopped it at epoch 15). `rising`: whether the last recorded epoch
-    was the best trained one (a run that ends so stopped at max_epochs "still rising").
+    was the best trained one and beat both the epoch before it and epoch 0 on the rank metrics
+    (`gained`; a run that ends so stopped at max_epochs "still rising": a flat curve, one
+    below the frozen encoder or one whose separation alone moved is not).
     `best_value`: the kept epoch's monitored value (the key's first element).
     `frozen_candidate` False (`train.frozen_candidate`): epoch 0 is recorded but never kept."""
 
@@ -53,6 +55,10 @@ class Schedule:
         self.best_epoch, self.best_key = 0, (-float("inf"),)
         self.trained_best, self.trained_key = 0, (-float("inf"),)
         self.rising = False
+        # epoch 0's key and the last recorded one's: `rising` needs a gain over both
+        self.frozen_key: tuple[float, ...] | None = None
+        self.last_key: tuple[float, ...] | None = None
+        self.last_epoch = -1
         self.frozen_candidate = frozen_candidate
 
     @property
@@ -68,15 +74,31 @@ class Schedule:
 
     def record(self, epoch: int, key: tuple[float, ...] | float) -> tuple[bool, bool]:
         key = key if isinstance(key, tuple) else (key,)
-        self.rising = epoch > 0 and key > self.trained_key
-        if self.rising:
+        best_trained = epoch > 0 and key > self.trained_key
+        if best_trained:
             self.trained_best, self.trained_key = epoch, key
+        self.rising = (best_trained and gained(key, self.last_key)
+                       and gained(key, self.frozen_key))
+        self.last_epoch, self.last_key = epoch, key
+        if epoch == 0:
+            self.frozen_key = key
         if (key > self.best_key and (epoch > 0 or self.frozen_candidate)
                 and not self._separation_over_frozen(key)):
             self.best_epoch, self.best_key = epoch, key
             return True, False
         since = epoch - max(self.best_epoch, self.trained_best)
         return False, epoch > 0 and since >= self.patience
+
+    def completed(self, epoch: int, key: tuple[float, ...]) -> None:
+        """The kept `epoch`'s key once every metric of it is computed (it had the top 10's
+        only): every record of that epoch takes it."""
+        self.best_key = key
+        if self.trained_best == epoch:
+            self.trained_key = key
+        if self.last_epoch == epoch:
+            self.last_key = key
+        if epoch == 0:
+            self.frozen_key = key
 
     def _separation_over_frozen(self, key: tuple[float, ...]) -> bool:
         """Whether `key` beats the kept frozen encoder (epoch 0) by the separation alone (the
@@ -86,6 +108,18 @@ class Schedule:
         that all rank alike, epoch 1 displaced it that way and lost 0.12 test P@1."""
         return (self.best_epoch == 0 and self.frozen_candidate and len(key) > 1
                 and key[:-1] == self.best_key[:-1])
+
+
+def gained(key: tuple[float, ...], other: tuple[float, ...] | None) -> bool:
+    """Whether the selection key `key` beats `other` (None: nothing to beat) on the rank
+    metrics: the separation (the last tie-breaker) alone rises by construction and is no
+    sign that more epochs gain."""
+    if other is None:
+        return True
+    a, b = (key[:-1], other[:-1]) if len(key) > 1 else (key, other)
+    # a tie-breaker one side did not compute (-inf: top-10 only) compares nothing
+    n = next((i for i, pair in enumerate(zip(a, b, strict=True)) if -float("inf") in pair), len(a))
+    return a[:n] > b[:n]
 
 
 # after the monitored metric, in order: what breaks a tie (a small validation split saturates
