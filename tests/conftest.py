@@ -41,7 +41,15 @@ def repo_params() -> dict[str, Any]:
     schema reaches every test without a second copy of the values)."""
     raw = project_params()
     raw["train"]["mode"] = "head"
+    # likewise the encoder modes train at a rate the test names (these tests were written at
+    # 2e-4), not `lr: auto`, whose probe is tested in tests/train/test_probe.py and by the
+    # tests that run params.yaml itself
+    for mode in ("top_layers", "full"):
+        raw["train"]["schedule"][mode].update(lr=TEST_ENCODER_LR, head_lr=TEST_ENCODER_LR)
     return raw
+
+
+TEST_ENCODER_LR = 2e-4
 
 
 def write_params(path: Path, raw: dict[str, Any]) -> Path:
