@@ -681,7 +681,7 @@ class TrainParams(Section):
         "`train.schedule.top_layers.layers` layers (+ head) on cached lower-layer token "
         "states; `full`: the whole encoder in the loop and trainable, no cache (the slow path); "
         "`static`: a token table student taught by `train.distill.teacher` ("
-        "`train.schedule.static`; served ~100x faster on a CPU; never chosen by auto)"
+        "`train.schedule.static`; fast on a CPU: docs/modes.md#static; never chosen by auto)"
     )
     auto: AutoParams
     head: HeadParams

@@ -104,7 +104,7 @@ def _corpus_vectors(p: Params, name: str, ids: list[str], head_dir: Path,
     if is_static(head_dir) or ((head_dir / "encoder").is_dir() and side != "query"):
         return None  # a fine-tuned encoder or a static table: the frozen cache does not
         # apply (but a query tower's corpus is the frozen encoder's: the cache's); a table
-        # embeds the corpus at ~100x MiniLM's speed
+        # embeds the corpus at many times MiniLM's speed
     try:
         table = open_cache(cache_dir, name, p.encoders.models[name], p.cache, role=role)
     except UserError as e:
