@@ -83,6 +83,19 @@ def test_missing_key(params_raw: dict[str, Any]) -> None:
     assert _error(params_raw) == "params.yaml: missing key 'prepare.split.seed'"
 
 
+def test_every_missing_key_is_named(params_raw: dict[str, Any]) -> None:
+    """An encoder entry written with keys elided (issue 53: "missing key ... (and 4 more)")
+    names every key it lacks in the one line, so one edit adds them all."""
+    params_raw["encoders"]["models"]["teacher"] = {"model": "models/teacher", "pooling": "mean"}
+    assert _error(params_raw) == (
+        "params.yaml: missing keys 'encoders.models.teacher.normalize', "
+        "'encoders.models.teacher.max_length', 'encoders.models.teacher.chunks', "
+        "'encoders.models.teacher.dtype', 'encoders.models.teacher.states_dtype', "
+        "'encoders.models.teacher.prompts'")
+    params_raw["prepare"]["split"]["seed"] = "thirteen"  # another kind of error: counted
+    assert _error(params_raw).endswith("'encoders.models.teacher.prompts' (and 1 more)")
+
+
 def test_fractions_must_sum_to_one(params_raw: dict[str, Any]) -> None:
     params_raw["prepare"]["split"]["fractions"] = {"train": 0.8, "val": 0.1, "test": 0.2}
     assert _error(params_raw) == (
