@@ -26,6 +26,7 @@ from simtune.pretrained import load_tokenizer
 
 log = logging.getLogger(__name__)
 SAMPLE = 2000  # texts whose tokens are counted (the mean is scaled to all): a second at most
+AUTO_MODES = ("full", "top_layers", "head")  # what auto picks among
 
 
 @dataclass(frozen=True)
@@ -93,16 +94,25 @@ def choose(t: TrainParams, encoders: EncodersParams, texts: list[str]) -> tuple[
     return mode, why
 
 
-def resolve(t: TrainParams, encoders: EncodersParams, prepared_dir: Path) -> TrainParams:
+def resolve(t: TrainParams, encoders: EncodersParams, prepared_dir: Path,
+            note_auto: bool = False) -> TrainParams:
     """`t` resolved (`params.effective`) for the prepared data at `prepared_dir`: `auto`
-    chosen (`choose`) over every prepared text, the mode's schedule in force."""
-    if t.mode == "auto":
-        from simtune.prepare.prepared import load as load_prepared
+    chosen (`choose`) over every prepared text, the mode's schedule in force. `note_auto` (the
+    cache and train stages): a set mode that auto would pick too is said in one line (an experiment `-S train.mode=<it>` repeats the
+    default run's mode: its log says so first)."""
+    from simtune.prepare.prepared import load as load_prepared
 
+    if t.mode == "auto":
         texts = load_prepared(prepared_dir).texts.column("text").to_pylist()
         mode, reason = choose(t, encoders, texts)
-        log.info("train.mode %s", reason)  # a set mode needs no word
+        log.info("train.mode %s", reason)
     else:
         mode, reason = choose(t, encoders, [])
+        if note_auto and mode in AUTO_MODES:  # a set mode auto picks anyway: said
+            texts = load_prepared(prepared_dir).texts.column("text").to_pylist()
+            picked, why = choose(t.model_copy(update={"mode": "auto"}), encoders, texts)
+            if picked == mode:
+                log.info("train.mode %s: the mode auto picks for this data too (%s): the "
+                         "default run's mode, not another", mode, why)
     return P.effective(t, mode, reason)
 

@@ -140,7 +140,7 @@ def in_force(train: TrainParams, enc: EncodersParams, prepared_dir: Path) -> Tra
     prepared data's kind (`params.resolve_loss`: `auto` resolved), so the checkpoint's
     fingerprint and the saved head record what ran, not `auto`."""
     kind = prepared_kind(prepared_dir)
-    return P.resolve_loss(resolve(train, enc, prepared_dir), kind,
+    return P.resolve_loss(resolve(train, enc, prepared_dir, note_auto=True), kind,
                           f"the prepared data ({prepared_dir})")
 
 
