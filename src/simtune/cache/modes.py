@@ -98,8 +98,8 @@ def resolve(t: TrainParams, encoders: EncodersParams, prepared_dir: Path,
             note_auto: bool = False) -> TrainParams:
     """`t` resolved (`params.effective`) for the prepared data at `prepared_dir`: `auto`
     chosen (`choose`) over every prepared text, the mode's schedule in force. `note_auto` (the
-    cache and train stages): a set mode that auto would pick too is said in one line (an experiment `-S train.mode=<it>` repeats the
-    default run's mode: its log says so first)."""
+    cache and train stages): a set mode that auto would pick too is said in one line (an
+    experiment `-S train.mode=<it>` repeats the default run's mode: its log says so first)."""
     from simtune.prepare.prepared import load as load_prepared
 
     if t.mode == "auto":
