@@ -464,3 +464,48 @@ def test_every_bullet_of_the_docs_renders_as_a_list_item() -> None:
     found = {page.name: lines for page in sorted(DOCS.glob("*.md"))
              if (lines := inline_list_items(page.read_text()))}
     assert found == {}
+
+
+def _merged(base: dict, over: dict) -> dict:
+    """`over` deep-merged into `base` (a reader adding a page's params block to their file)."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = (_merged(base[key], value) if isinstance(value, dict)
+                    and isinstance(base.get(key), dict) else value)
+    return out
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
+    return {k: v for key, sub in tree.items() for k, v in (
+        _flat(sub, f"{prefix}{key}.") if isinstance(sub, dict) else {f"{prefix}{key}": sub}
+    ).items()}
+
+
+def test_the_static_students_one_command_and_its_params_are_one_setting() -> None:
+    """docs/modes.md's static student in one command: its YAML, added to params.yaml, is
+    valid params whose teacher is this project's export (the cache stage's copy, read with
+    the query encoder's settings), and its `dvc exp run` line sets exactly those keys (the
+    README's quickstart runs that line: tests/test_readme.py)."""
+    section = (DOCS / "modes.md").read_text().split("\n## static\n")[1].split("\n## ")[0]
+    block = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    command = re.search(r"```bash\n(dvc exp run .*?)\n```", section, re.S).group(1)
+    sets = dict(s.split("=", 1) for s in re.findall(r"-S (\S+)", command))
+    assert sets == {k: str(v) for k, v in _flat(block).items()}
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    p = P.validate(_merged(raw, block))
+    assert (p.train.mode, p.train.distill.teacher) == ("static", "export")
+    query = p.encoders.models[p.encoders.query]
+    assert p.encoders.models["export"] == query.model_copy(update={"model": "cache/export.model"})
+    assert f"-S {' -S '.join(f'{k}={v}' for k, v in sets.items())}" in (
+        ROOT / "README.md").read_text()
+
+
+def test_the_distillation_pages_set_up_is_whole_params() -> None:
+    """docs/distillation.md's set-up, added to params.yaml, is valid params: its teacher entry
+    holds every key of an encoder (it elided them: "missing key ... (and 4 more)")."""
+    text = (DOCS / "distillation.md").read_text()
+    block = yaml.safe_load(re.search(r"## Set-up\n.*?```yaml\n(.*?)```", text, re.S).group(1))
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    p = P.validate(_merged(raw, block))
+    assert p.train.objective == "distill" and p.train.distill.teacher == "teacher"
+    assert set(block["encoders"]["models"]["teacher"]) == set(P.EncoderParams.model_fields)

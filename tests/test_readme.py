@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -186,9 +187,11 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
     raw = yaml.safe_load(params.read_text())
     raw["encoders"] = encoder_params(save_tiny_bert(tmp_path / "tiny-bert"))
     raw["cache"]["device"] = "cpu"
+    shipped = yaml.safe_load(params.read_text())
     raw["train"]["schedule"]["head"].update(batch_size=8, max_epochs=2)
-    for mode in ("top_layers", "full"):
+    for mode in ("top_layers", "full", "static"):
         raw["train"]["schedule"][mode].update(batch_size=8, max_epochs=1)
+    raw["evaluate"]["speed_texts"] = 8  # the static student's speeds: a few texts suffice
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
 
     lines = _quickstart()
@@ -202,6 +205,7 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
                             "prepare.file.path": "data/raw/tickets.csv"}
             for key, value in edit.items():
                 _set(raw, key, value)
+                _set(shipped, key, value)  # the user's params.yaml: the shipped one, edited
             params.write_text(yaml.safe_dump(raw, sort_keys=False))
             continue
         if command == "source .venv/bin/activate":  # the test's PATH already has the venv's bin
@@ -214,11 +218,19 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
         elif command.startswith("cat reports/metrics.json"):
             # the headline: trained vs frozen
             assert set(json.loads(proc.stdout)) == {"trained", "baseline", "lift"}
-        elif command.startswith("dvc exp run --temp -S train.mode=top_layers"):
-            assert "Running stage 'cache'" in proc.stdout  # the layer states are cached
-            assert "Running stage 'train'" in proc.stdout
+        elif command.startswith("dvc exp run --temp -S train.mode=static"):
+            # the static student taught by the committed run's export, in one command under
+            # --temp (no untracked folder carried): its teacher taken into the cache output
+            log = proc.stdout + proc.stderr
+            assert "Running stage 'cache'" in log and "Running stage 'export'" in log, log
+            assert "train.distill.teacher: export: models/export copied into " \
+                   "cache/export.model" in log, log
+            assert yaml.safe_load(params.read_text()) == raw  # --temp: the file stays as it is
+            assert not (project.path / "cache" / "export.model").exists()  # nor the workspace
         elif command.startswith("dvc exp run"):  # the head (the cache stage reruns, as
             assert "Running stage 'train'" in proc.stdout  # train.mode is its param: a hit)
+            # auto chose the whole encoder on 60 texts: the head is another mode, said nowhere
+            assert "the mode auto picks for this data too" not in proc.stdout + proc.stderr
             assert yaml.safe_load(params.read_text()) == raw  # --temp: the file stays as it is
         elif command.startswith("simtune compare"):
             # the two experiments' changed params and trained metrics, in 120 columns
@@ -226,10 +238,23 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
             assert max(map(len, shown)) <= 120, proc.stdout
             assert {"train.mode", "trained.p@1", "trained.mrr@10", "mode"} <= set(
                 shown[0].split()), proc.stdout
-            assert "top_layers" in proc.stdout and " head " in proc.stdout
+            assert " static " in proc.stdout and " head " in proc.stdout, proc.stdout
+            assert "None" not in proc.stdout
         elif command.startswith("simtune search"):
             hits = proc.stdout.strip().splitlines()
             assert len(hits) == 5
             assert all(re.match(r" ?-?\d\.\d{4}  \S", hit) for hit in hits)  # right-aligned
     assert set(outputs) == {"cp ~/tickets.csv", "dvc repro", "cat reports/metrics.json",
                             "git add", "dvc exp", "simtune compare", "simtune search"}
+    # then `make test-quick`'s tests that read params.yaml, on the user's params.yaml (the
+    # shipped one with the quickstart's edit): each passes, none takes the file as its truth
+    params.write_text(yaml.safe_dump(shipped, sort_keys=False))
+    quick = re.search(r"^QUICK_TESTS := (.*?)\n(?=\S)", (ROOT / "Makefile").read_text(),
+                      re.M | re.S).group(1).replace("\\", " ").split()
+    reading = [t for t in quick if any("params" in f.read_text() for f in (
+        sorted((ROOT / t).rglob("test_*.py")) if (ROOT / t).is_dir() else [ROOT / t]))]
+    assert "tests/test_params.py" in reading and "tests/prepare" in reading
+    proc = project.run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                       "-m", "not integration", *reading, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert re.search(r"^\d+ passed", proc.stdout.splitlines()[-1]), proc.stdout[-500:]
