@@ -435,3 +435,26 @@ def test_the_check_command_refuses_a_typo_and_writes_the_same_bytes_for_any_vali
     assert result.stderr.strip().startswith(
         f"error: {params}: unknown key 'learning_rate' in section 'train'")
     assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_the_export_teacher_is_the_query_encoder_on_the_cache_stages_copy(
+        params_raw: dict[str, Any]) -> None:
+    """`train.distill.teacher: export` (issue 53): with train.mode static, an encoder entry
+    `export` with the query encoder's settings on `cache/export.model` (the cache stage's copy
+    of models/export); unused in other modes (no entry); refused for a distillation, whose
+    student's export replaces models/export; an entry of that name the user wrote is theirs."""
+    params_raw["train"]["distill"]["teacher"] = "export"
+    assert "export" not in P.validate(params_raw).encoders.models  # head mode: not read
+    params_raw["train"]["mode"] = "static"
+    p = P.validate(params_raw)
+    assert p.encoders.models["export"] == p.encoders.models["minilm"].model_copy(
+        update={"model": "cache/export.model"})
+    params_raw["train"]["mode"] = "head"
+    params_raw["train"]["objective"] = "distill"
+    assert _error(params_raw) == (
+        "params.yaml: train.distill.teacher: 'export' (this project's models/export) teaches "
+        "train.mode static only: a distilled student's export replaces models/export; name an "
+        "encoder of encoders.models (docs/distillation.md#the-teacher)")
+    params_raw["encoders"]["models"]["export"] = {
+        **params_raw["encoders"]["models"]["minilm"], "model": "/teachers/trec"}
+    assert P.validate(params_raw).encoders.models["export"].model == "/teachers/trec"
