@@ -21,11 +21,10 @@ def _error(raw: dict[str, Any]) -> str:
 
 
 def test_shipped_params_load() -> None:
+    """params.yaml loads, the shipped one or a user's (the quickstart's edit: its own data;
+    tests/test_readme.py runs this file on it): its values are not this test's truth."""
     p = P.load(ROOT / "params.yaml")
-    assert p.prepare.source == "trec"
-    assert p.prepare.trec_labels == "fine"
-    assert p.prepare.split.fractions.as_dict() == {"train": 0.8, "val": 0.1, "test": 0.1}
-    assert p.prepare.split.by == "row"
+    assert sum(p.prepare.split.fractions.as_dict().values()) == pytest.approx(1)
 
 
 def test_unknown_key_names_key_and_section(params_raw: dict[str, Any]) -> None:
@@ -105,6 +104,7 @@ def test_fractions_must_sum_to_one(params_raw: dict[str, Any]) -> None:
 
 def test_file_source_needs_path_and_columns(params_raw: dict[str, Any]) -> None:
     params_raw["prepare"]["source"] = "file"
+    params_raw["prepare"]["file"]["path"] = None  # a user's params.yaml may name their file
     assert "file.path is required" in _error(params_raw)
     params_raw["prepare"]["file"]["path"] = "data/raw/x.csv"
     params_raw["prepare"]["file"]["kind"] = "pairs"
