@@ -38,11 +38,27 @@ def cache(ctx: typer.Context, params: Path = PARAMS, prepared: Path = PREPARED,
     P.resolve_loss(p.train, kind(prepared), f"the prepared data ({prepared})")
     P.check_unlabelled(p.train, unlabelled(prepared), f"the prepared data ({prepared})")
     # train.mode auto: what the layers fit (and their time on this machine)
-    t = resolve(p.train, p.encoders, prepared, p.cache.store)
+    t = resolve(p.train, p.encoders, prepared, p.cache.store, note_auto=True)
+    teacher = P.teacher_of(p.train)
+    if teacher is not None and p.encoders.models[teacher].model == P.EXPORT_SNAPSHOT:
+        _take_export(out)
     results = lib.fill(prepared, out, p.encoders, p.cache, layer=layer_for(p.encoders, t),
                        teacher=P.teacher_of(p.train))
     if report is not None and lib.dist_from_env().rank == 0:
         lib.write_report(report, results)
+
+
+def _take_export(out: Path) -> None:
+    """`train.distill.teacher: export`: this project's models/export, copied into the cache
+    output (`simtune.cache.teacher`) where the teacher's entry reads it."""
+    from simtune import params as P
+    from simtune.cache.teacher import KEY, snapshot
+
+    dest = Path(P.EXPORT_SNAPSHOT)
+    if dest.parent.resolve() != out.resolve():
+        raise UserError(f"{KEY}: the teacher is copied into {dest} (the cache stage's --out "
+                        f"{dest.parent}), not under --out {out}")
+    snapshot(Path(P.EXPORT_DIR), dest)
 
 
 @app.command()

@@ -1,4 +1,4 @@
-"""`train`: train the head (or, in full mode, the encoder too) on the prepared examples."""
+"""`train`: train the model of `train.mode` (head, top layers, full encoder, static table)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,12 @@ def train(
     checkpoint: Path = dir_option("checkpoints/train", "resumable checkpoint after each epoch: "
                                   "a killed run resumes from it; deleted on success"),
 ) -> None:
-    """Train a head on the cached embeddings (Lightning; AMP, DDP, GradCache, early stopping).
+    """Train the model of train.mode: head, top_layers, full or static (auto picks full,
+    top_layers or head from the data).
+
+    A head on the cached vectors (head), the top layers on the cached token states
+    (top_layers), the whole encoder (full) or a token table taught by a teacher (static);
+    Lightning: AMP, DDP, GradCache, early stopping.
     A second train writing the same outputs at once is refused, not queued (`.<name>.lock`
     beside each output, held by local rank 0: the other ranks of a DDP launch are its own)."""
     from simtune import params as P

@@ -9,9 +9,11 @@ is loaded (search's missing --prepared aside: it loads the tiny encoder first).
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -268,3 +270,20 @@ def test_real_process_prints_no_traceback(workdir: Path, args: list[str], messag
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     assert message in (_usage_error(proc.stderr) or ""), proc.stderr
+
+
+def test_the_train_commands_summary_names_every_mode() -> None:
+    """`simtune --help` lists `train` by its help's first paragraph: it names every
+    `train.mode` of the schema (it said "Train a head on the cached embeddings"), and what
+    `auto` picks among them."""
+    import typing
+
+    from simtune.params import TrainParams
+    from stages import unwrap
+
+    modes = typing.get_args(TrainParams.model_fields["mode"].annotation)
+    summary = unwrap(typer.main.get_command(importlib.import_module("stages.train").app).help)
+    first = summary.split("\n\n")[0]
+    assert set(modes) == {"auto", "head", "top_layers", "full", "static"}
+    assert all(re.search(rf"\b{m}\b", first) for m in modes if m != "auto"), first
+    assert "auto picks full, top_layers or head" in first

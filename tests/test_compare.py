@@ -66,6 +66,20 @@ def test_render_keeps_changed_params_and_metrics_drops_hashes() -> None:
     assert HASH not in text and "batch_size" not in text and "lift" not in text
 
 
+def test_a_key_an_older_commit_lacks_is_shown_as_a_dash() -> None:
+    """dvc.api.exp_show gives a param an older commit's params.yaml lacks as the string
+    "None" (its `_postprocess` of a rendered cell): shown as `-`, like any missing value."""
+    records = _records()[1:3]
+    records[0] = {**records[0], "train.distill.teacher": "None"}
+    records[1] = {**records[1], "train.distill.teacher": "export"}
+    lines = render(records, ["train.schedule.head.lr", "train.distill.teacher"], 200)
+    assert lines[0].split()[:4] == ["Experiment", "state", "train.schedule.head.lr",
+                                    "train.distill.teacher"]
+    assert lines[1].split()[:4] == ["main", "done", "0.005", "-"]
+    assert lines[2].split()[:4] == ["weeny-yegg", "done", "0.003", "export"]
+    assert "None" not in "\n".join(lines)
+
+
 def test_an_unfinished_row_says_its_state_and_shows_no_metrics_of_its_parent() -> None:
     """Issue 44 item 1: DVC fills a failed queued experiment's metrics from its parent commit's
     files, and a killed (still 'Running') one's from what its workspace holds: the parent's

@@ -437,3 +437,75 @@ def test_the_pages_quote_the_bench_figures_not_placeholders(site: Path) -> None:
     metrics = json.loads((DOCS / "run" / "metrics.json").read_text())
     head = f"{metrics['trained']['p@1']:.3f}"
     assert f"TREC-50: test P@1 {head} with the head" in _text(site / "modes" / "index.html")
+
+
+def inline_list_items(text: str) -> list[str]:
+    """Lines of `text` (a page's Markdown) that the site's Markdown (mkdocs.yml's extensions)
+    renders inside a paragraph though they start like a list item (`- `, `* `, `1. `): a
+    bullet after a list item's paragraph without a blank line before it is joined to that
+    paragraph ("... - Selection: ..."), not made an item."""
+    import markdown
+
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    extensions = [e if isinstance(e, str) else next(iter(e))
+                  for e in config["markdown_extensions"]]
+    text = re.sub(r"\A---\n.*?\n---\n", "", text, flags=re.S)  # front matter (mkdocs reads it)
+    rendered = markdown.markdown(text, extensions=extensions)
+    rendered = re.sub(r"<pre.*?</pre>", "", rendered, flags=re.S)
+    return [line for p in re.findall(r"<p>(.*?)</p>", rendered, re.S)
+            for line in p.splitlines()[1:] if re.match(r"\s*(?:[-*]|\d+\.) \S", line)]
+
+
+def test_every_bullet_of_the_docs_renders_as_a_list_item() -> None:
+    """docs/modes.md's static section rendered its bullets after the nested list inline
+    (issue 53); a made-up page shows the check sees it."""
+    assert inline_list_items("- **A**: one\n    - nested\n\n    more of A.\n- **B**: two\n") \
+        == ["- <strong>B</strong>: two"]
+    found = {page.name: lines for page in sorted(DOCS.glob("*.md"))
+             if (lines := inline_list_items(page.read_text()))}
+    assert found == {}
+
+
+def _merged(base: dict, over: dict) -> dict:
+    """`over` deep-merged into `base` (a reader adding a page's params block to their file)."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = (_merged(base[key], value) if isinstance(value, dict)
+                    and isinstance(base.get(key), dict) else value)
+    return out
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
+    return {k: v for key, sub in tree.items() for k, v in (
+        _flat(sub, f"{prefix}{key}.") if isinstance(sub, dict) else {f"{prefix}{key}": sub}
+    ).items()}
+
+
+def test_the_static_students_one_command_and_its_params_are_one_setting() -> None:
+    """docs/modes.md's static student in one command: its YAML, added to params.yaml, is
+    valid params whose teacher is this project's export (the cache stage's copy, read with
+    the query encoder's settings), and its `dvc exp run` line sets exactly those keys (the
+    README's quickstart runs that line: tests/test_readme.py)."""
+    section = (DOCS / "modes.md").read_text().split("\n## static\n")[1].split("\n## ")[0]
+    block = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    command = re.search(r"```bash\n(dvc exp run .*?)\n```", section, re.S).group(1)
+    sets = dict(s.split("=", 1) for s in re.findall(r"-S (\S+)", command))
+    assert sets == {k: str(v) for k, v in _flat(block).items()}
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    p = P.validate(_merged(raw, block))
+    assert (p.train.mode, p.train.distill.teacher) == ("static", "export")
+    query = p.encoders.models[p.encoders.query]
+    assert p.encoders.models["export"] == query.model_copy(update={"model": "cache/export.model"})
+    assert f"-S {' -S '.join(f'{k}={v}' for k, v in sets.items())}" in (
+        ROOT / "README.md").read_text()
+
+
+def test_the_distillation_pages_set_up_is_whole_params() -> None:
+    """docs/distillation.md's set-up, added to params.yaml, is valid params: its teacher entry
+    holds every key of an encoder (it elided them: "missing key ... (and 4 more)")."""
+    text = (DOCS / "distillation.md").read_text()
+    block = yaml.safe_load(re.search(r"## Set-up\n.*?```yaml\n(.*?)```", text, re.S).group(1))
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    p = P.validate(_merged(raw, block))
+    assert p.train.objective == "distill" and p.train.distill.teacher == "teacher"
+    assert set(block["encoders"]["models"]["teacher"]) == set(P.EncoderParams.model_fields)

@@ -245,3 +245,55 @@ def test_no_code_block_or_table_scrolls_sideways_at_1280_px(
                        capture_output=True, timeout=180, check=True)
         assert (shots / name).stat().st_size > 10_000
     assert overflows(results) == []
+
+
+# --- the nav's links are never under its sticky title -----------------------------------------
+
+# A page whose nav scrolls (700 px tall, the active link far down: Material scrolls the nav to
+# it) in a frame, its nav then scrolled 20 px: no nav link in the nav's visible box may share a
+# pixel row with the nav's title (issue 53: "Home" sat under the sticky "simtune")
+NAV_HARNESS = """<!DOCTYPE html><html><body style="margin:0">
+<iframe id="f" style="width:1280px;height:700px;border:0"></iframe><pre id="out"></pre>
+<script>
+const frame = document.getElementById("f");
+frame.onload = () => {
+  if (!frame.contentWindow.location.href.endsWith("/reference/commands/")) return;
+  const w = frame.contentWindow, doc = frame.contentDocument;
+  setTimeout(() => {
+    w.scrollTo(0, 2000);
+    const wrap = doc.querySelector(".md-sidebar--primary .md-sidebar__scrollwrap");
+    const scrolled = wrap.scrollTop;
+    wrap.scrollTop = 20;  // the first links scrolled part-way up: where the title stood over them
+    const box = wrap.getBoundingClientRect();
+    const title = doc.querySelector(".md-nav--primary > .md-nav__title").getBoundingClientRect();
+    const shown = [], covered = [];
+    doc.querySelectorAll(".md-sidebar--primary a.md-nav__link").forEach(a => {
+      const r = a.getBoundingClientRect();
+      if (r.height === 0 || r.bottom <= box.top || r.top >= box.bottom) return;
+      shown.push(a.textContent.trim());
+      if (Math.min(r.bottom, title.bottom) - Math.max(r.top, title.top) > 0.5)
+        covered.push(a.textContent.trim());
+    });
+    document.getElementById("out").textContent = JSON.stringify(
+      {scrolled: scrolled, shown: shown, covered: covered});
+  }, 300);
+};
+frame.src = "/reference/commands/";
+</script></body></html>
+"""
+
+
+@needs_chromium
+def test_no_nav_link_sits_under_the_navs_sticky_title(
+        site: Path, served: Callable[[Path], str], tmp_path: Path) -> None:  # noqa: F811
+    (site / "_nav_check").mkdir(exist_ok=True)
+    (site / "_nav_check" / "index.html").write_text(NAV_HARNESS)
+    proc = subprocess.run(
+        [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu",
+         f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000",
+         "--window-size=1300,900", "--dump-dom", served(site) + "_nav_check/"],
+        capture_output=True, text=True, timeout=180, check=True)
+    found = json.loads(html.unescape(re.search(r'<pre id="out">(.*?)</pre>', proc.stdout,
+                                               re.S).group(1)))
+    assert found["scrolled"] > 0 and {"Getting started", "Commands"} <= set(found["shown"])
+    assert found["covered"] == []

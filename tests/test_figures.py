@@ -440,3 +440,111 @@ def test_a_benchs_out_file_records_what_it_ran_under_too(tmp_path: Path) -> None
     assert got["rows"] == [1] and set(got["run_under"]) == {"commit", "dirty", "params"}
     assert got["run_under"]["params"] == report.flat(_today())
     assert not (tmp_path / "probe.json").exists()
+
+
+# --- one figure per fact (issue 53 item 4): every place that quotes it, one generated source ---
+
+def prose_texts() -> dict[str, str]:
+    """Every text a user reads a figure in: the docs pages as the site shows them (figures
+    filled in from bench/ and docs/run/; the generated reference pages and the benchmarks
+    page, whose every figure is its JSON's, left out), the README, the Makefile's messages and
+    comments, params.yaml's comments and the command line's help (each command's docstring)."""
+    import typer
+
+    from stages import COMMANDS
+
+    hook = _hook("generate")
+    out = {f"docs/{where}": hook.bench_figures(text, where) for where, text in _pages().items()
+           if where not in ("README.md", "benchmarks.md") and not where.startswith("reference")}
+    for name in ("README.md", "Makefile", "params.yaml"):
+        out[name] = (ROOT / name).read_text()
+    for name, module in COMMANDS.items():
+        app = importlib.import_module(f"stages.{module}").app
+        out[f"simtune {name} --help"] = typer.main.get_command(app).help or ""
+    return out
+
+
+def _paragraphs(where: str, text: str) -> list[list[str]]:
+    """`text` as paragraphs of sentences: a Markdown page's paragraphs (blank lines, headings
+    apart), a config file's lines (each comment its own)."""
+    if where in ("Makefile", "params.yaml"):
+        return [[line] for line in text.splitlines()]
+    blocks = re.split(r"\n\s*\n|\n(?=#)", text)
+    return [re.split(r"(?<=[.;!?])\s+(?=[A-Z`(])", " ".join(b.split())) for b in blocks]
+
+
+def _figures() -> dict[str, str]:
+    """Each fact's one source, formatted as the prose writes it."""
+    static = json.loads((ROOT / "bench" / "static.json").read_text())
+    speed = json.loads((ROOT / "bench" / "train_speed.json").read_text())
+    fill = json.loads((ROOT / "bench" / "cache_fill.json").read_text())
+    run = json.loads((DOCS / "run" / "metrics.json").read_text())
+    steps = re.findall(r"== install (\d)/(\d)", (ROOT / "Makefile").read_text())
+    return {"static speed": f"{static['headline']['default']['ours_labels']['x_MiniLM_1t']:.0f}",
+            "static machine": static["machine"].split(",")[0],
+            "head P@1": f"{speed['stage']['runs']['now'][0]['test']['p@1']:.3f}",
+            "top 2 P@1": f"{run['trained']['p@1']:.3f}",
+            "fill texts": f"{fill['texts']:,}", "fill seconds": f"{fill['seconds']['ours']:.0f}",
+            "fill machine": fill["machine"].split(",")[0],
+            "install steps": ["one", "two", "three", "four", "five"][int(steps[-1][1]) - 1]}
+
+
+def contradictions(texts: dict[str, str]) -> list[str]:
+    """One line per figure of a fact that is not its source's (`_figures`): the static
+    student's speed against MiniLM (bench/static.json, with its machine), TREC's test P@1 with
+    the head (bench/train_speed.json) and with the top 2 layers (the default run, docs/run/),
+    MiniLM's pass over TREC (bench/cache_fill.json, with its machine), the count of `make`'s
+    install steps (the Makefile's `== install i/n` messages), what `auto` picks (full,
+    top_layers or head), and a count of unit tests (said nowhere: it drifts)."""
+    want, out = _figures(), []
+    for where, text in texts.items():
+        for paragraph, s in ((p, s) for p in _paragraphs(where, text) for s in p):
+            bad = []
+            if re.search(r"static|token table|StaticEmbedding", s) and "MiniLM" in s:
+                speeds = re.findall(r"(\d[\d,.]*) ?(?:x|times) (?:as fast|faster|MiniLM)", s)
+                bad += [f"static speed {x}" for x in speeds if x != want["static speed"]]
+                if speeds and want["static machine"] not in " ".join(paragraph):
+                    bad.append("static speed without its machine")
+            if "TREC" in s and "coarse" not in s:
+                for key, pattern in (("head P@1", r"(0\.\d{3}) with the head|the head reached "
+                                      r"(0\.\d{3})"),
+                                     ("top 2 P@1", r"(0\.\d{3}) with the top 2 layers|the top 2 "
+                                      r"layers (0\.\d{3})")):
+                    bad += [f"{key} {a or b}" for a, b in re.findall(pattern, s)
+                            if (a or b) != want[key]]
+            for n, secs in re.findall(r"([\d,]+) questions in ~?([\d.]+) s", s):
+                if (n, secs) != (want["fill texts"], want["fill seconds"]):
+                    bad.append(f"MiniLM pass {n} questions in {secs} s")
+                elif want["fill machine"] not in " ".join(paragraph):
+                    bad.append("MiniLM pass without its machine")
+            bad += [f"'{m}' steps" for m in re.findall(r"(\w+) steps\b", s)
+                    if "install" in s or "`make`" in s
+                    if m in ("one", "two", "three", "four", "five") and m != want["install steps"]]
+            if re.search(r"\bauto\b\W{0,3}(?:\(the default\) )?(?:picks|chooses)", s) and (
+                    "`head`" in s and "`top_layers`" in s and "`full`" not in s):
+                bad.append("auto picks without full")
+            bad += [f"a count: {m}" for m in re.findall(r"\d[\d,]* unit tests", s)]
+            out += [f"{where}: {b}: {s[:120]}" for b in bad]
+    return out
+
+
+def test_each_fact_has_one_figure_everywhere_it_is_quoted() -> None:
+    texts = prose_texts()
+    assert "375x as fast as MiniLM" in texts["README.md"]  # the check reads real prose
+    assert contradictions(texts) == []
+
+
+@pytest.mark.parametrize(("text", "caught"), [
+    ("A static student encodes about 100 times faster than MiniLM on a CPU.", "static speed 100"),
+    ("The token table serves at 375x MiniLM's speed.", "static speed without its machine"),
+    ("On TREC the head reached 0.783 and the top 2 layers 0.859.", "top 2 P@1 0.859"),
+    ("TREC-50: test P@1 0.868 with the head, 0.868 with the top 2 layers.", "head P@1 0.868"),
+    ("One MiniLM pass embeds the 5,380 questions in ~11 s.", "MiniLM pass without its machine"),
+    ("`make` says each of the four steps; `== install` runs three steps.", "'three' steps"),
+    ("The default, `auto`, picks `top_layers` or `head` from the data.", "auto picks without"),
+    ("`make test-quick` (376 unit tests, ~1 min).", "a count: 376 unit tests"),
+])
+def test_a_figure_that_contradicts_its_source_is_caught(text: str, caught: str) -> None:
+    """Each contradiction the first hour met (issue 53), written back into a page, is named."""
+    found = contradictions({"page.md": text})
+    assert found and caught in found[0], found

@@ -87,6 +87,19 @@ def test_missing_key(params_raw: dict[str, Any]) -> None:
     assert _error(params_raw) == "params.yaml: missing key 'prepare.split.seed'"
 
 
+def test_every_missing_key_is_named(params_raw: dict[str, Any]) -> None:
+    """An encoder entry written with keys elided (issue 53: "missing key ... (and 4 more)")
+    names every key it lacks in the one line, so one edit adds them all."""
+    params_raw["encoders"]["models"]["teacher"] = {"model": "models/teacher", "pooling": "mean"}
+    assert _error(params_raw) == (
+        "params.yaml: missing keys 'encoders.models.teacher.normalize', "
+        "'encoders.models.teacher.max_length', 'encoders.models.teacher.chunks', "
+        "'encoders.models.teacher.dtype', 'encoders.models.teacher.states_dtype', "
+        "'encoders.models.teacher.prompts'")
+    params_raw["prepare"]["split"]["seed"] = "thirteen"  # another kind of error: counted
+    assert _error(params_raw).endswith("'encoders.models.teacher.prompts' (and 1 more)")
+
+
 def test_fractions_must_sum_to_one(params_raw: dict[str, Any]) -> None:
     params_raw["prepare"]["split"]["fractions"] = {"train": 0.8, "val": 0.1, "test": 0.2}
     assert _error(params_raw) == (
@@ -96,6 +109,7 @@ def test_fractions_must_sum_to_one(params_raw: dict[str, Any]) -> None:
 
 def test_file_source_needs_path_and_columns(params_raw: dict[str, Any]) -> None:
     params_raw["prepare"]["source"] = "file"
+    params_raw["prepare"]["file"]["path"] = None  # a user's params.yaml may name their file
     assert "file.path is required" in _error(params_raw)
     params_raw["prepare"]["file"]["path"] = "data/raw/x.csv"
     params_raw["prepare"]["file"]["kind"] = "pairs"
@@ -426,3 +440,26 @@ def test_the_check_command_refuses_a_typo_and_writes_the_same_bytes_for_any_vali
     assert result.stderr.strip().startswith(
         f"error: {params}: unknown key 'learning_rate' in section 'train'")
     assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_the_export_teacher_is_the_query_encoder_on_the_cache_stages_copy(
+        params_raw: dict[str, Any]) -> None:
+    """`train.distill.teacher: export` (issue 53): with train.mode static, an encoder entry
+    `export` with the query encoder's settings on `cache/export.model` (the cache stage's copy
+    of models/export); unused in other modes (no entry); refused for a distillation, whose
+    student's export replaces models/export; an entry of that name the user wrote is theirs."""
+    params_raw["train"]["distill"]["teacher"] = "export"
+    assert "export" not in P.validate(params_raw).encoders.models  # head mode: not read
+    params_raw["train"]["mode"] = "static"
+    p = P.validate(params_raw)
+    assert p.encoders.models["export"] == p.encoders.models["minilm"].model_copy(
+        update={"model": "cache/export.model"})
+    params_raw["train"]["mode"] = "head"
+    params_raw["train"]["objective"] = "distill"
+    assert _error(params_raw) == (
+        "params.yaml: train.distill.teacher: 'export' (this project's models/export) teaches "
+        "train.mode static only: a distilled student's export replaces models/export; name an "
+        "encoder of encoders.models (docs/distillation.md#the-teacher)")
+    params_raw["encoders"]["models"]["export"] = {
+        **params_raw["encoders"]["models"]["minilm"], "model": "/teachers/trec"}
+    assert P.validate(params_raw).encoders.models["export"].model == "/teachers/trec"

@@ -215,7 +215,9 @@ def test_make_test_says_how_long_and_test_quick_runs_the_unit_tests(tmp_path: Pa
                         test[0]), test[0]
     assert test[-1].endswith("pytest -q -n auto --dist loadgroup")  # the whole suite
     quick = _make_n("test-quick", tmp_path / "venv")
-    assert re.fullmatch(r'echo "== test-quick: \d+ unit tests, ~1 min on 2 cores.*"', quick[0])
+    # no count of its tests: a count drifts (issue 53: "376 unit tests" when 406 ran)
+    assert re.fullmatch(r'echo "== test-quick: the core\'s unit tests, ~1 min on 2 cores.*"',
+                        quick[0]), quick[0]
     command = quick[-1].split()
     assert command[1:8] == ["pytest", "-q", "-n", "auto", "--dist", "loadgroup", "-m"]
     assert quick[-1].split(" -m ")[1].startswith('"not integration" tests/')

@@ -112,6 +112,12 @@ def _model_files(path: Path) -> list[Path]:
                   if p.is_file() and not p.name.startswith(".") and p.suffix != ".md")
 
 
+def model_files_hashes(root: Path) -> dict[str, str]:
+    """sha256 of each file that defines the model in folder `root` (`_model_files`), by its
+    path relative to `root`: what an encoder's fingerprint covers of its files."""
+    return {f.relative_to(root).as_posix(): sha256_of(f) for f in _model_files(Path(root))}
+
+
 def sha256_of(path: Path) -> str:
     """Hex sha256 of a file's bytes, read in 4 MiB chunks (model files, cache shards)."""
     h = hashlib.sha256()
@@ -137,8 +143,7 @@ def describe(name: str, spec: EncoderParams, layer: int | None = None,
     fingerprint). A prompt enters only when set: caches filled without prompts stay valid.
     `chunks` False: what one window's vector depends on (a store entry: every chunk setting
     shares it); True: a text's, the chunk settings added when chunking is on (a view)."""
-    root = model_dir(name, spec)
-    files = {f.relative_to(root).as_posix(): sha256_of(f) for f in _model_files(root)}
+    files = model_files_hashes(model_dir(name, spec))
     out: dict[str, Any] = {
         "format_version": CACHE_FORMAT_VERSION, "pooling": spec.pooling,
         "normalize": spec.normalize, "max_length": spec.max_length, "dtype": spec.dtype,

@@ -365,6 +365,24 @@ class LossParams(Section):
         return self
 
 
+# `train.distill.teacher: export` (with `train.mode: static`): this project's own export, the
+# pipeline's `models/export` as it stands when the cache stage runs. The cache stage copies it
+# into its own output, EXPORT_SNAPSHOT (`simtune.cache.teacher`): the export stage of the same
+# run replaces models/export with the student, and an output of a later stage cannot be a DVC
+# dependency of the cache stage (a cycle), so the snapshot, a DVC output, is what train,
+# evaluate and export read, and what DVC fingerprints for them
+EXPORT_TEACHER = "export"
+EXPORT_DIR = "models/export"
+EXPORT_SNAPSHOT = "cache/export.model"
+
+
+def export_teacher(encoders: EncodersParams) -> EncoderParams:
+    """The encoder entry `train.distill.teacher: export` names: the query encoder's settings
+    (the export was trained with them; `simtune.encoders` refuses an export whose pooling,
+    normalisation or prompts differ) on the snapshot of `models/export`."""
+    return encoders.models[encoders.query].model_copy(update={"model": EXPORT_SNAPSHOT})
+
+
 class DistillParams(Section):
     """`train.distill`: with `train.objective: distill`, the student (the query encoder and its
     head, in any mode) learns to give the vectors a teacher gives, read from the teacher's cache
@@ -372,9 +390,12 @@ class DistillParams(Section):
 
     teacher: str | None = Field(
         description="the teacher: a name in `encoders.models` (its `model` a bundled name, a "
-        "local Hugging Face folder or a simtune export folder); its vectors of every training "
-        "text are filled by the cache stage and reused by every experiment (null: no teacher, "
-        "allowed only when `objective` is `similarity`)")
+        "local Hugging Face folder or a simtune export folder), or `export` (train.mode static; "
+        "when encoders.models has no entry of that name): this project's own `models/export`, "
+        "copied by the cache stage into `cache/export.model` (a DVC output, fingerprinted), "
+        "with the query encoder's settings; its vectors of every training text are filled by "
+        "the cache stage and reused by every experiment (null: no teacher, allowed only when "
+        "`objective` is `similarity` and the mode is not static)")
     loss: Literal["mse", "cosine", "kl"] = Field(
         description="`mse`: mean squared error of the L2-normalised student and teacher "
         "vectors; `cosine`: 1 - their cosine; `kl`: relational, KL(teacher || student) between "
@@ -707,7 +728,7 @@ class TrainParams(Section):
         "`train.schedule.top_layers.layers` layers (+ head) on cached lower-layer token "
         "states; `full`: the whole encoder in the loop and trainable, no cache (the slow path); "
         "`static`: a token table student taught by `train.distill.teacher` ("
-        "`train.schedule.static`; served ~100x faster on a CPU; never chosen by auto)"
+        "`train.schedule.static`; fast on a CPU: docs/modes.md#static; never chosen by auto)"
     )
     auto: AutoParams
     head: HeadParams
@@ -770,8 +791,8 @@ class TrainParams(Section):
             raise ValueError("distill.teacher: objective distill needs a teacher (a name in "
                              "encoders.models)")
         if self.mode == "static" and self.distill.teacher is None:
-            raise ValueError("distill.teacher: train.mode static needs a teacher (a name in "
-                             "encoders.models, typically a simtune export)")
+            raise ValueError("distill.teacher: train.mode static needs a teacher: `export` "
+                             "(this project's models/export) or a name in encoders.models")
         if self.mode == "static" and self.head.side != "both":
             raise ValueError("head.side: query is not with train.mode static (the student "
                              "embeds queries and documents alike); set both")
@@ -1085,6 +1106,15 @@ class Params(Section):
     @model_validator(mode="after")
     def _teacher_defined(self) -> Params:
         teacher = self.train.distill.teacher
+        if teacher == EXPORT_TEACHER and teacher not in self.encoders.models:
+            if self.train.objective == "distill":
+                raise ValueError(f"train.distill.teacher: '{EXPORT_TEACHER}' (this project's "
+                                 f"{EXPORT_DIR}) teaches train.mode static only: a distilled "
+                                 f"student's export replaces {EXPORT_DIR}; name an encoder of "
+                                 "encoders.models (docs/distillation.md#the-teacher)")
+            if self.train.mode == "static":  # the entry the stages read (`export_teacher`)
+                self.encoders.models[EXPORT_TEACHER] = export_teacher(self.encoders)
+            return self
         if teacher is not None and teacher not in self.encoders.models:
             raise ValueError(f"train.distill.teacher: encoder '{teacher}' is not defined in "
                              f"encoders.models (defined: {', '.join(self.encoders.models)})")
@@ -1301,7 +1331,8 @@ def validate(raw: Any, source: str = "params.yaml") -> Params:
     """Validate an already-parsed params mapping; raise `UserError` with one line on failure.
 
     The line describes an unknown key when there is one (it usually explains the others),
-    else the first error; `(and N more)` counts the rest."""
+    else every missing key when a key is missing, else the first error; `(and N more)` counts
+    the rest."""
     if not isinstance(raw, dict):
         raise UserError(f"{source}: expected a mapping of sections, got {type(raw).__name__}")
     if moved := moved_key(raw):
@@ -1311,8 +1342,16 @@ def validate(raw: Any, source: str = "params.yaml") -> Params:
     except ValidationError as e:
         # an unknown key first: a typo (`lrr:`) also makes its intended key missing, and
         # the typo, not the missing key, is what the user must fix
-        errors = sorted(_merge_branches(_auto_or_number(e.errors())),
-                        key=lambda err: err["type"] != "extra_forbidden")
+        # then the missing keys, all named in one line (one edit adds them all)
+        errors = sorted(_merge_branches(_auto_or_number(e.errors())), key=lambda err: (
+            err["type"] != "extra_forbidden", err["type"] != "missing"))
+        if errors[0]["type"] == "missing":
+            missing = [_dotted(tuple(err["loc"])) for err in errors if err["type"] == "missing"]
+            rest = len(errors) - len(missing)
+            more = f" (and {rest} more)" if rest else ""
+            keys = ", ".join(f"'{k}'" for k in missing)
+            raise UserError(f"{source}: missing key{'s' if len(missing) > 1 else ''} {keys}"
+                            + more) from None
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise UserError(_message(source, dict(errors[0])) + more) from None
 

@@ -73,6 +73,7 @@ def _split_map(prepared: Prepared, key: str = "text_id") -> dict[str, str]:
 
 
 def test_trec_fine_real_package_data(params_raw: dict[str, Any]) -> None:
+    params_raw["prepare"].update(source="trec", trec_labels="fine")  # whatever params.yaml says
     prepared = prepare.build(_params(params_raw))
     r = prepared.report
     assert prepared.kind == "groups"
@@ -90,7 +91,7 @@ def test_trec_fine_real_package_data(params_raw: dict[str, Any]) -> None:
 
 
 def test_trec_coarse_has_six_labels(params_raw: dict[str, Any]) -> None:
-    params_raw["prepare"]["trec_labels"] = "coarse"
+    params_raw["prepare"].update(source="trec", trec_labels="coarse")
     prepared = prepare.build(_params(params_raw))
     assert sorted(set(prepared.examples.column("label").to_pylist())) == [
         "ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]

@@ -148,3 +148,30 @@ def test_patience_counts_from_the_first_trained_epoch() -> None:
     s.record(0, 0.5)
     assert s.record(1, 0.6) == (True, False)
     assert s.record(2, 0.55) == (False, True)
+
+
+def test_a_set_mode_that_auto_picks_too_is_said_in_one_line(
+        tiny_bert: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """`dvc exp run -S train.mode=top_layers` where auto picks the top layers anyway: the cache
+    and train stages' logs say so in one line first (issue 53: a quickstart experiment repeated
+    the default run for 21.6 min); a mode auto would not pick gets no such line."""
+    import types
+
+    import pyarrow as pa
+
+    monkeypatch.setattr("simtune.prepare.prepared.load",
+                        lambda _: types.SimpleNamespace(texts=pa.table({"text": TEXTS})))
+    t, enc = _train(tiny_bert)
+    picked, why = modes.choose(t, enc, TEXTS)
+    assert picked == "top_layers"
+    said = {}
+    for mode in ("top_layers", "head"):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="simtune.cache.modes"):
+            assert modes.resolve(t.model_copy(update={"mode": mode}), enc, tmp_path,
+                                 note_auto=True).mode == mode
+        said[mode] = [r.getMessage() for r in caplog.records]
+    assert said == {"top_layers": [f"train.mode top_layers: the mode auto picks for this data "
+                                   f"too ({why}): the default run's mode, not another"],
+                    "head": []}

@@ -116,6 +116,23 @@ def test_epoch_0_is_a_candidate_and_kept_when_training_only_hurts(
     assert later.best_epoch > 0
 
 
+def test_the_log_says_epoch_0_has_no_training_loss(init: static.StaticEncoder,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """Epoch 0 is the start, trained by no step: its log line says it has no training loss
+    (it printed `loss nan`), and a trained epoch's line prints its mean loss."""
+    tokens = st.Tokens.of(init, TEXTS)
+    torch.manual_seed(0)
+    teacher, mapping = torch.randn(len(TEXTS), 4), torch.randn(init.dim, 4)
+    with caplog.at_level("INFO", logger="simtune.train.static"):
+        fitted = st.fit(st.StaticStudent(init.weight, mapping), tokens, teacher,
+                        lambda e: {"val/p@1": 0.5},
+                        _settings(lr=0.05, max_epochs=1, patience=1, batch_size=8))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("static epoch")]
+    assert lines == [
+        "static epoch 0: the start, no training loss, val p@1 0.5000 (best epoch 0)",
+        f"static epoch 1: loss {fitted.history[1]['loss']:.4f}, val p@1 0.5000 (best epoch 0)"]
+
+
 def test_unlabelled_texts_enter_the_fit(init: static.StaticEncoder) -> None:
     """Rows of tokens that only unlabelled texts hold move when those texts are in the fit,
     and stay as they started without them."""

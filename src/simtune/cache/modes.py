@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 # (layers) -> (seconds per token of the top layers on this machine, where it came from)
 Speed = Callable[[int], tuple[float, str]]
 SAMPLE = 2000  # texts whose tokens are counted (the mean is scaled to all): a second at most
+AUTO_MODES = ("full", "top_layers", "head")  # what auto picks among
 
 
 @dataclass(frozen=True)
@@ -120,22 +121,31 @@ def _timed(t: TrainParams, tokens: int, speed: Speed | None) -> tuple[bool, str]
 
 
 def resolve(t: TrainParams, encoders: EncodersParams, prepared_dir: Path,
-            store: str | None = None) -> TrainParams:
+            store: str | None = None, note_auto: bool = False) -> TrainParams:
     """`t` resolved (`params.effective`) for the prepared data at `prepared_dir`: `auto`
     chosen (`choose`) over every prepared text, the mode's schedule in force. `store`:
     `cache.store`, where this machine's top-layers speed is kept (`simtune.cache.budget`);
-    every stage of a pipeline passes it, so all resolve the same mode (None: no time bound)."""
-    if t.mode == "auto":
-        from simtune.prepare.prepared import load as load_prepared
+    every stage of a pipeline passes it, so all resolve the same mode (None: no time bound).
+    `note_auto` (the cache and train stages): a set mode that auto would pick too is said in
+    one line (an experiment `-S train.mode=<it>` repeats the default run's mode: its log says
+    so first)."""
+    from simtune.prepare.prepared import load as load_prepared
 
+    if t.mode == "auto":
         texts = load_prepared(prepared_dir).texts.column("text").to_pylist()
         speed = None if store is None else _speed(encoders, t.accelerator, store)
         mode, reason = choose(t, encoders, texts, speed)
         log.info("train.mode %s", reason)  # a set mode needs no word
     else:
         mode, reason = choose(t, encoders, [])
+        if note_auto and mode in AUTO_MODES:  # a set mode auto picks anyway: said
+            texts = load_prepared(prepared_dir).texts.column("text").to_pylist()
+            speed = None if store is None else _speed(encoders, t.accelerator, store)
+            picked, why = choose(t.model_copy(update={"mode": "auto"}), encoders, texts, speed)
+            if picked == mode:
+                log.info("train.mode %s: the mode auto picks for this data too (%s): the "
+                         "default run's mode, not another", mode, why)
     return P.effective(t, mode, reason)
-
 
 
 def _speed(encoders: EncodersParams, accelerator: str, store: str) -> Speed:

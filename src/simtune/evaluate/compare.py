@@ -54,8 +54,11 @@ def flat_keys(tree: Mapping[str, Any], prefix: str = "") -> list[str]:
 
 
 def _shown(value: Any, key: str = "") -> str:
-    """A cell: metrics of the model to 4 decimals (as DVC's table), other floats as written."""
-    if value is None:
+    """A cell: metrics of the model to 4 decimals (as DVC's table), other floats as written;
+    no value is `-`. `dvc.api.exp_show` gives a key a row lacks (a param an older commit's
+    params.yaml did not have, a null) as the string "None" (its cells are rendered to text,
+    then read back as a float where they parse), not as None."""
+    if value is None or value == "None":
         return "-"
     if isinstance(value, float):
         return f"{value:.4f}" if key.startswith(("trained.", "lift.")) else f"{value:.6g}"

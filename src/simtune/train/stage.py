@@ -153,7 +153,7 @@ def in_force(train: TrainParams, enc: EncodersParams, prepared_dir: Path,
     fingerprint and the saved head record what ran, not `auto`. `store`: `cache.store`
     (auto's time bound: `cache.modes.resolve`)."""
     kind = prepared_kind(prepared_dir)
-    return P.resolve_loss(resolve(train, enc, prepared_dir, store), kind,
+    return P.resolve_loss(resolve(train, enc, prepared_dir, store, note_auto=True), kind,
                           f"the prepared data ({prepared_dir})")
 
 

@@ -163,8 +163,11 @@ def fit(student: StaticStudent, tokens: Tokens, teacher: torch.Tensor, validate:
         history.append({"epoch": epoch, "loss": loss, **scores})
         if schedule_better:
             best[0] = student.fold()
-        log.info("static epoch %d: loss %.4f, val %s %.4f (best epoch %d)", epoch, loss,
-                 s.monitor, scores.get(f"val/{s.monitor}", float("nan")), schedule.best_epoch)
+        # epoch 0 is the start, trained by no step: it has no training loss to print
+        # (its history keeps NaN there; the curves leave it out)
+        done = "the start, no training loss" if epoch == 0 else f"loss {loss:.4f}"
+        log.info("static epoch %d: %s, val %s %.4f (best epoch %d)", epoch, done, s.monitor,
+                 scores.get(f"val/{s.monitor}", float("nan")), schedule.best_epoch)
         return stop
 
     history: list[dict[str, float]] = []
