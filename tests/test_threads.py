@@ -104,30 +104,29 @@ def test_divide_splits_between_ddp_ranks_unless_given(monkeypatch: pytest.Monkey
     assert threads.divide(2) == 3 and os.environ["OMP_NUM_THREADS"] == "3"
 
 
-# a stage process's start (`import stages`), then what torch's OpenMP reads as it loads
+# a stage process's start (`import stages`): what torch's OpenMP reads when it loads (that torch
+# takes it: bench/threads.py's smoke test, tests/test_bench_smoke.py::test_threads_runs_tiny)
 PROBE = ("import json, os, stages; print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), "
          "os.environ.get('OMP_NUM_THREADS')]))")
-TORCH = ("import json, os, stages, torch; print(json.dumps([torch.get_num_threads(), "
-         "os.environ.get('OMP_WAIT_POLICY'), os.environ.get('OMP_NUM_THREADS')]))")
 
 
-def _stage_process(tmp_path: Path, probe: str, **env: str) -> list:
+def _stage_process(tmp_path: Path, **env: str) -> list:
     """What a stage process runs with (`probe`), on one core (affinity {0})."""
     clean = {k: v for k, v in os.environ.items()
              if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "PYTEST_XDIST_WORKER_COUNT")}
     run = {**clean, "SIMTUNE_RUNTIME": str(tmp_path / "run"),
            "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", **env}
-    code = f"import os; os.sched_setaffinity(0, {{min(os.sched_getaffinity(0))}}); {probe}"
+    code = f"import os; os.sched_setaffinity(0, {{min(os.sched_getaffinity(0))}}); {PROBE}"
     proc = subprocess.run([sys.executable, "-c", code], env=run, capture_output=True,
                           text=True, check=True, cwd=ROOT)
     return json.loads(proc.stdout)
 
 
 def test_a_stage_process_sets_its_policy_before_torch(tmp_path: Path) -> None:
-    """torch loads with the policy (old code: no wait policy, no thread count); the user's
-    values are kept (2 threads on the one core, as given)."""
-    assert _stage_process(tmp_path, TORCH) == [1, "PASSIVE", "1"]
-    assert _stage_process(tmp_path, PROBE, OMP_NUM_THREADS="2", OMP_WAIT_POLICY="ACTIVE") == [
+    """On its one core: 1 sleeping thread (old code: neither variable set, torch's default of
+    every core, spinning); the user's values kept (2 threads on the one core, as given)."""
+    assert _stage_process(tmp_path) == ["PASSIVE", "1"]
+    assert _stage_process(tmp_path, OMP_NUM_THREADS="2", OMP_WAIT_POLICY="ACTIVE") == [
         "ACTIVE", "2"]
 
 
