@@ -4,6 +4,10 @@ Each stage is a thin Typer command (paths in, its `params.yaml` section, a call 
 `simtune.<stage>`), in its own module here, imported only when that command runs: so a stage runs
 (and DVC tracks) its own code and the core, never another stage's command. Heavy libraries are
 imported inside the commands, so `--help` stays fast.
+
+Importing this package sets the process's CPU thread policy (`simtune.threads.configure`): it
+must come before torch loads, and every way a stage starts (`python -m stages`, the `simtune`
+console script, DVC's commands, Lightning's DDP ranks re-running the command) imports it first.
 """
 
 from __future__ import annotations
@@ -13,6 +17,10 @@ import importlib
 import click
 import typer
 from typer.core import TyperGroup
+
+from simtune import threads
+
+threads.configure()  # before any command imports torch (its OpenMP reads the policy at load)
 
 # command -> the module of `stages` that defines it (as that module's Typer `app`), in pipeline
 # order; `search`, `encode` and `sweep` are commands, not DVC stages

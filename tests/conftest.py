@@ -58,10 +58,17 @@ def write_params(path: Path, raw: dict[str, Any]) -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Outside any test's own store (below), still never the user's: a throwaway one."""
+    """Outside any test's own store (below), still never the user's: a throwaway one. The
+    process's thread policy (`simtune.threads`), before any test module imports torch: a
+    pytest-xdist worker takes its share of the cores; the controller, which runs no test,
+    sets nothing (its workers would inherit its count as the user's)."""
     import tempfile
 
+    from simtune import threads
+
     os.environ["SIMTUNE_STORE"] = tempfile.mkdtemp(prefix="simtune-test-store-")
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", 0):
+        threads.configure()
 
 
 # The longest tests (their files or node ids), started first: with `pytest -n` (`make test`)

@@ -46,6 +46,7 @@ COVERAGE = {
     "run_all": "parser only: runs every bench and rewrites docs/benchmarks.md",
     "query_adapter": "run",
     "static": "run",  # a tiny teacher export over the tiny BERT, the rows for real
+    "threads": "run",  # both policies, quiet and beside one busy process, one step each
 }
 
 
@@ -154,6 +155,27 @@ def test_item12_eval_topk_runs_tiny(tmp_path: Path) -> None:
     assert set(got["small"]) >= {"simtune", "naive"} and "simtune" in got["large"]
     peers = [r for shape in ("small", "large") for h, r in got[shape].items() if h != "simtune"]
     assert peers and all(r["same_indices"] == 1.0 for r in peers)
+
+
+def test_threads_runs_tiny(tmp_path: Path) -> None:
+    """Both policies in their own processes, quiet and beside one busy loop: torch's default
+    (no wait policy set) against simtune's (PASSIVE, every usable core for the one simtune
+    process of its own runtime folder); each ratio is the same run's default over simtune."""
+    got = _bench(tmp_path, "threads", "--tiny")
+    runs = got["runs"]
+    assert [(r["condition"], r["policy"]) for r in runs] == [
+        ("quiet", "default"), ("quiet", "simtune"),
+        ("beside 1 busy processes", "default"), ("beside 1 busy processes", "simtune")]
+    from simtune.threads import cgroup_quota, usable_cores
+
+    cores = usable_cores(len(os.sched_getaffinity(0)), cgroup_quota())
+    assert all(r["wait"] is None and r["line"] is None for r in runs if r["policy"] == "default")
+    assert all(r["wait"] == "PASSIVE" and r["threads"] == cores for r in runs
+               if r["policy"] == "simtune")
+    assert runs[0]["top_steps_per_epoch"] == 68  # TREC's 4,305 questions at batch 64
+    for s, (old, new) in zip(got["summary"], (runs[:2], runs[2:]), strict=True):
+        assert s["top_speedup"] == old["top_epoch_s"] / new["top_epoch_s"]
+        assert s["head_speedup"] == old["head_epoch_s"] / new["head_epoch_s"]
 
 
 def test_item12_mpnet_joins_and_unpacks_its_parts(tmp_path: Path,

@@ -419,7 +419,7 @@ def test_significance_at_the_most_resamples_finishes() -> None:
 def test_ranking_and_mining_at_their_bounds_take_what_the_corpus_has() -> None:
     """Recall@k, the run depth and the mined negatives at their upper bounds on a small
     corpus: every document, in order, no error."""
-    from simtune.negatives.stage import mine
+    from simtune.negatives.mining import mine
     from simtune.retrieval.topk import topk
 
     k = max(_max("evaluate.ks[]"), _max("evaluate.run_depth"))

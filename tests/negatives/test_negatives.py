@@ -20,7 +20,7 @@ from simtune import heads
 from simtune import params as P
 from simtune.cache import stage as cache
 from simtune.cache.views import open_cache
-from simtune.negatives.stage import mine
+from simtune.negatives.mining import mine
 from simtune.negatives.stage import run as run_negatives
 from simtune.prepare import stage as prepare
 from simtune.prepare.prepared import write as write_prepared

@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from simtune import threads
 from simtune.atomic import write_json
 from simtune.cache import cutting, store, views
 from simtune.cache.fills import (
@@ -104,6 +105,7 @@ def fill(prepared_dir: Path, out: Path, encoders: EncodersParams, cp: CacheParam
     if prepared.kind == "groups":
         _unused_document_prompt(encoders)
     cutting.check_prompts([(t.name, encoders.models[t.name], t.role) for t in needs])
+    threads.announce()
     described = described_in_use(encoders, needs, layer)
     keep = {fingerprint(d) for d in described.values()}
     results = []

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
-import torch
 
 from simtune.atomic import read_meta
 from simtune.errors import UserError
 from simtune.params import TrainParams, resolve_loss
+
+if TYPE_CHECKING:  # torch is loaded where training attaches negatives, not for the stage's
+    import torch  # FORMAT_VERSION (the negatives stage on groups data runs without torch)
 
 FORMAT_VERSION = 1
 
@@ -55,6 +57,8 @@ def attach(tensors: dict[str, torch.Tensor], queries: list[str], mined: dict[str
            n: int, intern: dict[str, int], d_table: Any, directory: Path) -> None:
     """Add `neg_ids` (B, n) (distinct-text ids as `d_ids`, -1: none) and `neg_rows` (B, n)
     (document cache rows, -1: none) for the training rows whose query ids are `queries`."""
+    import torch
+
     missing = [q for q in queries if q not in mined]
     if missing:
         raise UserError(f"{directory}: mined for other training queries ({len(missing)} "

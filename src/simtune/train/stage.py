@@ -21,7 +21,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from simtune import heads
+from simtune import heads, threads
 from simtune import params as P
 from simtune.atomic import atomic_dir, write_json
 from simtune.cache.modes import resolve
@@ -93,9 +93,12 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
         return static_run.run(t, enc, cache, corpus, prepared_dir, cache_dir, out, report,
                               live_dir)
     accelerator = accelerator_of(t)
+    if accelerator == "cpu":  # DDP ranks on CPU share this process's cores
+        threads.divide(t.devices)
     pl.seed_everything(t.seed, workers=True, verbose=False)
     data = load_data(t, enc, cache, prepared_dir, cache_dir, negatives_dir=negatives_dir)
     check_trainable(data, t, t.devices * t.num_nodes)
+    threads.announce()
     if t.objective == "distill":  # the distillation loss trains (train.loss: on labels only)
         d = t.distill
         log.info("loss: distill %s (%s)", d.loss,
