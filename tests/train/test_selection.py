@@ -4,6 +4,7 @@ metric is broken by MAP@R then the separation, the batch follows the number of e
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -103,6 +104,11 @@ class _ScriptedValidator:
         out = {"mrr@10": mrr, "separation": sep}
         return ({**out, "map@r": map_r} if full else out), True
 
+    @contextlib.contextmanager
+    def representing(self, rep: object) -> Iterator[None]:
+        """Epoch 0's representation (`Validator.representing`): the script scores alike."""
+        yield
+
 
 def _run_loop(table: dict[int, tuple[float, float, float]], patience: int = 10
               ) -> tuple[EpochLoop, _ScriptedValidator, _ScriptedHead]:
@@ -113,7 +119,8 @@ def _run_loop(table: dict[int, tuple[float, float, float]], patience: int = 10
     epochs = max(table)
     loop = EpochLoop(Schedule(100, patience, epochs), validator, "mrr@10", None)  # type: ignore
     loop._per_query = lambda: validator.last.per_query  # type: ignore[method-assign]
-    module = SimpleNamespace(head=head, rep=rep, training=True, parameters=head.parameters,
+    module = SimpleNamespace(head=head, rep=rep, data=None, training=True,
+                             parameters=head.parameters,
                              _stop_if=lambda bad, what: None, eval=lambda: None,
                              train=lambda mode: None)
     trainer = SimpleNamespace(current_epoch=0, is_global_zero=True, should_stop=False,
