@@ -4,17 +4,20 @@ params.yaml before DVC refuses it), before it starts and when it ends."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from simtune.errors import UserError
 from stages._common import check_params_unchanged
-from tests.test_pipeline import _baseline_copy
+from tests.dvc_project import DvcProject
+from tests.test_pipeline import _baseline_copy, _committed_baseline
 
 HINT = ("(another dvc exp run, or an edit, meanwhile?): refused, so DVC records no values this "
         "stage did not run on; run it again (dvc repro or dvc exp run)")
@@ -24,6 +27,54 @@ def _edit(params: Path, section: str, key: str, value: object) -> None:
     raw = yaml.safe_load(params.read_text())
     raw[section][key] = value
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+
+def test_the_run_hold_refuses_a_second_run_and_names_it_to_the_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`stages._runlock` with the DVC processes stood in for: run A takes the workspace; B's
+    stage is refused (noted in the record) while A lives; A then finds B's value in
+    params.yaml and refuses naming the key and B; once A has ended, B takes the workspace."""
+    from stages import _runlock
+
+    (tmp_path / ".dvc").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DVC_STAGE", "check")
+    params = tmp_path / "params.yaml"
+    params.write_text("train:\n  lr: 0.002  # mine\n  epochs: 3\n")
+    a = {"pid": 11, "start": 1.0, "cmd": "dvc exp run -S train.lr=0.002"}
+    b = {"pid": 22, "start": 2.0, "cmd": "dvc exp run -S train.lr=0.05"}
+    alive = {11, 22}
+    monkeypatch.setattr(_runlock, "_alive", lambda owner: owner["pid"] in alive)
+    monkeypatch.setattr(_runlock, "_dvc_process", lambda: a)
+    _runlock.hold()
+    params.write_text("train:\n  lr: 0.002  # a comment edited: the same values\n  epochs: 3\n")
+    _runlock.unchanged("while the check stage ran")  # the same values: runs on
+    monkeypatch.setattr(_runlock, "_dvc_process", lambda: b)
+    params.write_text("train:\n  lr: 0.05\n  epochs: 3\n")  # B's -S, written by DVC
+    with pytest.raises(UserError) as refused:
+        _runlock.hold()
+    assert str(refused.value).startswith(
+        "another DVC run is running this workspace's pipeline (pid 11: dvc exp run -S "
+        "train.lr=0.002, since ")
+    assert "refused before the check stage ran, so DVC records nothing of this run" in str(
+        refused.value)
+    monkeypatch.setattr(_runlock, "_dvc_process", lambda: a)
+    monkeypatch.setenv("DVC_STAGE", "train")
+    with pytest.raises(UserError) as stopped:
+        _runlock.hold()
+    assert str(stopped.value).startswith(
+        "params.yaml's train.lr changed since this run's first stage read it (another DVC "
+        "run, pid 22 (dvc exp run -S train.lr=0.05) at ")
+    assert str(stopped.value).endswith(
+        "refused, so DVC records no values this stage did not run on; run it again (dvc repro "
+        "or dvc exp run)")
+    alive.discard(11)  # A ended (failed): its hold goes with it
+    monkeypatch.setattr(_runlock, "_dvc_process", lambda: b)
+    _runlock.hold()
+    _runlock.unchanged("while the train stage ran")
+    monkeypatch.delenv("DVC_STAGE")  # a stage run by hand holds nothing, compares nothing
+    params.write_text("train:\n  lr: 0.9\n")
+    _runlock.hold()
 
 
 @pytest.mark.integration
@@ -98,3 +149,55 @@ def test_an_edit_while_train_runs_under_dvc_fails_the_stage_and_records_nothing(
         train_entry)  # DVC recorded nothing of the refused run
     rerun = project.dvc("repro")
     assert "Running stage 'train'" in rerun.stdout and "Running stage 'check'" in rerun.stdout
+
+
+def _dvc_in_background(project: DvcProject, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "dvc", *args], cwd=project.path,
+                            env=project.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _lr(tree: dict[str, Any]) -> float:
+    return tree["train"]["schedule"]["head"]["lr"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("delay", [3, 12])
+def test_a_second_exp_run_started_meanwhile_is_refused_and_the_first_says_so(
+        pipeline_baseline: Path, tmp_path: Path, delay: int) -> None:
+    """Issue 52 item 4: `dvc exp run` twice in one workspace, the second `delay` s after the
+    first (at 3 s DVC itself may refuse it; at 12 s the first is training). The second never
+    runs a stage: its check stage refuses, naming the first, so dvc.lock's check record (the
+    params guard's) stays the first's. DVC wrote the second's `-S` into params.yaml before
+    any stage ran, so the first either ends on its own values everywhere (nothing touched
+    them) or stops at its next stage in one line naming the keys and the run that wrote them,
+    never on DVC's own error ("'NoneType' object is not subscriptable") nor with the second's
+    values in its reports or record (both before the fix)."""
+    project, *_ = _committed_baseline(pipeline_baseline, tmp_path)
+    first = _dvc_in_background(project, "exp", "run", "-n", "first", "-S",
+                               "train.schedule.head.lr=0.002", "-S",
+                               "train.schedule.head.max_epochs=10", "-S",
+                               "train.schedule.head.patience=10")  # a few s of training
+    time.sleep(delay)
+    second = _dvc_in_background(project, "exp", "run", "-n", "second", "-S",
+                                "train.schedule.head.lr=0.05")
+    _, err2 = second.communicate(timeout=600)
+    _, err1 = first.communicate(timeout=600)
+    assert second.returncode != 0
+    ours = f"another DVC run is running this workspace's pipeline (pid {first.pid}: dvc exp run"
+    assert ours in err2 or "Unable to acquire lock" in err2, err2[-3000:]
+    lock = yaml.safe_load((project.path / "dvc.lock").read_text())["stages"]
+    assert _lr(lock["check"]["params"]["params.yaml"]) == 0.002, err2[-3000:]
+    assert "NoneType" not in err1, err1[-3000:]
+    if first.returncode == 0:
+        train = json.loads((project.path / "reports" / "train.json").read_text())
+        assert train["in_force"]["train.schedule.head.lr"] == 0.002
+        shown = json.loads(project.dvc("exp", "show", "--json").stdout)
+        recorded = {e["name"]: _lr(e["revs"][0]["data"]["params"]["params.yaml"]["data"])
+                    for commit in shown for e in commit.get("experiments") or []}
+        assert recorded == {"first": 0.002}, recorded
+    else:
+        said = [line for line in err1.splitlines() if line.startswith("error: params.yaml's")]
+        assert said and "train.schedule.head.lr" in said[0] and " changed " in said[0], err1
+        if ours in err2:  # the second ran simtune's check: the first names it
+            assert f"another DVC run, pid {second.pid} (dvc exp run -n second" in said[0]
