@@ -96,9 +96,15 @@ def check_params_unchanged(when: str) -> None:
         for k in entry.get(PARAMS_FILE) or []]
     changed = [k for k in keys if _at(checked, k) != _at(now, k)]
     if changed:
-        raise UserError(f"{PARAMS_FILE}'s {', '.join(changed)} changed {when} (another dvc exp "
-                        "run, or an edit, meanwhile?): refused, so DVC records no values this "
-                        "stage did not run on; run it again (dvc repro or dvc exp run)")
+        raise params_changed(changed, when)
+
+
+def params_changed(keys: list[str], when: str,
+                   who: str = "another dvc exp run, or an edit, meanwhile?") -> UserError:
+    """The one line a stage refuses with when params.yaml's `keys` changed under it."""
+    return UserError(f"{PARAMS_FILE}'s {', '.join(keys)} changed {when} ({who}): refused, so DVC "
+                     "records no values this stage did not run on; run it again (dvc repro or "
+                     "dvc exp run)")
 
 
 def user_errors(fn: F) -> F:
@@ -108,17 +114,23 @@ def user_errors(fn: F) -> F:
     a directory must be created): `error: <path>: <reason>`. Any other exception is a bug and
     keeps its traceback.
 
-    Run by DVC, a stage also refuses when its params changed since the check stage read them,
-    before it starts and again when it ends (`check_params_unchanged`).
+    Run by DVC, a stage also refuses when another DVC run holds the workspace, or when
+    params.yaml changed since this run's first stage read it (`stages._runlock`) or its params
+    since the check stage read them (`check_params_unchanged`), before it starts and again
+    when it ends.
     """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         setup_logging()
+        from stages import _runlock
+
         try:
+            _runlock.hold()  # one DVC run at a time, params.yaml as the run's first stage read it
             check_params_unchanged("since the check stage read it")
             result = fn(*args, **kwargs)
             stage = os.environ.get("DVC_STAGE", "")
+            _runlock.unchanged(f"while the {stage} stage ran")
             check_params_unchanged(f"while the {stage} stage ran")
             return result
         except UserError as e:

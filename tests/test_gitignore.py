@@ -34,6 +34,7 @@ def test_the_sweep_study_is_not_committed() -> None:
     "models/.head.tmp-k3j2h1/model.safetensors", "models/.export.old-9a8b7c/export/README.md",
     "reports/.evaluate.json.tmp-x1y2z3", "data/.prepared.tmp-abcd/texts.parquet",
     "cache/minilm/manifest.json", "negatives/negatives.parquet",
+    "models/export/encoder/model.safetensors",  # the export stage's folder: not in DVC's cache
 ])
 def test_side_files_of_the_pipeline_are_ignored(rel: str) -> None:
     assert _ignored(rel)

@@ -4,17 +4,20 @@ params.yaml before DVC refuses it), before it starts and when it ends."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from simtune.errors import UserError
 from stages._common import check_params_unchanged
-from tests.test_pipeline import _baseline_copy
+from tests.dvc_project import DvcProject
+from tests.test_pipeline import _baseline_copy, _committed_baseline
 
 HINT = ("(another dvc exp run, or an edit, meanwhile?): refused, so DVC records no values this "
         "stage did not run on; run it again (dvc repro or dvc exp run)")
@@ -24,6 +27,54 @@ def _edit(params: Path, section: str, key: str, value: object) -> None:
     raw = yaml.safe_load(params.read_text())
     raw[section][key] = value
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+
+def test_the_run_hold_refuses_a_second_run_and_names_it_to_the_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`stages._runlock` with the DVC processes stood in for: run A takes the workspace; B's
+    stage is refused (noted in the record) while A lives; A then finds B's value in
+    params.yaml and refuses naming the key and B; once A has ended, B takes the workspace."""
+    from stages import _runlock
+
+    (tmp_path / ".dvc").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DVC_STAGE", "check")
+    params = tmp_path / "params.yaml"
+    params.write_text("train:\n  lr: 0.002  # mine\n  epochs: 3\n")
+    a = {"pid": 11, "start": 1.0, "cmd": "dvc exp run -S train.lr=0.002"}
+    b = {"pid": 22, "start": 2.0, "cmd": "dvc exp run -S train.lr=0.05"}
+    alive = {11, 22}
+    monkeypatch.setattr(_runlock, "_alive", lambda owner: owner["pid"] in alive)
+    monkeypatch.setattr(_runlock, "_dvc_process", lambda: a)
+    _runlock.hold()
+    params.write_text("train:\n  lr: 0.002  # a comment edited: the same values\n  epochs: 3\n")
+    _runlock.unchanged("while the check stage ran")  # the same values: runs on
+    monkeypatch.setattr(_runlock, "_dvc_process", lambda: b)
+    params.write_text("train:\n  lr: 0.05\n  epochs: 3\n")  # B's -S, written by DVC
+    with pytest.raises(UserError) as refused:
+        _runlock.hold()
+    assert str(refused.value).startswith(
+        "another DVC run is running this workspace's pipeline (pid 11: dvc exp run -S "
+        "train.lr=0.002, since ")
+    assert "refused before the check stage ran, so DVC records nothing of this run" in str(
+        refused.value)
+    monkeypatch.setattr(_runlock, "_dvc_process", lambda: a)
+    monkeypatch.setenv("DVC_STAGE", "train")
+    with pytest.raises(UserError) as stopped:
+        _runlock.hold()
+    assert str(stopped.value).startswith(
+        "params.yaml's train.lr changed since this run's first stage read it (another DVC "
+        "run, pid 22 (dvc exp run -S train.lr=0.05) at ")
+    assert str(stopped.value).endswith(
+        "refused, so DVC records no values this stage did not run on; run it again (dvc repro "
+        "or dvc exp run)")
+    alive.discard(11)  # A ended (failed): its hold goes with it
+    monkeypatch.setattr(_runlock, "_dvc_process", lambda: b)
+    _runlock.hold()
+    _runlock.unchanged("while the train stage ran")
+    monkeypatch.delenv("DVC_STAGE")  # a stage run by hand holds nothing, compares nothing
+    params.write_text("train:\n  lr: 0.9\n")
+    _runlock.hold()
 
 
 @pytest.mark.integration
@@ -98,3 +149,79 @@ def test_an_edit_while_train_runs_under_dvc_fails_the_stage_and_records_nothing(
         train_entry)  # DVC recorded nothing of the refused run
     rerun = project.dvc("repro")
     assert "Running stage 'train'" in rerun.stdout and "Running stage 'check'" in rerun.stdout
+
+
+def _dvc_in_background(project: DvcProject, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "dvc", *args], cwd=project.path,
+                            env=project.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def _lr(tree: dict[str, Any]) -> float:
+    return tree["train"]["schedule"]["head"]["lr"]
+
+
+def _until_training(run: subprocess.Popen[str], at_least: float, started: float) -> str:
+    """`run`'s output until its train stage has begun, then waits until `at_least` s after
+    `started` (a loaded machine takes longer than that to get there: the second run must start
+    while the first is inside its stages, as it does at 12 s on a quiet one)."""
+    assert run.stdout is not None
+    out = []
+    for line in run.stdout:
+        out.append(line)
+        if "Running stage 'train'" in line:
+            break
+    time.sleep(max(0.0, started + at_least - time.monotonic()))
+    return "".join(out)
+
+
+OURS_REFUSED = "error: another DVC run is running this workspace's pipeline (pid {pid}: dvc exp run"
+CHANGED = "error: params.yaml's train.schedule.head.lr changed "
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("delay", [3, 12])
+def test_a_second_exp_run_started_meanwhile_is_refused_or_stops_the_first_saying_so(
+        pipeline_baseline: Path, tmp_path: Path, delay: int) -> None:
+    """Issue 52 item 4: `dvc exp run` twice in one workspace, the second `delay` s after the
+    first (3 s: while the first starts, when DVC's own lock may refuse it; 12 s: once the
+    first is training). DVC writes the second's `-S` into params.yaml before any stage runs, so
+    the first either ends on its own values, the second refused, or stops at its next stage
+    in one line naming the key; the second is refused while the first runs (by its stage
+    naming the first, before the check stage writes dvc.lock's record), or runs on its own
+    values once the first has stopped. Never both (before the fix the second ran its stages
+    over the first's and both could end 0), never DVC's own error ("'NoneType' object is
+    not subscriptable"), and a recorded experiment holds the values it trained on."""
+    project, *_ = _committed_baseline(pipeline_baseline, tmp_path)
+    started = time.monotonic()
+    first = _dvc_in_background(project, "exp", "run", "-n", "first", "-S",
+                               "train.schedule.head.lr=0.002", "-S",
+                               "train.schedule.head.max_epochs=10", "-S",
+                               "train.schedule.head.patience=10")
+    if delay == 3:
+        time.sleep(3)
+        head = ""
+    else:
+        head = _until_training(first, delay, started)
+    second = _dvc_in_background(project, "exp", "run", "-n", "second", "-S",
+                                "train.schedule.head.lr=0.05")
+    out2 = second.communicate(timeout=900)[0]
+    out1 = head + first.communicate(timeout=900)[0]
+    assert "NoneType" not in out1 + out2 and "Traceback" not in out1 + out2, out1 + out2
+    assert first.returncode != 0 or second.returncode != 0, out1 + out2  # not both
+    refused = OURS_REFUSED.format(pid=first.pid)
+    if first.returncode == 0:
+        assert refused in out2 or "Unable to acquire lock" in out2, out2[-3000:]
+        ran, lr = "first", 0.002
+    else:
+        assert CHANGED in out1 or "Unable to acquire lock" in out1, out1[-3000:]
+        if refused in out2:  # the second's stage was refused: the first's line names it
+            assert f"another DVC run, pid {second.pid} (dvc exp run -n second" in out1
+        ran, lr = ("second", 0.05) if second.returncode == 0 else (None, None)
+    shown = json.loads(project.dvc("exp", "show", "--json").stdout)
+    recorded = {e["name"]: _lr(e["revs"][0]["data"]["params"]["params.yaml"]["data"])
+                for commit in shown for e in commit.get("experiments") or []}
+    assert recorded == ({ran: lr} if ran else {}), (recorded, out1[-2000:], out2[-2000:])
+    if ran:  # the model in the workspace trained on the recorded value
+        train = json.loads((project.path / "reports" / "train.json").read_text())
+        assert train["in_force"]["train.schedule.head.lr"] == lr

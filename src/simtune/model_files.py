@@ -167,3 +167,12 @@ def contained(folder: Path) -> None:
             if path.is_symlink() and not _resolved(path, str(path)).is_relative_to(base):
                 raise UserError(f"{path}: a link leading outside {folder}; a model folder only "
                                 "loads files from inside itself")
+
+
+def written(root: Path, *more: str) -> list[str]:
+    """Every path under `root` (relative, posix; folders end in "/") and `more`, sorted: what
+    an export's simtune.json records as `files`, all that a later export may replace
+    (`simtune.export.destination`)."""
+    paths = [p.relative_to(root).as_posix() + ("/" if p.is_dir() else "")
+             for p in Path(root).rglob("*")]
+    return sorted({*paths, *more})

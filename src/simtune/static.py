@@ -49,6 +49,9 @@ class StaticConfig(_File):
     normalize_output: StrictBool = True
     teacher: str | None = None
     sha256: dict[str, Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]]
+    # every path the folder holds as written (folders end in "/"): a re-export replaces these
+    # and nothing else (`simtune.export.destination`); folders written before it have none
+    files: list[str] | None = None
 
 
 def is_static(directory: Path) -> bool:
@@ -130,7 +133,8 @@ def write(dest: Path, tokenizer: object, weight: torch.Tensor, teacher: str | No
 
         atomic.write_json(tmp / "simtune.json", {
             "format_version": 3, "kind": "static", "table": TABLE, "normalize_output": True,
-            "teacher": teacher, "sha256": {f: sha256_file(tmp / f) for f in TABLE_FILES}})
+            "teacher": teacher, "sha256": {f: sha256_file(tmp / f) for f in TABLE_FILES},
+            "files": model_files.written(tmp, "simtune.json")})
 
 
 def load(directory: Path) -> tuple[StaticEncoder, StaticConfig]:

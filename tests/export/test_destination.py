@@ -304,3 +304,40 @@ def test_the_command_refuses_a_re_export_over_a_users_file_in_one_line(
     assert result.output.strip().splitlines()[-1] == (
         f"error: {out}: " + FOREIGN.format(what="'head/MY_NOTES.txt'"))
     assert (out / "head" / "MY_NOTES.txt").read_text() == "mine"
+
+
+def _static_export(out: Path, files: list[str] | None) -> None:
+    """A static student's export as `simtune.static.write` lays it out (contents stood in)."""
+    for rel in ("0_StaticEmbedding/model.safetensors", "0_StaticEmbedding/tokenizer.json",
+                "modules.json", "config_sentence_transformers.json", "README.md"):
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text("x")
+    (out / "1_Normalize").mkdir()
+    config = {"format_version": 3, "kind": "static", "table": "0_StaticEmbedding",
+              "sha256": {}, **({"files": files} if files is not None else {})}
+    (out / "simtune.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("recorded", [True, False])  # a static export before `files`: its set
+def test_a_static_export_is_replaced_by_a_model_export_but_not_over_a_users_file(
+        head: Path, tiny_bert: Path, tmp_path: Path, recorded: bool) -> None:
+    """Issue 52 item 1: the pipeline's models/export is no longer deleted by DVC first, so
+    an export of either kind must replace the other (a change of train.mode), and a file of
+    the user's inside a static export's module folder is named (only its top was checked)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    _static_export(out, None)
+    files = sorted(p.relative_to(out).as_posix() + ("/" if p.is_dir() else "")
+                   for p in out.rglob("*"))
+    if recorded:
+        _static_export(tmp_path / "again", files)
+        shutil.rmtree(out)
+        shutil.copytree(tmp_path / "again", out)
+    (out / "0_StaticEmbedding" / "notes.txt").write_text("mine")
+    assert _refused(head, out, tiny_bert) == f"{out}: " + FOREIGN.format(
+        what="'0_StaticEmbedding/notes.txt'")
+    assert (out / "0_StaticEmbedding" / "notes.txt").read_text() == "mine"
+    (out / "0_StaticEmbedding" / "notes.txt").unlink()
+    export(head, out, encoder=str(tiny_bert))
+    assert json.loads((out / "simtune.json").read_text())["head"] == "head"
+    assert not (out / "0_StaticEmbedding").exists()

@@ -1,8 +1,10 @@
 """Where `simtune export --out DIR` may write: never over what a user owns.
 
 The export replaces its folder whole (`simtune.atomic.atomic_dir`), so the folder must be new,
-empty, or itself a simtune export: its `simtune.json` reads as one (`ExportConfig`) and it holds
-nothing but the files that export wrote (its `files`, at every depth: a user's file inside
+empty, or itself a simtune export: its `simtune.json` reads as one (a model's `ExportConfig` or a
+static student's `StaticConfig`: either kind replaces the other, so the pipeline's
+`models/export` follows a change of `train.mode`) and it holds nothing but the files that export
+wrote (its `files`, at every depth: a user's file inside
 `encoder/` or a module folder counts). Anything else is refused in one line naming the folder
 and the first such file, before any work; an export written before `files` is refused too. A
 link is written through (the folder it leads to is replaced, the link stays); a link to
@@ -18,7 +20,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from simtune import model_files
+from simtune import model_files, static
 from simtune.errors import UserError, echo
 
 # what an export folder holds at its top (`simtune.export.stage`, `st_layout`): the model card,
@@ -26,7 +28,12 @@ from simtune.errors import UserError, echo
 _EXPORT_FILES = {"simtune.json", "encoder", "head", "modules.json",
                  "config_sentence_transformers.json", "README.md",
                  "document_encoder", "router_config.json"}  # a query tower's (query_side)
-_MODULE = re.compile(r"\d+_(Pooling|Normalize|Dense|Router)")
+_MODULE = re.compile(r"\d+_(Pooling|Normalize|Dense|Router|StaticEmbedding)")
+# every path a static export wrote (`simtune.static.write` with its card) before its
+# simtune.json recorded them
+_STATIC_WRITTEN = sorted({"simtune.json", "modules.json", "config_sentence_transformers.json",
+                          "README.md", f"{static.TABLE}/", f"{static.NORMALIZE}/",
+                          *static.TABLE_FILES})
 # a DVC workspace's folders of data (the pipeline's inputs and outputs but the models), by the
 # `dvc.yaml` beside them: an export there would replace or join a stage's data
 _WORKSPACE_DATA = ("data", "cache", "negatives", "reports", "checkpoints", ".dvc", ".git")
@@ -97,35 +104,44 @@ def _outside_workspace_data(out: Path, where: Path) -> None:
 
 
 def _replaceable(out: Path, where: Path) -> None:
-    """An existing folder may be replaced when it is empty or a simtune export holding only
-    what that export wrote (its simtune.json's `files`, at every depth): one line naming it and
-    the first thing it holds beyond that otherwise. An export written before `files` is not
-    replaced: what it wrote is unknown."""
+    """An existing folder may be replaced when it is empty or a simtune export (a model's or a
+    static student's) holding only what that export wrote (its simtune.json's `files`, at
+    every depth): one line naming it and the first thing it holds beyond that otherwise. A
+    model export written before `files` is not replaced: what it wrote is unknown."""
     entries = sorted(p.name for p in where.iterdir())
     if not entries:
         return
-    config_path = where / "simtune.json"
     try:
-        config = model_files.read(config_path, model_files.ExportConfig)
+        recorded, error = _recorded(where / "simtune.json"), None
     except UserError as e:
-        config, error = None, e
-    if config is None or config.files is None:  # a user's folder, or an older export
+        recorded, error = None, e
+    if recorded is None:  # a user's folder, or an older export
         foreign = [name for name in entries
                    if name not in _EXPORT_FILES and not _MODULE.fullmatch(name)]
         if foreign:
             raise UserError(f"{out}: holds {_first(foreign)}, which no simtune export holds: "
                             f"not replaced ({_AWAY})")
-        if config is None:
+        if error is not None:
             raise UserError(f"{out}: not a simtune export (its simtune.json: {error}): not "
                             f"replaced ({_AWAY})")
         raise UserError(f"{out}: an export written before simtune recorded the files it writes "
                         "(its simtune.json has no `files`), so what it holds beyond them is "
                         "unknown: not replaced (export to a new folder, or delete this one "
                         "yourself)")
-    foreign = _unrecorded(where, set(config.files))
+    foreign = _unrecorded(where, set(recorded))
     if foreign:
         raise UserError(f"{out}: holds {_first(foreign)}, which the export there did not write "
                         f"(not in its simtune.json's files): not replaced ({_AWAY})")
+
+
+def _recorded(config_path: Path) -> list[str] | None:
+    """What the export whose simtune.json is `config_path` wrote (None: not recorded);
+    `UserError` when the file reads as no export. A static export written before `files`
+    holds a fixed set (`simtune.static.write`), so that set is what it wrote."""
+    if static.is_static(config_path.parent):
+        files = model_files.read(config_path, static.StaticConfig).files
+        return _STATIC_WRITTEN if files is None else files
+    return model_files.read(config_path, model_files.ExportConfig).files
 
 
 _AWAY = "export to a new or empty folder, or move it away"

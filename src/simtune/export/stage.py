@@ -91,7 +91,7 @@ def export(head_dir: Path, out: Path, card: CardInputs | None = None,
             "sha256": {rel: st_files.sha256_file(tmp / rel)
                        for rel in st_files.decisive_files(tmp)},
             # what a later export may replace (`destination`): this list and nothing else
-            "files": _written(tmp, "simtune.json"),
+            "files": model_files.written(tmp, "simtune.json"),
             **({"head_side": meta.head_side} if meta.head_side != "both" else {}),
             **({"document_encoder": "document_encoder"} if frozen is not None else {})})
     what = f"{FROZEN}:" if frozen_kept else f"head '{head.config['type']}' as"
@@ -113,13 +113,6 @@ def kept_frozen(head: heads.Head, head_dir: Path) -> bool:
     whole model. An `identity` head type trains nothing: no selection to report."""
     return (head.config["type"] != "identity" and not (head_dir / "encoder").is_dir()
             and head.at_identity())
-
-
-def _written(root: Path, *more: str) -> list[str]:
-    """Every path under `root` (relative, posix; folders end in "/") and `more`, sorted."""
-    paths = [p.relative_to(root).as_posix() + ("/" if p.is_dir() else "")
-             for p in root.rglob("*")]
-    return sorted({*paths, *more})
 
 
 def _copy_tree(src: Path, dest: Path) -> None:

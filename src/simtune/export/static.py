@@ -8,12 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from simtune import static
-from simtune.errors import UserError, echo
-
-# what a static export holds at its top (`simtune.static.write` and the card): an existing
-# folder holding these alone, with a static simtune.json, is an earlier export and replaced
-_STATIC_FILES = {"simtune.json", "modules.json", "config_sentence_transformers.json",
-                 "README.md", static.TABLE, static.NORMALIZE}
+from simtune.export.destination import destination
 
 
 def card(teacher: str | None, figures: dict[str, Any]) -> str:
@@ -62,33 +57,15 @@ def figures(report: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def _check_destination(model_dir: Path, out: Path) -> None:
-    """`out` must be new, empty or an earlier static export (`_STATIC_FILES` alone, a static
-    simtune.json), and neither the input folder nor inside or around it: one line otherwise,
-    before any work (the export replaces the folder whole)."""
-    where, source = Path(out).resolve(), Path(model_dir).resolve()
-    if where == source or where.is_relative_to(source) or source.is_relative_to(where):
-        raise UserError(f"{out}: is, holds or lies inside the export's own input {source}; "
-                        "export to another folder")
-    if where.exists() and not where.is_dir():
-        raise UserError(f"{out}: not a folder; export to a folder")
-    if not where.is_dir() or not any(where.iterdir()):
-        return
-    foreign = sorted(e.name for e in where.iterdir() if e.name not in _STATIC_FILES)
-    if foreign or not static.is_static(where):
-        what = echo(foreign[0]) if foreign else "a simtune.json of no static export"
-        raise UserError(f"{out}: holds {what}, which no static export holds: not replaced "
-                        "(export to a new or empty folder, or move it away)")
-
-
 def export(model_dir: Path, out: Path, figures: dict[str, Any] | None = None) -> Path:
-    """Write the export `out` (new, empty or an earlier static export) of the static model
-    folder `model_dir` (the train stage's output, read through `simtune.static.load`: its
-    hashes checked) with the model card."""
-    _check_destination(model_dir, out)
+    """Write the export `out` of the static model folder `model_dir` (the train stage's output,
+    read through `simtune.static.load`: its hashes checked) with the model card. `out` is new,
+    empty or an earlier export of either kind holding only what it wrote (a link: the folder it
+    leads to), as `simtune.export.destination` says, checked before any work."""
+    where = destination(Path(out), [Path(model_dir)])
     encoder, config = static.load(Path(model_dir))
     figures = {"dim": encoder.dim, "vocab": int(encoder.weight.shape[0]), **(figures or {})}
     text = card(config.teacher, figures).encode()
-    static.write(Path(out), encoder.tokenizer, encoder.weight, config.teacher,
+    static.write(where, encoder.tokenizer, encoder.weight, config.teacher,
                  extra={"README.md": text})
     return Path(out)
