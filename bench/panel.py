@@ -116,7 +116,14 @@ def row_spec(text: str) -> tuple[str, list[tuple[str, Any]]]:
         raise argparse.ArgumentTypeError(f"--row {text!r}: expected NAME=KEY=VALUE[,KEY=VALUE]")
     if name in BUILTIN:
         raise argparse.ArgumentTypeError(f"--row {text!r}: '{name}' is a built-in row")
-    return name, [sd._override(part) for part in re.split(r",(?=[\w.]+=)", rest)]
+    return name, [_number(*sd._override(part)) for part in re.split(r",(?=[\w.]+=)", rest)]
+
+
+def _number(key: str, value: Any) -> tuple[str, Any]:
+    """YAML 1.1 reads `5e-5` (no dot) as text: a number written so is a number."""
+    if isinstance(value, str) and re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", value):
+        return key, float(value)
+    return key, value
 
 
 def resolved_key(p: Any, prepared: Path) -> str:

@@ -6,8 +6,9 @@ set is a list of (text, label); same label = relevant.
 
   chat-multi    chatterbot-corpus==1.3.3 (BSD-3-Clause): its chat lines in 27 languages other
                 than English (its English lines are left out), labelled by topic (the file
-                they come from: ai, emotion, food, sports, ...; its small-talk files
-                `conversations` and `botprofile` left out). Short multilingual lines; a
+                they come from: ai, emotion, food, sports, ...: 26, a name in another
+                language or spelling mapped to its English one; the small-talk and bot-profile
+                files left out). Short multilingual lines; a
                 topic spans languages, so a query in one language may find its topic in another.
   icd10cm       simple-icd-10-cm==1.5.0 (MIT; the ICD-10-CM tabular list, April 2026, a US
                 government work): the titles of the 3- and 4-character codes, labelled by
@@ -33,7 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 Record = tuple[str, str]  # (text, label)
-NOT_TOPICS = ("conversations", "botprofile")  # chatterbot's files of small talk, not a topic
+# chatterbot's files of small talk and of the bot's own profile, not a topic (a few misspelt or
+# in their language), and a topic's name in another language or spelling -> its English name
+NOT_TOPICS = ("conversations", "coversations", "botprofile", "perfilbot", "profile", "origen")
+SAME_TOPIC = {"IA": "ai", "computer": "computers", "dinero": "money", "emociones": "emotion",
+              "emotions": "emotion", "greeting": "greetings", "psicologia": "psychology",
+              "sport": "sports"}
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,8 @@ def _chat(root: Path) -> list[Record]:
                 continue
             doc = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
             for talk in doc.get("conversations") or []:
-                out += [(str(line).strip(), f.stem) for line in talk or [] if line is not None]
+                topic = SAME_TOPIC.get(f.stem, f.stem)
+                out += [(str(line).strip(), topic) for line in talk or [] if line is not None]
     return out
 
 
