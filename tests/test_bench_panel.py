@@ -87,12 +87,17 @@ def test_a_candidate_row_is_a_name_and_its_keys() -> None:
 
 
 def test_the_limit_is_one_fixed_sample_per_entry() -> None:
-    """Groups: each label keeps its share (900/100 -> 90/10), the same whatever else runs;
-    pairs: a plain sample; 0 or more than there are: all."""
+    """Groups: each label keeps its share (900/100 -> 90/10), exactly n in all (shares of
+    33 of 450/450/100: 14.85/14.85/3.3 -> 15/15/3, the largest remainders rounded up), in file
+    order, the same whatever else runs; pairs: a plain sample; 0 or more than there are: all."""
     rows = [(f"a{i}", "A") for i in range(900)] + [(f"b{i}", "B") for i in range(100)]
     kept = panel.limited(rows, 100, "groups")
     assert sorted(lab for _, lab in kept).count("B") == 10 and len(kept) == 100
-    assert kept == panel.limited(rows, 100, "groups")
+    assert kept == panel.limited(rows, 100, "groups") == sorted(kept, key=rows.index)
+    three = [(f"a{i}", "A") for i in range(450)] + [(f"c{i}", "C") for i in range(450)] + [
+        (f"b{i}", "B") for i in range(100)]
+    assert [lab for _, lab in panel.limited(three, 33, "groups")].count("B") == 3
+    assert len(panel.limited(three, 33, "groups")) == 33
     assert len(set(panel.limited(rows, 50, "pairs"))) == 50
     assert panel.limited(rows, 0, "groups") is rows and panel.limited(rows, 5000, "pairs") is rows
 
