@@ -31,8 +31,9 @@ and within 0.01 P@1 of the best row.
         [--tiny] [--out FILE] [--keep DIR]
 
 Prints a Markdown table and writes bench/panel.json (rewritten after each run): the halves,
-each entry's set, size, limit, test set and seconds, each row's settings, every run (times,
-the resolved mode and why, the kept epoch, the machine's load average before and after).
+each entry's set, size, limit, test set, wall and CPU seconds, each row's settings, every run
+(wall and CPU seconds, the resolved mode and why, the kept epoch, the load average before and
+after: the wall seconds of a run on a shared machine say as much about the others' load).
 """
 
 from __future__ import annotations
@@ -192,7 +193,8 @@ class Panel:
             "set": entry.set, "size": entry.size or "all", "half": entry.half, "kind": kind,
             "records": len(every), "limit": limit, "kept": len(kept),
             "keys": sum(len(v) for v in by.values()), "labels": len(by) if kind == "groups"
-            else None, "test": len(test), "digest": split.digest(test), "seconds": 0.0}
+            else None, "test": len(test), "digest": split.digest(test), "seconds": 0.0,
+            "cpu_s": 0.0}
         print(f"{entry.name}: {len(test)} of {self.entries[entry.name]['keys']} "
               f"{'texts' if kind == 'groups' else 'queries'} held out for test", flush=True)
         return full, by, test, data
@@ -207,7 +209,7 @@ class Panel:
         run: dict[str, Any] = {"entry": entry.name, "half": entry.half, "seed": seed,
                                "load_before": os.getloadavg(),
                                "rows": {}}
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             split_of = split.draw(by, test, entry.size, seed, full.kind)
             split.write_subset(full, split_of, work / "prepared", work / "prepare.json")
@@ -227,11 +229,14 @@ class Panel:
         except Exception as e:  # one failed run must not lose the others' figures
             traceback.print_exc()
             self.skip(f"{entry.name} seed {seed}: FAILED ({type(e).__name__}: {e})")
-        run["seconds"] = time.perf_counter() - t0
+        # the CPU seconds of every thread of this process: on a shared machine the wall
+        # seconds say more about the others' load than about the run
+        run["seconds"], run["cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
         run["load_after"] = os.getloadavg()
         self.entries[entry.name]["seconds"] += run["seconds"]
+        self.entries[entry.name]["cpu_s"] += run["cpu_s"]
         self.runs.append(run)
-        print(f"{entry.name} seed {seed} ({run['seconds']:.0f} s, load "
+        print(f"{entry.name} seed {seed} ({run['seconds']:.0f} s, {run['cpu_s']:.0f} CPU s, load "
               f"{run['load_after'][0]:.1f}): " + report.run_line(run), flush=True)
         self.save(complete=False)
 

@@ -300,6 +300,7 @@ def test_panel_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:
         assert "same_as" not in rows["lr5e-5"] and rows["head"]["mode"] == "head"
         assert rows["lr5e-5"]["mode"] == rows["default"]["mode"] != "head"
         assert len(run["load_before"]) == len(run["load_after"]) == 3
+        assert run["cpu_s"] > 0 and entries[run["entry"]]["cpu_s"] == run["cpu_s"]
         first = rows["default"]["metrics"]["trained"]
         assert first["p@1"] == rows["default"]["trained"] and 0 <= first["map@r"] <= 1
     summed = {(s["entry"], s["row"]): s for s in got["summary"]}
