@@ -7,12 +7,13 @@ Entries (`PANEL`): a data set at a training size, in one half. The rule is chose
   choose  trec (TREC-50, all), trec-coarse-16, trec-coarse-64, bbc, news-pairs, food-fr
   report  trec-coarse-32, outlets, chat-multi, icd10cm, healthtweets
 
-Each entry's records (bench.small_data's sets, `bench.panel_data`'s new ones) are first cut
-to its `--limit` (`LIMITS`; a label-stratified sample drawn with a fixed seed, the same in
-every run), then drawn as bench.small_data draws (`bench.small_data_split`): one fixed test
-set per entry (20 % of it, at least min(500, half)), and per seed `size` per label (pairs:
-queries) to train from the rest (`all`: the whole rest, a ninth to validation). Each run goes
-through the real pipeline (`bench.small_data.pipeline`: cache fill, train, evaluate).
+Each entry's records (bench.small_data's sets, `bench.panel_data`'s new ones), each
+(text, label) once, are first cut to its `--limit` (`LIMITS`; a label-stratified sample
+drawn with a fixed seed, the same in every run), then drawn as bench.small_data draws
+(`bench.small_data_split`): one fixed test set per entry (20 % of it, at least min(500,
+half)), and per seed `size` per label (pairs: queries) to train from the rest (`all`: the
+whole rest, a ninth to validation). Each run goes through the real pipeline
+(`bench.small_data.pipeline`: cache fill, train, evaluate).
 
 Rows: `frozen` (the encoder alone: evaluate's baseline of the default run), `head`
 (`train.mode: head`), `default` (params.yaml as in the tree) and each `--row NAME=KEY=VALUE
@@ -182,7 +183,7 @@ class Panel:
         from simtune.prepare import stage as prepare
 
         kind = "pairs" if entry.set in sd.PAIR_SETS else "groups"
-        every = records(entry)
+        every = list(dict.fromkeys(records(entry)))  # TREC's file holds most questions 3x
         limit = self.args.limit.get(entry.name, LIMITS.get(entry.name, 0))
         kept = limited(every, limit, kind)
         data = sd.write_data(kept, kind, self.root / entry.name / "all.jsonl")
