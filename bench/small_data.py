@@ -68,6 +68,7 @@ ROWS = ("frozen", "default", "head", "top2", "full", "setfit", "logreg")
 TRAINED = {"default": "auto", "head": "head", "top2": "top_layers", "full": "full"}
 GROUP_SETS = ("trec-coarse", "trec-fine", "bbc", "outlets")
 PAIR_SETS = ("news-pairs",)
+METRICS = ("p@1", "mrr@10", "map@r")  # a run's test metrics kept beside its P@1 (bench.panel)
 # --- data --------------------------------------------------------------------------------------
 
 def records(name: str) -> list[tuple[str, str]]:
@@ -178,7 +179,8 @@ def fill_vectors(p: Any, prepared: Path, cache_dir: Path) -> float:
 
 def pipeline(p: Any, prepared: Path, cache_dir: Path, work: Path) -> dict[str, Any]:
     """Layer fill (top_layers), train, evaluate, the vectors already filled: the trained and
-    frozen P@1, the mode the run trained in (and why), the kept epoch, the seconds."""
+    frozen P@1 (and `metrics`: P@1, MRR@10, MAP@R of both), the mode the run trained in (and
+    why), the kept epoch, the seconds."""
     from simtune.cache import stage as cache
     from simtune.cache.modes import resolve
     from simtune.cache.views import layer_for
@@ -197,6 +199,8 @@ def pipeline(p: Any, prepared: Path, cache_dir: Path, work: Path) -> dict[str, A
     ev = evaluate.run(p, prepared, cache_dir, work / "model", work / "evaluate.json",
                       work / "recall.json", work / "detail.json")
     return {"trained": ev["trained"]["p@1"], "frozen": ev["baseline"]["p@1"],
+            "metrics": {"trained": {m: ev["trained"][m] for m in METRICS},
+                        "frozen": {m: ev["baseline"][m] for m in METRICS}},
             "mode": tr["mode"], "mode_reason": tr["mode_reason"], "fill_s": fill_s,
             "train_s": train_s, "eval_s": time.perf_counter() - t0,
             "seconds": fill_s + train_s, "kept_epoch": tr["best_epoch"],

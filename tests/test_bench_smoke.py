@@ -47,6 +47,7 @@ COVERAGE = {
     "query_adapter": "run",
     "static": "run",  # a tiny teacher export over the tiny BERT, the rows for real
     "threads": "run",  # both policies, quiet and beside one busy process, one step each
+    "panel": "run",  # two entries cut small, the tiny BERT, a candidate row and a same-run row
 }
 
 
@@ -307,3 +308,42 @@ def test_static_teacher_limit_is_a_seeded_share_of_each_label(n: int) -> None:
         assert abs(sum(r[1] == lab for r in got) - n * s) < 1, lab
     rest = iter(whole)  # a subsequence: file order kept
     assert all(any(r == w for w in rest) for r in got)
+
+
+def test_panel_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:
+    """--tiny: TREC coarse cut to 300 texts at 4 per label and the health tweets cut to 240,
+    one seed, through the real pipeline. The built-in rows and a candidate row each train;
+    a row whose change is outside the schedule in force (the static mode's lr) is the default's
+    run (`same_as`); the checks are the summary's own figures."""
+    from bench import small_data_split as split
+
+    got = _bench(tmp_path, "panel", "--tiny", "--model", str(tiny_bert), "--max-length", "32",
+                 "--row", "lr5e-5=train.schedule.top_layers.lr=5e-5,train.schedule.full.lr=5e-5",
+                 "--row", "same=train.schedule.static.lr=0.002")
+    assert got["complete"] and got["halves"]["choose"][:2] == ["trec", "trec-coarse-16"]
+    assert "healthtweets" in got["halves"]["report"]
+    assert got["rows"]["lr5e-5"] == {"train.schedule.top_layers.lr": 5e-5,
+                                     "train.schedule.full.lr": 5e-5}
+    entries = got["entries"]
+    assert (entries["trec-coarse-16"]["kept"], entries["healthtweets"]["kept"]) == (300, 240)
+    for e in entries.values():  # a label gives at most half its texts: up to test_count
+        assert 0 < e["test"] <= split.test_count(e["keys"]) and e["keys"] <= e["kept"]
+    assert [r["entry"] for r in got["runs"]] == ["trec-coarse-16", "healthtweets"]
+    for run in got["runs"]:
+        rows = run["rows"]
+        assert rows["head"]["queries"] == entries[run["entry"]]["test"]  # the fixed test set
+        assert list(rows) == ["head", "default", "lr5e-5", "same"]
+        assert rows["same"] == {**rows["default"], "same_as": "default"}
+        assert "same_as" not in rows["lr5e-5"] and rows["head"]["mode"] == "head"
+        assert rows["lr5e-5"]["mode"] == rows["default"]["mode"] != "head"
+        assert len(run["load_before"]) == len(run["load_after"]) == 3
+        assert run["cpu_s"] > 0 and entries[run["entry"]]["cpu_s"] == run["cpu_s"]
+        first = rows["default"]["metrics"]["trained"]
+        assert first["p@1"] == rows["default"]["trained"] and 0 <= first["map@r"] <= 1
+    summed = {(s["entry"], s["row"]): s for s in got["summary"]}
+    for c in got["checks"]:
+        d, f = summed[c["entry"], "default"]["p@1"], summed[c["entry"], "frozen"]["p@1"]
+        assert c["lift"] == d["mean"] - f["mean"] and c["sd"] == 0.0  # one seed: no sd
+        assert c["default_ge_frozen"] == (d["mean"] >= f["mean"])
+        best = max(s["p@1"]["mean"] for (e, _), s in summed.items() if e == c["entry"])
+        assert c["default_minus_best"] == d["mean"] - best
