@@ -30,6 +30,9 @@ DEPENDS: dict[str, tuple[str, ...]] = {"results": ()}
 # params.yaml's default): today's value of such a key changes nothing the bench measured
 ROW_KEYS: dict[str, tuple[str, ...]] = {name: ("train.mode",) for name in (
     "layers", "layers_full", "distill", "long_docs", "long_docs_top2", "small_data")}
+# bench.static's teachers trained in the top layers on every set (auto chose them: its JSON
+# records each teacher's mode), so the full mode's schedule changed nothing it measured
+ROW_KEYS["static"] = ("train.schedule.full.lr", "train.schedule.full.head_lr")
 
 
 def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -85,9 +88,21 @@ def settings_changed(name: str, results: dict[str, Any], today: dict[str, Any]
                 name, ()):
             continue
         value = now.get(today_key(k, now))
-        if value != v:
+        if value != v and not (value == "auto" and v == probed_rate(today_key(k, now))):
             out.append((k, v, value))
     return out
+
+
+def probed_rate(key: str) -> float | None:
+    """The rate `lr: auto` chose for `key` (a `train.schedule.<mode>.lr` or `.head_lr`) in the
+    checked-in default run (docs/run/train.json's `in_force`, TREC): a bench run at that rate
+    ran as today's default does there (None when that run trained another mode)."""
+    try:
+        shown = json.loads((ROOT / "docs" / "run" / "train.json").read_text())["in_force"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return shown.get(key) if shown.get("train.mode") and key.startswith(
+        f"train.schedule.{shown['train.mode']}.") else None
 
 
 def _said(changed: list[tuple[str, Any, Any]], today: dict[str, Any]) -> str:
