@@ -248,7 +248,7 @@ class Validator:
 
 def cached_encoder(data: Data, rep: Any) -> Callable[[Split, str], torch.Tensor] | None:
     """Epoch 0's representation in top_layers mode: the frozen encoder's vectors, read from
-    the cached vector tables (`data.q_vectors`, `d_vectors`: the encoder's own float32 output,
+    the cached vector tables (its `q_vectors`, `d_vectors`: the encoder's own float32 output,
     what the untouched top layers give from the float16 states up to their rounding, and what
     evaluate's baseline scores) instead of a forward pass of every validation text through
     the top layers (one validation of the run's epochs + 1). None in the other modes (head:
