@@ -66,8 +66,10 @@ def params_for(work: Path, texts: int, layers: int, batch: int, epochs: int, mod
     p["cache"].update(store=str(store), device="cpu")
     t = p["train"]
     t["mode"] = "top_layers"
+    # a fixed rate (the one lr auto picks on TREC): both sides of the comparison train alike,
+    # and the probe's steps are not part of an epoch's cost
     t["schedule"]["top_layers"].update(layers=layers, batch_size=batch, max_epochs=epochs,
-                                       patience=epochs)
+                                       patience=epochs, lr=2e-4, head_lr=2e-4)
     path = work / "params.yaml"
     path.write_text(yaml.safe_dump(p, sort_keys=False))
     return path

@@ -60,7 +60,8 @@ def _chat(root: Path) -> list[Record]:
         for f in sorted(lang.glob("*.yml")):
             if f.stem in NOT_TOPICS:
                 continue
-            doc = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
+            text = f.read_text(encoding="utf-8")  # a corpus file (never params)
+            doc = yaml.safe_load(text) or {}
             for talk in doc.get("conversations") or []:
                 topic = SAME_TOPIC.get(f.stem, f.stem)
                 out += [(str(line).strip(), topic) for line in talk or [] if line is not None]

@@ -86,7 +86,10 @@ def child(policy: str, steps: int, head_epochs: int) -> dict[str, Any]:
         return head, loss, opt, labels
 
     b = sched.top_layers.batch_size
-    head, loss, opt, labels = parts(b, sched.top_layers.lr, list(top.parameters()))
+    # a step's cost does not depend on the rate: lr auto's highest probed one when not a number
+    lr = sched.top_layers.lr
+    lr = max(sched.top_layers.probe_rates) if lr == "auto" else lr
+    head, loss, opt, labels = parts(b, lr, list(top.parameters()))
     states, mask = torch.randn(b, TOKENS, dim), torch.ones(b, TOKENS, dtype=torch.long)
 
     def top_step() -> None:

@@ -435,8 +435,8 @@ def test_the_pages_quote_the_bench_figures_not_placeholders(site: Path) -> None:
         assert "{{" not in _text(built), path.name
     # the default run's test P@1, from its reports as dvc.lock records them (docs/run/)
     metrics = json.loads((DOCS / "run" / "metrics.json").read_text())
-    head = f"{metrics['trained']['p@1']:.3f}"
-    assert f"TREC-50: test P@1 {head} with the head" in _text(site / "modes" / "index.html")
+    top2 = f"{metrics['trained']['p@1']:.3f}"
+    assert f"the top 2 layers {top2} (the README's results" in _text(site / "modes" / "index.html")
 
 
 def inline_list_items(text: str) -> list[str]:

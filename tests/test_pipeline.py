@@ -423,4 +423,5 @@ def test_top_layers_views_reference_the_store_and_a_teammate_refills(
     assert "cache tiny: 60 cached, 0 to embed" in refill.stderr  # the pulled vector view's
     mine = mate.path / "cache" / "tiny@layer1"
     assert {f.name: f.read_bytes() for f in mine.iterdir()} == good
-    assert _ran(mate.dvc("repro")) == set()
+    # models/export is not in DVC's cache (issue 52 item 1): a pull leaves it to the export stage
+    assert _ran(mate.dvc("repro")) == {"export"}

@@ -309,7 +309,8 @@ def _error(root: Path, params_file: Path) -> str:
     result = CliRunner().invoke(app, [*stage_args(root, params_file),
                                       "--negatives", str(root / "negatives")])
     assert result.exit_code == 1, result.output
-    lines = result.output.strip().splitlines()
+    # the log's INFO lines may come first (a set mode auto picks too says so): one error line
+    lines = [ln for ln in result.output.strip().splitlines() if not ln.startswith("INFO ")]
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     return lines[0]
 

@@ -8,6 +8,7 @@ import csv
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -191,8 +192,8 @@ def _crash_in_epoch_3(root: Path, params_file: Path, ckpt: Path,
 
 def _epoch_lines(messages: list[str]) -> list[str]:
     """The "epoch k/N" of each per-epoch log line (`simtune.train.epoch_log`)."""
-    return [m.split(":")[0] for m in messages
-            if m.startswith("epoch ") and not m.startswith("epoch 0 ")]  # 0: the frozen one
+    return [m.split(":")[0] for m in messages  # 0: the frozen one, no "/N"
+            if re.match(r"epoch [1-9]\d*/\d+:", m)]
 
 
 def _same_heads(a: Path, b: Path) -> None:
