@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import table
+from bench.small_data import _cell  # one mean ± sd cell format for both tables
 
 METRICS = ("p@1", "mrr@10", "map@r")
 CLOSE = 0.01  # the default within this much P@1 of the best row
@@ -87,13 +88,6 @@ def checks(summed: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "default_ge_frozen": d["mean"] >= f["mean"] - sd, "best": best,
                     "default_minus_best": gap, "default_within_0.01_of_best": gap >= -CLOSE})
     return out
-
-
-def _cell(m: dict[str, Any] | None, digits: int = 3) -> str:
-    if m is None:
-        return ""
-    sd = "-" if m["sd"] is None else f"{m['sd']:.{digits}f}"
-    return f"{m['mean']:.{digits}f} ± {sd}"
 
 
 def rendered(summed: list[dict[str, Any]], checked: list[dict[str, Any]]) -> str:
