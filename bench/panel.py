@@ -35,6 +35,8 @@ Prints a Markdown table and writes bench/panel.json (rewritten after each run): 
 each entry's set, size, limit, test set, wall and CPU seconds, each row's settings, every run
 (wall and CPU seconds, the resolved mode and why, the kept epoch, the load average before and
 after: the wall seconds of a run on a shared machine say as much about the others' load).
+Entries or seeds run apart (`--out` files) join into one bench/panel.json with
+`python -m bench.panel_merge` (the same commit and params.yaml only).
 """
 
 from __future__ import annotations

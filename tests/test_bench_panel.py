@@ -176,3 +176,26 @@ def test_parts_run_apart_merge_into_the_summary_of_all_their_runs() -> None:
     renamed = {**two, "rows": {**two["rows"], "head": {"train.mode": "top_layers"}}}
     with pytest.raises(MergeError, match=r"^b\.json: row 'head' is defined otherwise"):
         merged({"a.json": one, "b.json": renamed})
+
+
+def test_the_merge_command_writes_the_merged_file_or_one_line_naming_the_part(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m bench.panel_merge A B --out F` writes `merged` of the parts (named by file
+    name) and exits 0; a file that is not a panel part: exit 1, one line naming it, F unwritten."""
+    import json
+
+    from bench import panel_merge
+
+    under = {"commit": "c", "dirty": False, "params": {}}
+    a, b, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "panel.json"
+    a.write_text(json.dumps(_part([_run(1, 0.6, 0.58, 0.62)], under)))
+    b.write_text(json.dumps(_part([_run(2, 0.6, 0.62, 0.64)], under)))
+    assert panel_merge.main([str(a), str(b), "--out", str(out)]) == 0
+    assert json.loads(out.read_text()) == panel_merge.merged(
+        {"a.json": json.loads(a.read_text()), "b.json": json.loads(b.read_text())})
+    out.unlink()
+    (tmp_path / "c.json").write_text(json.dumps({"rows": {}}))
+    assert panel_merge.main([str(a), str(tmp_path / "c.json"), "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "c.json: not a bench.panel file (no machine, command" in err[0]
+    assert not out.exists()

@@ -48,6 +48,7 @@ COVERAGE = {
     "static": "run",  # a tiny teacher export over the tiny BERT, the rows for real
     "threads": "run",  # both policies, quiet and beside one busy process, one step each
     "panel": "run",  # two entries cut small, the tiny BERT, a candidate row and a same-run row
+    "panel_merge": "own test",  # tests/test_bench_panel.py: hand-made parts, merged and refused
 }
 
 
@@ -75,7 +76,7 @@ def test_item12_every_bench_entry_point_is_covered() -> None:
     assert sorted(COVERAGE) == _entry_points()
     for name, how in COVERAGE.items():
         if how == "own test":
-            test = "layers" if name == "layer_rows" else name
+            test = {"layer_rows": "layers", "panel_merge": "panel"}.get(name, name)
             assert (ROOT / "tests" / f"test_bench_{test}.py").is_file(), name
 
 
