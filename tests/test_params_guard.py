@@ -181,11 +181,13 @@ OURS_REFUSED = "error: another DVC run is running this workspace's pipeline (pid
 def _changed(out: str) -> bool:
     """A stage of the first run stopped in one line naming the second's key among those that
     changed under it (at 3 s the second's reset of params.yaml also undoes the first's own
-    `-S` keys, so the line names them too)."""
+    `-S` keys, so the line names them too), or naming the whole file (`stages._runlock`'s
+    check of the bytes the run's first stage read, which can see the change first)."""
     head = "error: params.yaml's "
-    return any(line.startswith(head) and " changed " in line and "train.schedule.head.lr" in
-               line.removeprefix(head).split(" changed ")[0].split(", ")
-               for line in out.splitlines())
+    return any(line.startswith(head) and " changed " in line and {
+        "train.schedule.head.lr", "(the whole file)"} & set(
+            line.removeprefix(head).split(" changed ")[0].split(", "))
+        for line in out.splitlines())
 
 
 # DVC's own refusals of a second run: the experiments lock, or the stage's rwlock on an output
