@@ -43,9 +43,11 @@ def repo_params() -> dict[str, Any]:
     raw["train"]["mode"] = "head"
     # likewise the encoder modes train at a rate the test names (these tests were written at
     # 2e-4), not `lr: auto`, whose probe is tested in tests/train/test_probe.py and by the
-    # tests that run params.yaml itself
+    # tests that run params.yaml itself; and they train the epochs they name, not the step
+    # floor's (tests/train/test_run_steps.py)
     for mode in ("top_layers", "full"):
-        raw["train"]["schedule"][mode].update(lr=TEST_ENCODER_LR, head_lr=TEST_ENCODER_LR)
+        raw["train"]["schedule"][mode].update(lr=TEST_ENCODER_LR, head_lr=TEST_ENCODER_LR,
+                                              min_run_steps=0)
     return raw
 
 

@@ -484,6 +484,11 @@ class EncoderSchedule(HeadSchedule):
     probe_steps: int = Field(gt=0, le=100_000, description="lr auto: optimizer steps each "
                              "probed rate trains (the batches of an epoch, cycled when an "
                              "epoch is shorter)")
+    min_run_steps: int = Field(ge=0, le=1_000_000, description="optimizer steps the run "
+                               "trains at least: where max_epochs x the steps of an epoch "
+                               "fall short (few-shot data), max_epochs and patience grow "
+                               "alike until they reach it (the train log and "
+                               "reports/train.json say so); 0: off")
 
 
 class TopLayersSchedule(EncoderSchedule):
@@ -566,6 +571,8 @@ class InForce(Section):
     encoder_lr: Number | Literal["auto"] | None = Field(
         description="the trainable encoder layers' (None: head; `auto`: before the probe)")
     lr_reason: str = Field(default="", description="lr auto: which rate the probe chose, why")
+    steps_reason: str = Field(default="", description="the step floor (min_run_steps): the "
+                              "epochs it added, why")
     layers: int = Field(description="top_layers: the layers that train (else 0)")
     batch_size: int
     max_epochs: int

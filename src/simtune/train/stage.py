@@ -31,7 +31,7 @@ from simtune.examples import Data, batch_for
 from simtune.params import CacheParams, EncodersParams, Params, TrainParams
 from simtune.prepare.prepared import kind as prepared_kind
 from simtune.retrieval.task import RetrievalTask
-from simtune.train import headroom, probe
+from simtune.train import headroom, probe, run_steps
 from simtune.train.checkpoint import Resume, fingerprint
 from simtune.train.data import check_trainable, load_data
 from simtune.train.epoch_log import progress_callbacks
@@ -122,8 +122,12 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     # `lr: auto`: the probe picks the rate (not when nothing can gain: no epoch trains)
     t = probe.run(t, data, fit, skip=gain["nothing_to_gain"] and t.frozen_candidate, enc=enc,
                   cache=cache, accelerator=accelerator)
-    loop_type = (functools.partial(EpochLoop, frozen_only=True)
-                 if gain["nothing_to_gain"] and t.frozen_candidate else EpochLoop)
+    if gain["nothing_to_gain"] and t.frozen_candidate:
+        loop_type: Callable[..., EpochLoop] = functools.partial(EpochLoop, frozen_only=True)
+    else:  # epochs train: at least the mode's step floor of them
+        loop_type, t = EpochLoop, run_steps.floor(t, len(data.training))
+        if t.run.steps_reason:
+            log.info("%s", t.run.steps_reason)
     module, loop, trainer, seconds = fit(t, enc, cache, data, task, accelerator, live_dir,
                                          loop_type, extra=resume)
     if trainer.global_rank != 0:
@@ -133,7 +137,8 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
                           p.evaluate.significance.resamples, p.evaluate.significance.seed),
               "nothing_to_gain": gain["nothing_to_gain"], "mode": t.mode,
               "mode_reason": t.run.reason, "in_force": t.run.shown(),
-              **({"lr_reason": t.run.lr_reason} if t.run.lr_reason else {})}
+              **({"lr_reason": t.run.lr_reason} if t.run.lr_reason else {}),
+              **({"steps_reason": t.run.steps_reason} if t.run.steps_reason else {})}
     save(module, loop, t, enc, out)
     write_json(report, result)
     for done in resumes:
@@ -338,6 +343,8 @@ def save(module: SimilarityModule, loop: EpochLoop, t: TrainParams, enc: Encoder
         meta["mode_reason"] = t.run.reason
         if t.run.lr_reason:  # lr auto: the rate the probe chose, and why
             meta["lr_reason"] = t.run.lr_reason
+        if t.run.steps_reason:  # the step floor added epochs
+            meta["steps_reason"] = t.run.steps_reason
         meta["selected"] = "frozen" if loop.best_epoch == 0 else "trained"
         if t.head.side != "both":  # the key only when set: `both` writes what it did
             meta["head_side"] = t.head.side
