@@ -5,7 +5,8 @@ Entries (`PANEL`): a data set at a training size, in one half. The rule is chose
 "choose" half and reported on the "report" half as well (a fixed split, stated in the JSON):
 
   choose  trec (TREC-50, all), trec-coarse-16, trec-coarse-64, bbc, news-pairs, food-fr
-  report  trec-coarse-32, outlets, chat-multi, icd10cm, healthtweets
+  report  trec-coarse-32, outlets, chat-multi, icd10cm, healthtweets, icd10cm-16,
+          chat-multi-16 (16 per label: the same test sets as icd10cm and chat-multi)
 
 Each entry's records (bench.small_data's sets, `bench.panel_data`'s new ones), each
 (text, label) once, are first cut to its `--limit` (`LIMITS`; a label-stratified sample
@@ -76,12 +77,15 @@ PANEL = (Entry("trec", "trec-fine", None, "choose"),
          Entry("food-fr", "food-fr", None, "choose"),
          Entry("chat-multi", "chat-multi", None, "report"),
          Entry("icd10cm", "icd10cm", None, "report"),
-         Entry("healthtweets", "healthtweets", None, "report"))
+         Entry("healthtweets", "healthtweets", None, "report"),
+         # few-shot on short texts nobody tuned to (full mode): the step floor's report half
+         Entry("icd10cm-16", "icd10cm", 16, "report"),
+         Entry("chat-multi-16", "chat-multi", 16, "report"))
 # records kept per entry (0: all), so that the panel fits in well under an hour on 2 cores:
 # the long-document sets' 256-token windows cost most; TREC coarse keeps small_data's test set
 # (a limit of 1,100 or more keeps 1,000 texts past prepare's folding of repeats: 500 to test)
 LIMITS = {"trec": 2500, "bbc": 1100, "outlets": 1100, "food-fr": 2500, "chat-multi": 2500,
-          "icd10cm": 2500, "healthtweets": 2500}
+          "icd10cm": 2500, "healthtweets": 2500, "icd10cm-16": 2500, "chat-multi-16": 2500}
 BUILTIN = ("frozen", "head", "default")
 LIMIT_SEED = 50  # the limit's sample: one per entry, whatever the run's seed
 
