@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from simtune import params as P
+from simtune.export.model_card import CardInputs
+from simtune.export.stage import export
 from simtune.train import run_steps
 from tests.conftest import repo_params
 from tests.train_helpers import project, set_schedule, train_top_layers
@@ -61,7 +63,8 @@ def test_the_train_stage_trains_the_floors_epochs_and_says_why(tmp_path: Path,
     set_schedule(raw, "top_layers", layers=1, max_epochs=1, patience=1, batch_size=8,
                  min_run_steps=12)
     raw["train"]["min_steps"] = 0
-    train_top_layers(tmp_path, raw, params_file)
+    raw["train"]["frozen_candidate"] = False  # a trained epoch is kept: the card names the run
+    p = train_top_layers(tmp_path, raw, params_file)
     report = json.loads((tmp_path / "train.json").read_text())
     assert report["in_force"]["train.schedule.top_layers.max_epochs"] == 3
     assert report["in_force"]["train.schedule.top_layers.patience"] == 3
@@ -71,3 +74,5 @@ def test_the_train_stage_trains_the_floors_epochs_and_says_why(tmp_path: Path,
         "examples, batch 8), so max_epochs 1 -> 3 and patience 1 -> 3 (15 steps at most)")
     saved = json.loads((tmp_path / "head" / "training.json").read_text())
     assert saved["steps_reason"] == report["steps_reason"]
+    export(tmp_path / "head", tmp_path / "export", CardInputs(params=p))
+    assert report["steps_reason"] in (tmp_path / "export" / "README.md").read_text()
