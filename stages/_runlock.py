@@ -145,3 +145,16 @@ def unchanged(when: str) -> None:
     last = others[-1]
     raise params_changed(changed, when, f"another DVC run, pid {last['pid']} ({last['cmd']}) at "
                          f"{last['at']}, wrote them, and was refused: {ONE_AT_A_TIME}")
+
+
+def last_run_start() -> float | None:
+    """When the last DVC run of this workspace's pipeline started (its `dvc` process's start,
+    seconds since the epoch), if params.yaml reads now as that run's first stage read it;
+    else None (no record, or params.yaml edited since). A file that run wrote is newer; one
+    older is a previous run's, whatever params.yaml's own time says (`dvc exp run --temp`
+    rewrites the workspace's params.yaml with the same bytes)."""
+    record = _read()
+    if record is None or _changed(record.get("params"), _params()):
+        return None
+    start = record["owner"].get("start")
+    return float(start) if isinstance(start, int | float) else None

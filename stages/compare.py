@@ -52,6 +52,9 @@ def compare(
         raise UserError(f"dvc exp show: {str(err).splitlines()[0] or type(err).__name__}"
                         ) from None
     width = width or shutil.get_terminal_size((120, 24)).columns
-    stale = stale_files(Path("."), params)  # a failed run's workspace: its state, not figures
+    from stages._runlock import last_run_start
+
+    # a failed run's workspace: its state, not figures
+    stale = stale_files(Path("."), params, last_run_start())
     for line in render(records, flat_keys(raw or {}), width, stale):
         print(line)

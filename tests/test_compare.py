@@ -147,6 +147,40 @@ def test_stale_files_are_the_missing_and_the_older_than_params(tmp_path: Path) -
     assert stale_files(tmp_path, params) == [0]
 
 
+def test_after_a_run_that_read_params_as_they_read_now_its_start_decides(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dvc exp run --temp` rewrites the workspace's params.yaml with the same bytes (a new
+    time): the last workspace run's files stay its params' result; a file older than that
+    run's start is a previous run's (a run that failed before writing it)."""
+    import os
+
+    from simtune.evaluate.compare import stale_files
+    from stages import _runlock
+
+    monkeypatch.chdir(tmp_path)
+    params = tmp_path / "params.yaml"
+    params.write_text("train:\n  lr: 0.005\n")
+    (tmp_path / "reports").mkdir()
+    evaluate, train = tmp_path / "reports/metrics.json", tmp_path / "reports/train_metrics.json"
+    for path in (evaluate, train):
+        path.write_text("{}")
+    start = evaluate.stat().st_mtime - 10.0  # the run started 10 s before it wrote them
+    (tmp_path / ".dvc/tmp").mkdir(parents=True)
+    record = {"owner": {"pid": 1, "start": start, "cmd": "dvc exp run", "at": "12:00:00"},
+              "params": {"train": {"lr": 0.005}}, "refused": []}
+    _runlock.RECORD.write_text(json.dumps(record))
+    later = evaluate.stat().st_mtime_ns + 5_000_000_000
+    os.utime(params, ns=(later, later))  # the same bytes, rewritten after the run
+    assert stale_files(tmp_path, params) == [0, 1]  # by the file's time alone: both
+    assert _runlock.last_run_start() == start
+    assert stale_files(tmp_path, params, _runlock.last_run_start()) == []
+    old = int((start - 1) * 1e9)
+    os.utime(train, ns=(old, old))  # written before that run started: a previous run's
+    assert stale_files(tmp_path, params, _runlock.last_run_start()) == [1]
+    params.write_text("train:\n  lr: 0.01\n")  # edited since the run: its time decides
+    assert _runlock.last_run_start() is None
+
+
 def test_render_narrow_moves_params_to_a_further_table_hides_nothing() -> None:
     keys = ["prepare.file.path", "train.schedule.head.lr", "train.mode"]
     lines = render(_records(), keys, 70)

@@ -121,21 +121,24 @@ def _timed(t: TrainParams, tokens: int, speed: Speed | None) -> tuple[bool, str]
 
 
 def resolve(t: TrainParams, encoders: EncodersParams, prepared_dir: Path,
-            store: str | None = None, note_auto: bool = False) -> TrainParams:
+            store: str | None = None, note_auto: bool = False, say: bool = True
+            ) -> TrainParams:
     """`t` resolved (`params.effective`) for the prepared data at `prepared_dir`: `auto`
     chosen (`choose`) over every prepared text, the mode's schedule in force. `store`:
     `cache.store`, where this machine's top-layers speed is kept (`simtune.cache.budget`);
     every stage of a pipeline passes it, so all resolve the same mode (None: no time bound).
     `note_auto` (the cache and train stages): a set mode that auto would pick too is said in
     one line (an experiment `-S train.mode=<it>` repeats the default run's mode: its log says
-    so first)."""
+    so first). `say` False: auto's choice is not logged (a second resolve of the same
+    command, which the first already said)."""
     from simtune.prepare.prepared import load as load_prepared
 
     if t.mode == "auto":
         texts = load_prepared(prepared_dir).texts.column("text").to_pylist()
         speed = None if store is None else _speed(encoders, t.accelerator, store)
         mode, reason = choose(t, encoders, texts, speed)
-        log.info("train.mode %s", reason)  # a set mode needs no word
+        if say:  # a set mode needs no word
+            log.info("train.mode %s", reason)
     else:
         mode, reason = choose(t, encoders, [])
         if note_auto and mode in AUTO_MODES:  # a set mode auto picks anyway: said

@@ -13,8 +13,9 @@ commit it was queued on (its run wrote none), and a running one's from whatever 
 holds so far; a metrics file whose values equal the parent commit's in such a row is the
 parent's, shown as `-`. The workspace row's metrics are DVC's reading of the workspace's files
 (or of dvc.lock's record when a failed run deleted them): a metrics file that is missing or
-older than params.yaml (`stale_files`) is not its params' result, so its cells are `-` and the
-row's state `stale`.
+older than params.yaml (`stale_files`; older than the last run's start where params.yaml reads
+as that run read it) is not its params' result, so its cells are `-` and the row's state
+`stale`.
 """
 
 from __future__ import annotations
@@ -76,12 +77,16 @@ def _label(record: Mapping[str, Any]) -> str:
     return str(name or rev[:7] or "workspace")
 
 
-def stale_files(root: Path, params: Path) -> list[int]:
+def stale_files(root: Path, params: Path, run_start: float | None = None) -> list[int]:
     """The indices (into `METRIC_FILES`) of the workspace's metrics files under `root` that
     are missing or older than the params file `params`: a run that failed (DVC deleted its
     outputs first) or not yet run since params.yaml was edited (`dvc exp run -S` writes it
-    before any stage runs)."""
-    since = Path(params).stat().st_mtime_ns
+    before any stage runs). `run_start` (seconds since the epoch): the start of the last DVC
+    run, given when params.yaml reads as that run read it (`stages._runlock.last_run_start`):
+    files older than that start are stale instead, whatever params.yaml's own time (`dvc exp
+    run --temp` rewrites it, the same bytes)."""
+    since = (Path(params).stat().st_mtime_ns if run_start is None
+             else int(run_start * 1_000_000_000))
     out = []
     for i, rel in enumerate(METRIC_PATHS):
         path = Path(root) / rel

@@ -109,7 +109,9 @@ def _states(p: Params, head_dir: Path, prepared_dir: Path, cache_dir: Path, name
     from simtune.cache.modes import resolve
     from simtune.cache.views import layer_for
 
-    layer = layer_for(p.encoders, resolve(p.train, p.encoders, prepared_dir))
+    # the store's speed, as evaluate's vectors resolve it (the same mode, said there once)
+    layer = layer_for(p.encoders, resolve(p.train, p.encoders, prepared_dir, p.cache.store,
+                                          say=False))
     if layer is None:
         log.info("the corpus is embedded from the text: the params resolve another mode than "
                  "the head's top_layers")

@@ -73,6 +73,11 @@ class RunEstimate(pl.Callback):
 
     def __init__(self, loop: EpochLoop, batches: int = ESTIMATE_STEPS) -> None:
         self.loop, self.batches, self.done, self._start = loop, batches, False, 0.0
+        self.epoch_s = 0.0  # the estimate's epoch (0: not made yet, or already revised)
+        self._validation_before = 0.0
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, module: Any) -> None:
+        self._validation_before = self.loop.validation_seconds
 
     def on_train_batch_end(self, trainer: pl.Trainer, module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -90,6 +95,25 @@ class RunEstimate(pl.Callback):
         validation = self.loop.validation_seconds / (len(self.loop.train_seconds) + 1)
         log.info(estimate_line(step_s, int(total), validation,
                                trainer.max_epochs - trainer.current_epoch, batch_idx))
+        self.epoch_s = step_s * int(total) + validation
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, module: Any) -> None:
+        """Once, after the epoch the estimate was made in: when that epoch (its training and
+        validation, measured) took over 20 % more or less than estimated, the estimate again
+        from it. A trained epoch's validation runs the trained layers over the validation
+        texts and the corpus; epoch 0's, the estimate's figure, ranks cached vectors."""
+        if not self.epoch_s or not trainer.is_global_zero:
+            return
+        estimated, self.epoch_s = self.epoch_s, 0.0
+        validation = self.loop.validation_seconds - self._validation_before
+        measured = self.loop.train_seconds[-1] + validation
+        left = trainer.max_epochs - trainer.current_epoch - 1
+        if left < 1 or abs(measured - estimated) <= 0.2 * estimated:
+            return
+        log.info("run estimate after epoch %d, measured: %.0f s an epoch (%.0f s training + "
+                 "%.0f s validation), not ~%.0f s: ~%d more epochs = ~%.1f min at most",
+                 trainer.current_epoch + 1, measured, self.loop.train_seconds[-1], validation,
+                 estimated, left, left * measured / 60)
 
 
 class EpochLog(pl.Callback):
