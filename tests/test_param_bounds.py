@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 import torch
+import yaml
 from pydantic import BaseModel
 
 from simtune import params as P
@@ -295,6 +296,23 @@ def test_the_check_command_bounds_every_learning_rate_as_statics(tmp_path: Path,
     _place(raw, key, 10)  # the bound itself passes, as static's
     P.validate(raw)
     assert _max("train.schedule.static.lr") == 10
+
+
+@pytest.mark.parametrize("key", LRS)
+@pytest.mark.parametrize(("text", "shown"), [("1e+30", "1e+30"), ("-1e-4", "-0.0001")])
+def test_a_rate_written_as_dvcs_s_writes_it_gets_the_bounds_line(tmp_path: Path, key: str,
+                                                                 text: str, shown: str) -> None:
+    """`dvc exp run -S train.schedule.top_layers.lr=1e30` writes `lr: 1e+30`, which PyYAML
+    reads as text: the encoder modes' `number | auto` rates said "expected a number or 'auto',
+    got '1e+30'" (the hostile round of issue 52); the bound's line, as a number, now."""
+    raw = repo_params()
+    _place(raw, key, "PLACEHOLDER")
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw, sort_keys=False).replace("PLACEHOLDER", text))
+    with pytest.raises(UserError) as err:
+        P.load(params)
+    assert str(err.value) == (f"{params}: {key}: expected a number > 0 and <= 10, "
+                              f"got {shown}")
 
 
 def _max(key: str) -> int:

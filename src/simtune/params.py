@@ -1211,7 +1211,8 @@ def _auto_or_number(errors: list[Any]) -> list[dict[str, Any]]:
         loc = tuple(err["loc"])
         if loc[:-1] not in keys or not _is_branch(loc[-1]):
             out.append(dict(err))
-        elif isinstance(err.get("input"), int | float) and not isinstance(err["input"], bool):
+        elif (isinstance(_yaml_float(err.get("input")), int | float)  # `-S lr=1e30`: '1e+30'
+              and not isinstance(err["input"], bool)):
             if not auto_member(err):
                 out.append({**err, "loc": loc[:-1]})
         elif loc[:-1] not in seen:
@@ -1305,6 +1306,7 @@ def _bound_message(source: str, loc: tuple[Any, ...], given: Any) -> str | None:
     if not limits or ann not in (int, float):
         return None
     noun = "an integer" if ann is int else "a number"
+    given = _yaml_float(given)  # `1e+30` as DVC's -S writes it: the number, not its text
     return f"{source}: {_dotted(loc)}: expected {noun} {limits}, got {given!r}"
 
 
