@@ -146,8 +146,9 @@ def _number(key: str, value: Any) -> tuple[str, Any]:
 
 
 def resolved_key(p: Any, prepared: Path) -> str:
-    """What a run trains, as text: params with `auto` resolved and only the schedule in force
-    (two rows with the same key are the same run)."""
+    """What a run trains, as text: params with `auto` resolved and only the schedule in force,
+    its section's every key (the probe's, the step floor's) with the values in force (two rows
+    with the same key are the same run)."""
     import json
 
     from simtune.cache.modes import resolve
@@ -155,8 +156,8 @@ def resolved_key(p: Any, prepared: Path) -> str:
     t = resolve(p.train, p.encoders, prepared)
     dump = p.model_dump(mode="json")
     dump["train"]["mode"] = t.mode
-    dump["train"]["schedule"] = {k: v for k, v in t.run.model_dump(mode="json").items()
-                                 if "reason" not in k}
+    dump["train"]["schedule"] = {**dump["train"]["schedule"][t.mode], **{
+        k: v for k, v in t.run.model_dump(mode="json").items() if "reason" not in k}}
     return json.dumps(dump, sort_keys=True)
 
 

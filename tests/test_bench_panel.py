@@ -86,6 +86,27 @@ def test_a_candidate_row_is_a_name_and_its_keys() -> None:
             panel.row_spec(bad)
 
 
+def test_rows_are_one_run_only_when_the_schedule_in_force_is_the_same_whole(
+        tmp_path: Path) -> None:
+    """A row turning the step floor off in the mode that trains is another run (the key kept
+    only the in-force fields, without the floor: the panel scored such a row as the default's
+    run); a key of a schedule not in force changes nothing."""
+    from simtune import params as P
+    from tests.conftest import repo_params
+
+    def key(**full: object) -> str:
+        raw = repo_params()
+        raw["train"]["mode"] = "full"
+        raw["train"]["schedule"]["full"].update(full)
+        raw["train"]["schedule"]["top_layers"]["min_run_steps"] = full.get("other", 0)
+        raw["train"]["schedule"]["full"].pop("other", None)
+        return panel.resolved_key(P.validate(raw), tmp_path)
+
+    assert key(min_run_steps=50) != key(min_run_steps=0)
+    assert key(probe_steps=20) != key(probe_steps=5)
+    assert key(min_run_steps=50) == key(min_run_steps=50, other=99)
+
+
 def test_the_limit_is_one_fixed_sample_per_entry() -> None:
     """Groups: each label keeps its share (900/100 -> 90/10), exactly n in all (shares of
     33 of 450/450/100: 14.85/14.85/3.3 -> 15/15/3, the largest remainders rounded up), in file
