@@ -79,7 +79,7 @@ plots: install
 # tests/test_docs.py builds the site with `mkdocs build --strict` (headless-browser checks run
 # where Debian's chromium is installed: `apt-get install chromium`, ~300 MB, not done here)
 test: install
-	@echo "== test: ruff, the import rules, then all ~1,270 tests (~20 min on 2 cores; one dot a test; make test-quick: ~1 min)"
+	@echo "== test: ruff, the import rules, then every test (~20 min on 2 cores; one dot a test; make test-quick: ~1 min)"
 	$(BIN)/ruff check .
 	cd $(CURDIR) && $(BIN)/lint-imports
 	PATH="$(BIN):$$PATH" pytest -q -n auto --dist loadgroup

@@ -32,7 +32,7 @@ def evaluate(
     run_baseline: Path = file_option("reports/run_baseline.trec",
                                      "TREC run file of the frozen encoder's rankings"),
 ) -> None:
-    """P@1, Recall@k, MRR@10, nDCG@10, MAP@R of the trained head vs the frozen encoder and BM25,
+    """P@1, Recall@k, MRR@10, nDCG@10, MAP@R of the trained model vs the frozen encoder and BM25,
     the lifts' paired significance, and both models' rankings as TREC run files."""
     from simtune import params as P
     from simtune.atomic import write_json

@@ -395,7 +395,7 @@ def test_a_second_time_for_make_run_is_caught() -> None:
 
 
 X = "\u00d7"  # the multiplication sign the pages write
-FORMULA = rf"5,380 {X} ([\d.]+) {X} 384 {X} (\d) B =\s*(\d+) MB"
+FORMULA = rf"([\d,]+) {X} ([\d.]+) {X} 384 {X} (\d) B =\s*(\d+) MB"
 
 
 def layer_cache_figures(pages: dict[str, str]) -> list[tuple[str, str]]:
@@ -416,11 +416,14 @@ def test_trecs_layer_cache_has_one_size() -> None:
     figure given for it is the formula's, with params.yaml's states_dtype."""
     today = _today()
     dtype = today["encoders"]["models"]["minilm"]["states_dtype"]
-    formula = re.search(FORMULA, " ".join((DOCS / "modes.md").read_text().split()))
+    page = _hook("generate").bench_figures((DOCS / "modes.md").read_text(), "modes.md")
+    formula = re.search(FORMULA, " ".join(page.split()))
     assert formula, "modes.md gives TREC's layer cache size as a formula"
-    tokens, size, mb = float(formula.group(1)), int(formula.group(2)), formula.group(3)
+    texts = json.loads((DOCS / "run" / "prepare.json").read_text())["texts"]
+    assert formula.group(1) == f"{texts:,}"  # the run's count of TREC's texts
+    tokens, size, mb = float(formula.group(2)), int(formula.group(3)), formula.group(4)
     assert size == {"float16": 2, "bfloat16": 2, "float32": 4}[dtype]
-    assert mb == f"{5380 * tokens * 384 * size / 1e6:.0f}"
+    assert mb == f"{texts * tokens * 384 * size / 1e6:.0f}"
     figures = layer_cache_figures(_pages())
     assert [f for f in figures if f[1] != mb] == []
     assert layer_cache_figures({"b.md": "the layer cache (107 MB) is filled once"}) == [
@@ -479,6 +482,7 @@ def _figures() -> dict[str, str]:
     speed = json.loads((ROOT / "bench" / "train_speed.json").read_text())
     fill = json.loads((ROOT / "bench" / "cache_fill.json").read_text())
     run = json.loads((DOCS / "run" / "metrics.json").read_text())
+    prepared = json.loads((DOCS / "run" / "prepare.json").read_text())
     steps = re.findall(r"== install (\d)/(\d)", (ROOT / "Makefile").read_text())
     return {"static speed": f"{static['headline']['default']['ours_labels']['x_MiniLM_1t']:.0f}",
             "static machine": static["machine"].split(",")[0],
@@ -486,7 +490,8 @@ def _figures() -> dict[str, str]:
             "top 2 P@1": f"{run['trained']['p@1']:.3f}",
             "fill texts": f"{fill['texts']:,}", "fill seconds": f"{fill['seconds']['ours']:.0f}",
             "fill machine": fill["machine"].split(",")[0],
-            "install steps": ["one", "two", "three", "four", "five"][int(steps[-1][1]) - 1]}
+            "install steps": ["one", "two", "three", "four", "five"][int(steps[-1][1]) - 1],
+            "TREC counts": (f"{prepared['texts']:,}", f"{prepared['examples']['train']:,}")}
 
 
 def contradictions(texts: dict[str, str]) -> list[str]:
@@ -495,7 +500,9 @@ def contradictions(texts: dict[str, str]) -> list[str]:
     the head (bench/train_speed.json) and with the top 2 layers (the default run, docs/run/),
     MiniLM's pass over TREC (bench/cache_fill.json, with its machine), the count of `make`'s
     install steps (the Makefile's `== install i/n` messages), what `auto` picks (full,
-    top_layers or head), and a count of unit tests (said nowhere: it drifts)."""
+    top_layers or head), a count of tests (said nowhere: it drifts) and TREC's texts and
+    training texts (the default run's prepare report: 5,380 and 4,306 were written beside its
+    5,379 and 4,305)."""
     want, out = _figures(), []
     for where, text in texts.items():
         for paragraph, s in ((p, s) for p in _paragraphs(where, text) for s in p):
@@ -512,7 +519,10 @@ def contradictions(texts: dict[str, str]) -> list[str]:
                                       r"layers (0\.\d{3})")):
                     bad += [f"{key} {a or b}" for a, b in re.findall(pattern, s)
                             if (a or b) != want[key]]
-            for n, secs in re.findall(r"([\d,]+) questions in ~?([\d.]+) s", s):
+            passes = re.findall(r"([\d,]+) questions in ~?([\d.]+) s", s) + [
+                (want["fill texts"], x) for x in
+                re.findall(r"MiniLM pass over TREC's questions took ~?([\d.]+) s", s)]
+            for n, secs in passes:
                 if (n, secs) != (want["fill texts"], want["fill seconds"]):
                     bad.append(f"MiniLM pass {n} questions in {secs} s")
                 elif want["fill machine"] not in " ".join(paragraph):
@@ -523,7 +533,9 @@ def contradictions(texts: dict[str, str]) -> list[str]:
             if re.search(r"\bauto\b\W{0,3}(?:\(the default\) )?(?:picks|chooses)", s) and (
                     "`head`" in s and "`top_layers`" in s and "`full`" not in s):
                 bad.append("auto picks without full")
-            bad += [f"a count: {m}" for m in re.findall(r"\d[\d,]* unit tests", s)]
+            bad += [f"a count: {m}" for m in re.findall(r"~?\d[\d,]*\d (?:unit )?tests\b", s)]
+            bad += [f"TREC count {m}" for m in re.findall(r"\b(5,3\d\d|4,30\d)\b", s)
+                    if m not in want["TREC counts"]]
             out += [f"{where}: {b}: {s[:120]}" for b in bad]
     return out
 
@@ -543,6 +555,9 @@ def test_each_fact_has_one_figure_everywhere_it_is_quoted() -> None:
     ("`make` says each of the four steps; `== install` runs three steps.", "'three' steps"),
     ("The default, `auto`, picks `top_layers` or `head` from the data.", "auto picks without"),
     ("`make test-quick` (376 unit tests, ~1 min).", "a count: 376 unit tests"),
+    ("`make test`: ~20 min (ruff, the import rules, then ~1,270 tests).", "a count: ~1,270"),
+    ("TREC's 5,380 questions, 4,305 of them to train.", "TREC count 5,380"),
+    ("The validation ranks against TREC's 4,306 training texts.", "TREC count 4,306"),
 ])
 def test_a_figure_that_contradicts_its_source_is_caught(text: str, caught: str) -> None:
     """Each contradiction the first hour met (issue 53), written back into a page, is named."""

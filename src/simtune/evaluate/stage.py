@@ -212,9 +212,9 @@ def _speed(p: Params, prepared: Any, head_dir: Path, data: Data) -> dict[str, An
                          "trained": lambda x: trained.encode(x, bs),
                          "teacher": lambda x: teacher.encode(x, bs)}, sample, bs, str(device))
     rate = out["texts_per_s"]
-    log.info("speed (%d test texts): frozen student %.0f, distilled %.0f, teacher %.0f texts/s "
-             "(%.1fx the teacher)", len(sample), rate["baseline"], rate["trained"],
-             rate["teacher"], out["trained_over_teacher"])
+    log.info("speed (%d test texts): the frozen encoder (%s) %.0f, the distilled student %.0f, "
+             "the teacher (%s) %.0f texts/s (%.1fx the teacher)", len(sample), enc.query,
+             rate["baseline"], rate["trained"], name, rate["teacher"], out["trained_over_teacher"])
     return out
 
 

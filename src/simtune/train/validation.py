@@ -7,9 +7,10 @@ kept epoch are exactly those of validating everything every epoch (Lightning's
 `EarlyStopping(patience)`: stop after `patience` epochs without a better value; the first epoch
 with the best value is kept). That needs only each query's top 10 (P@1, MRR@10, nDCG@10 from an
 exact top-k, ties by index, are the same from the top 10 as from the top R), about a third of
-the cost of every metric on TREC, where MAP@R needs the top R (up to 765 of 4,306). Every
-metric (the curves) is computed every `train.val_every` epochs, at the last epoch, and for the
-kept epoch at the end (from its kept weights). With `monitor: map@r` every epoch computes all.
+the cost of every metric on TREC, where MAP@R needs the top R (up to 765 of its 4,305
+training texts). Every metric (the curves) is computed every `train.val_every` epochs, at the
+last epoch, and for the kept epoch at the end (from its kept weights). With `monitor: map@r`
+every epoch computes all.
 """
 
 from __future__ import annotations
