@@ -56,5 +56,44 @@ def compare(
 
     # a failed run's workspace: its state, not figures
     stale = stale_files(Path("."), params, last_run_start())
+    records, notes = _ran_otherwise(records)
     for line in render(records, flat_keys(raw or {}), width, stale):
         print(line)
+    for line in notes:
+        print(line)
+
+
+def _ran_otherwise(records: list[dict]) -> tuple[list[dict], list[str]]:
+    """`records` with `ran_otherwise` set on each finished experiment whose committed
+    params.yaml is not what its committed dvc.lock says it ran
+    (`simtune.evaluate.compare.ran_otherwise`), and one line per such experiment."""
+    import subprocess
+
+    import yaml
+
+    from simtune.evaluate.compare import ran_otherwise
+
+    def committed(rev: str, name: str) -> object:
+        proc = subprocess.run(["git", "show", f"{rev}:{name}"], capture_output=True, text=True,
+                              check=False)
+        try:
+            return yaml.safe_load(proc.stdout) if proc.returncode == 0 else None
+        except yaml.YAMLError:
+            return None
+
+    out, notes = [], []
+    for record in records:
+        rev, name = str(record.get("rev") or ""), record.get("Experiment")
+        if (not name or record.get("typ") == "baseline" or rev in ("", "workspace")
+                or str(record.get("State") or "success").lower() != "success"):
+            out.append(record)
+            continue
+        keys = ran_otherwise(committed(rev, "params.yaml"), committed(rev, "dvc.lock"))
+        out.append({**record, "ran_otherwise": keys} if keys else record)
+        if keys:
+            shown = "; ".join(f"{k} {a} (it ran {b})" for k, a, b in keys[:3])
+            more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+            notes.append(f"{name}: mismatch: its params.yaml says {shown}{more}: another `dvc "
+                         "exp run -S` wrote params.yaml after its last stage, before DVC "
+                         "recorded it (its dvc.lock has what it ran); run it again")
+    return out, notes

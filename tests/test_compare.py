@@ -301,6 +301,53 @@ def test_the_workspace_row_after_a_failed_run_shows_its_state_not_the_last_runs_
     assert rows[1]["trained.p@1"] == f"{metrics['trained']['p@1']:.4f}", out
 
 
+def test_ran_otherwise_names_each_key_the_committed_params_do_not_share_with_the_lock(
+        ) -> None:
+    from simtune.evaluate.compare import ran_otherwise
+
+    ran = {"train": {"schedule": {"head": {"lr": 0.002, "batch_size": 8}},
+                     "rates": [5e-5, 1e-4]}, "seed": 13}
+    lock = {"stages": {"check": {"params": {"params.yaml": ran}}}}
+    # the same values, one as PyYAML reads `5.0e-5` (text): no mismatch
+    same = {"train": {"schedule": {"head": {"lr": 0.002, "batch_size": 8}},
+                      "rates": ["5.0e-5", "1.0e-4"]}, "seed": 13}
+    assert ran_otherwise(same, lock) == []
+    other = {"train": {"schedule": {"head": {"lr": 0.05, "batch_size": 8}},
+                       "rates": ["5.0e-5", "1.0e-4"]}, "seed": 13, "extra": 1}
+    assert ran_otherwise(other, lock) == [("extra", 1, None),
+                                          ("train.schedule.head.lr", 0.05, 0.002)]
+    assert ran_otherwise(other, {"stages": {"train": {}}}) == []  # no check stage recorded
+    records = [{"Experiment": "first", "rev": "abc1234", "typ": "branch_base", "State": None,
+                "ran_otherwise": [("train.schedule.head.lr", 0.05, 0.002)]}]
+    assert render(records, ["train.schedule.head.lr"], 120)[1].split()[:2] == ["first",
+                                                                               "mismatch"]
+
+
+@pytest.mark.integration
+def test_an_experiment_whose_params_were_written_after_its_last_stage_shows_mismatch(
+        pipeline_baseline: Path, tmp_path: Path) -> None:
+    """Issue 52 item 4's window, found again by the hostile round: a second `dvc exp run -S`
+    wrote params.yaml after the first run's last stage had checked it and before DVC committed
+    the experiment, so the experiment recorded lr 0.05 beside a model trained at 0.002, with no
+    line. Made here on purpose: the last stage's command writes params.yaml after simtune's
+    export ended. `simtune compare` says `mismatch` and names the key and both values."""
+    project, *_ = _committed_baseline(pipeline_baseline, tmp_path)
+    dvc_yaml = project.path / "dvc.yaml"
+    raw = yaml.safe_load(dvc_yaml.read_text())
+    edit = ("import pathlib; p = pathlib.Path('params.yaml'); "
+            "p.write_text(p.read_text().replace('lr: 0.004', 'lr: 0.05', 1))")
+    raw["stages"]["export"]["cmd"] = f'{raw["stages"]["export"]["cmd"]} && python -c "{edit}"'
+    dvc_yaml.write_text(yaml.safe_dump(raw, sort_keys=False))
+    project.git("commit", "-qam", "the export's command writes params.yaml when it ends")
+    run = project.dvc("exp", "run", "-n", "racy", "-S", "train.schedule.head.lr=0.004")
+    assert "Ran experiment(s): racy" in run.stdout, run.stdout[-2000:]
+    out = project.run(sys.executable, "-m", "stages", "compare", "--width", "200").stdout
+    racy = [line.split() for line in out.splitlines() if line.strip().startswith("racy")]
+    assert racy[0][:3] == ["racy", "mismatch", "0.05"], out
+    assert ("racy: mismatch: its params.yaml says train.schedule.head.lr 0.05 (it ran "
+            "0.004): another `dvc exp run -S` wrote params.yaml after its last stage") in out
+
+
 def _page_example() -> tuple[list[dict[str, object]], list[str]]:
     """The records behind docs/experiments.md's example (its figures are illustrative)."""
     base = {"prepare.file.path": "data/raw/mine.csv", "train.schedule.head.lr": 0.005,

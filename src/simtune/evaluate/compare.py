@@ -95,12 +95,47 @@ def stale_files(root: Path, params: Path, run_start: float | None = None) -> lis
     return out
 
 
+def ran_otherwise(params: Any, lock: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, value in params.yaml, value the run read) for each key whose value in an
+    experiment's committed params.yaml (`params`, parsed) differs from the one its committed
+    dvc.lock says its check stage read (`lock`, parsed: the check stage tracks params.yaml
+    whole, so its record is every key the run trained on). They differ when a second `dvc exp
+    run -S` wrote its values after the first run's last stage had checked params.yaml and
+    before DVC committed it: a window no stage can see, so the experiment's params are not what
+    it ran. [] when they agree, or when `lock` records no check stage (an older simtune's)."""
+    if not prefix:
+        try:
+            lock = lock["stages"]["check"]["params"]["params.yaml"]
+        except (KeyError, TypeError):
+            return []
+    if isinstance(params, dict) and isinstance(lock, dict):
+        return [d for key in sorted({*params, *lock}, key=str)
+                for d in ran_otherwise(params.get(key), lock.get(key), f"{prefix}{key}.")]
+    return [] if _same(params, lock) else [(prefix[:-1], params, lock)]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as values: `5.0e-5` is text to PyYAML and a number to DVC's reader."""
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+
+    def number(x: Any) -> Any:
+        try:
+            return float(x) if isinstance(x, str | int) and not isinstance(x, bool) else x
+        except ValueError:
+            return x
+    return a == b or number(a) == number(b)
+
+
 def state(record: Mapping[str, Any]) -> str:
-    """The row's state: done, failed, running or queued; for the workspace `stale` when a
-    metrics file of it is not its params' result (`own_metrics`), else `-` (DVC does not say
-    whether its outputs follow its params: `dvc status` does)."""
+    """The row's state: done, failed, running or queued, `mismatch` when its committed
+    params.yaml is not what it ran (`ran_otherwise`, set on the record by the command); for
+    the workspace `stale` when a metrics file of it is not its params' result (`own_metrics`),
+    else `-` (DVC does not say whether its outputs follow its params: `dvc status` does)."""
     if _label(record) == "workspace":
         return "stale" if record.get("State") == "stale" else "-"
+    if record.get("ran_otherwise"):  # its params.yaml is not what it ran (`ran_otherwise`)
+        return "mismatch"
     value = str(record.get("State") or "success").lower()
     return STATES.get(value, value)
 
