@@ -38,6 +38,7 @@ from simtune.train.epoch_log import progress_callbacks
 from simtune.train.epochs import EpochLoop
 from simtune.train.module import Diverged, SimilarityModule, diverged, is_divergence
 from simtune.train.validation import (
+    TIE_BREAKERS,
     Schedule,
     Validator,
     disagreement,
@@ -259,12 +260,25 @@ def report_of(loop: EpochLoop, total: float, n_train: int, monitor: str = "mrr@1
         "full_validations": loop.full_validations,
         # the last epoch was the best trained one when max_epochs ended the run: more may gain
         "still_rising": bool(epochs >= loop.schedule.max_epochs and loop.schedule.rising),
+        "rising_on": _rose_on(loop.history, epochs, monitor),
         "seconds": {"total": total, "train": train_s, "validation": val_s,
                     "per_epoch_train": train_s / max(epochs, 1),
                     "per_epoch_validation": val_s / max(epochs, 1),
                     "train_cpu": loop.train_cpu_seconds},
         "samples_per_s": epochs * n_train / max(train_s, 1e-9),
     }
+
+
+def _rose_on(history: dict[int, dict[str, float]], epoch: int, monitor: str) -> str:
+    """The metric on which `epoch` beat the epoch before it: the monitored one, else the
+    first tie-breaker that rose (MAP@R under a saturated MRR@10); the monitor when neither
+    epoch is in `history`."""
+    now, before = history.get(epoch, {}), history.get(epoch - 1, {})
+    for name in (monitor, *(n for n in TIE_BREAKERS if n != monitor)):
+        a, b = now.get(f"val/{name}"), before.get(f"val/{name}")
+        if a is not None and b is not None and a > b:
+            return name
+    return monitor
 
 
 def val_lift(loop: EpochLoop, monitor: str, resamples: int, seed: int) -> dict[str, Any]:
@@ -287,8 +301,10 @@ def log_selection(result: dict[str, Any], monitor: str) -> None:
     to tell the kept epoch's lift from none."""
     lift, frozen_value = result["val_lift"], result["frozen_val"].get(f"val/{monitor}")
     if result.get("still_rising"):
+        rose = result.get("rising_on", monitor)
         log.warning("still rising: epoch %d, the last (the mode's max_epochs), was the best "
-                    "trained epoch on val %s; more epochs may gain", result["epochs"], monitor)
+                    "trained epoch on val %s%s; more epochs may gain", result["epochs"], rose,
+                    "" if rose == monitor else f" (val {monitor} tied)")
     if result["selected"] == "frozen" and result["epochs"] == 0:
         return  # nothing to gain: `headroom` said so, and no epoch trained
     if result["selected"] == "frozen":
