@@ -169,7 +169,8 @@ def test_top_layers_second_search_embeds_the_query_alone(
     assert said[0].endswith(f"s, stored for the next search (store hit 0/{n})")
     second = _search(root, p)
     assert counted.take() == ([1], [])
-    assert _said(caplog) == [f"corpus vectors: store hit {n}/{n}"]
+    assert _said(caplog) == [f"corpus vectors: store hit {n}/{n}, 0 embedded (this search "
+                             "embeds 1 text: the query)"]
     assert first == second == want
     assert len({h.text for h in first}) == K
 
@@ -297,7 +298,8 @@ def test_head_mode_without_its_cache_embeds_the_corpus_once(
     assert counted.take() == ([1], [])
     said = [m for m in _said(caplog) if not m.startswith("not using the cache: ")]
     assert said[0].startswith("corpus: 80 texts embedded (text) in ")
-    assert said[1:] == ["corpus vectors: store hit 80/80"]
+    assert said[1:] == ["corpus vectors: store hit 80/80, 0 embedded (this search embeds 1 "
+                        "text: the query)"]
     assert first == second == want
 
 

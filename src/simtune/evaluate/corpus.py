@@ -74,7 +74,8 @@ def corpus_vectors(p: Params, model: Model, head_dir: Path, prepared_dir: Path,
                  "(store hit %d/%d)", f"{got.computed:,}", description["source"], got.seconds,
                  got.hits, got.hits + got.computed)
     else:
-        log.info("corpus vectors: store hit %d/%d", got.hits, got.hits)
+        log.info("corpus vectors: store hit %d/%d, 0 embedded (this search embeds 1 text: "
+                 "the query)", got.hits, got.hits)
     return got.vectors
 
 
