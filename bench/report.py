@@ -329,11 +329,13 @@ def page(results: dict[str, Any], today: dict[str, Any] | None = None) -> str:
                           ("sweep", "Sweeps"), ("scale", "The top_layers cache at scale"),
                           ("distill", "Distillation"), ("small_data", "Small data"),
                           ("static", "Static student"),
-                          ("panel", "The panel's tables")):
+                          ("panel", "The panel's tables"),
+                          ("panel_floor", "The step floor's panel (few-shot)")):
         if name not in results:
             continue
         bench = results[name]
-        keys = {"scale": 2, "panel": 3}.get(name, 1)  # the columns that name a row
+        # the columns that name a row
+        keys = {"scale": 2, "panel": 3, "panel_floor": 3}.get(name, 1)
         out += [f"### {heading}", "", f"`{bench['command']}`:", "",
                 collapsible("The tables", narrow(bench["table"], keys=keys,
                                                  first=_QUALITY)), ""]

@@ -46,45 +46,43 @@ def test_a_short_epoch_or_another_rank_logs_nothing_within(
     assert epoch_log.EVERY_S == 10.0
 
 
-def test_the_estimate_is_made_again_when_the_first_epoch_measured_otherwise(
-        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The estimate takes epoch 0's validation (cached vectors: 1 s); the trained epoch's ran
-    the layers (19 s): after that epoch, one line from its measured 52 + 19 s."""
+def _estimated_then_measured(monkeypatch: pytest.MonkeyPatch, train_s: float,
+                             validation_s: float) -> None:
+    """The estimate from 5 steps of 1 s (52 steps an epoch, epoch 0's validation 1 s), then
+    the first epoch's end measured at `train_s` + `validation_s` (its end called twice)."""
     clock = iter([100.0, 105.0])  # the first step's end, then the sixth's: 1 s a step
     monkeypatch.setattr(epoch_log.time, "perf_counter", lambda: next(clock))
     loop = SimpleNamespace(validation_seconds=1.0, train_seconds=[])
     est = epoch_log.RunEstimate(loop)
     trainer = _trainer(epoch=0)
     trainer.num_training_batches = 52
+    est.on_train_epoch_start(trainer, None)
+    for batch in range(6):
+        est.on_train_batch_end(trainer, None, None, None, batch)
+    loop.train_seconds.append(train_s)
+    loop.validation_seconds += validation_s
+    est.on_train_epoch_end(trainer, None)
+    est.on_train_epoch_end(trainer, None)  # once only
+
+
+ESTIMATE = ("run estimate from the first 5 steps (1.00 s a step, 52 steps an epoch): ~4 epochs "
+            "x 53 s (52 s training + 1 s validation) = ~3.5 min at most (early stopping may end "
+            "it sooner)")
+
+
+def test_the_estimate_is_made_again_when_the_first_epoch_measured_otherwise(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The estimate takes epoch 0's validation (cached vectors: 1 s); the trained epoch's ran
+    the layers (19 s): after that epoch, one line from its measured 52 + 19 s."""
     with caplog.at_level(logging.INFO, logger="simtune.train.epoch_log"):
-        est.on_train_epoch_start(trainer, None)
-        for batch in range(6):
-            est.on_train_batch_end(trainer, None, None, None, batch)
-        loop.train_seconds.append(52.0)
-        loop.validation_seconds += 19.0  # the epoch's validation, through the layers
-        est.on_train_epoch_end(trainer, None)
-        est.on_train_epoch_end(trainer, None)  # once only
+        _estimated_then_measured(monkeypatch, 52.0, 19.0)
     assert caplog.messages == [
-        "run estimate from the first 5 steps (1.00 s a step, 52 steps an epoch): ~4 epochs x "
-        "53 s (52 s training + 1 s validation) = ~3.5 min at most (early stopping may end it "
-        "sooner)",
-        "run estimate after epoch 1, measured: 71 s an epoch (52 s training + 19 s "
+        ESTIMATE, "run estimate after epoch 1, measured: 71 s an epoch (52 s training + 19 s "
         "validation), not ~53 s: ~3 more epochs = ~3.5 min at most"]
 
 
 def test_an_epoch_as_estimated_says_nothing_more(caplog: pytest.LogCaptureFixture,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = iter([100.0, 105.0])
-    monkeypatch.setattr(epoch_log.time, "perf_counter", lambda: next(clock))
-    loop = SimpleNamespace(validation_seconds=1.0, train_seconds=[])
-    est = epoch_log.RunEstimate(loop)
-    trainer = _trainer(epoch=0)
-    trainer.num_training_batches = 52
     with caplog.at_level(logging.INFO, logger="simtune.train.epoch_log"):
-        est.on_train_epoch_start(trainer, None)
-        for batch in range(6):
-            est.on_train_batch_end(trainer, None, None, None, batch)
-        loop.train_seconds.append(55.0)
-        loop.validation_seconds += 2.0  # 57 s against 53: within 20 %
-        est.on_train_epoch_end(trainer, None)
-    assert len(caplog.messages) == 1 and caplog.messages[0].startswith("run estimate from")
+        _estimated_then_measured(monkeypatch, 55.0, 2.0)  # 57 s against 53: within 20 %
+    assert caplog.messages == [ESTIMATE]
