@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import pytest
 import torch
 
-from simtune.cache import reference, states, store
+from simtune.cache import reference, states, store, vectors
 from simtune.cache import stage as cache
 from simtune.errors import UserError
 from simtune.prepare.prepared import text_id
@@ -60,14 +64,38 @@ def test_layer_states_refill_nothing_and_are_keyed_by_layer(tmp_path: Path,
     prepared = make_prepared(tmp_path, sentences(20))
     p = params(tiny_bert)
     _fill(prepared, tmp_path / "cache", p, layer=1)
-    with count_forward() as counts:
+    with count_forward() as counts, _counting_shard_opens() as opened:
         again = _fill(prepared, tmp_path / "cache", p, layer=1)
     assert [r.embedded for r in again] == [0, 0] and counts["calls"] == 0
+    # the hit reads each entry's shards a few times (what is cached, the view), not once per
+    # text: it read them 20 x 2 times before the lookup was hoisted (70 s a TREC cache stage)
+    shards = sum(len(vectors.read_manifest(d).shards) for d in _entries())
+    assert 0 < opened["n"] <= 4 * shards, (opened, shards)
     other = _fill(prepared, tmp_path / "cache", p, layer=0)  # another layer: its own entry
     assert [r.embedded for r in other] == [0, 20]
     first = _open(tmp_path / "cache" / "tiny@layer0")
     assert torch.allclose(first.batch(torch.tensor([0]))[0][0],
                           _direct(tiny_bert, [_text_of(tmp_path, first, 0)], 0)[0], atol=1e-5)
+
+
+@contextlib.contextmanager
+def _counting_shard_opens() -> Iterator[dict[str, int]]:
+    """Counts `vectors.open_shard` calls (every read of a shard goes through it)."""
+    from simtune.cache import vectors
+
+    seen, real = {"n": 0}, vectors.open_shard
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        seen["n"] += 1
+        return real(*args, **kwargs)
+
+    with mock.patch.object(vectors, "open_shard", counted):
+        yield seen
+
+
+def _entries() -> list[Path]:
+    """The store's entries (the test's own store: `$SIMTUNE_STORE`)."""
+    return sorted(d for d in (store.root("") / "vectors").iterdir() if d.is_dir())
 
 
 def _text_of(tmp_path: Path, table: states.StatesTable, row: int) -> str:

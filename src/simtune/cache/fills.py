@@ -197,8 +197,10 @@ def fill_with_states(name: str, spec: EncoderParams, texts: dict[str, str], vect
         dist.barrier()
         manifests = [vectors.read_manifest(d) for d in dirs]
         assert None not in manifests
-        missing = [sorted(h for h in by_hash if h not in vectors.cached_hashes(d, m))
-                   for d, m in zip(dirs, manifests, strict=True)]
+        # each entry's cached hashes read once (a set), not once per text: the shards are
+        # opened per call, so a test inside the comprehension was O(texts x shards) reads
+        have = [set(vectors.cached_hashes(d, m)) for d, m in zip(dirs, manifests, strict=True)]
+        missing = [sorted(h for h in by_hash if h not in cached) for cached in have]
         results = [FillResult(name, len(texts), len(texts) - _count_missing(windows, m), 0,
                               model_loaded=False, view=label)
                    for m, label in zip(missing, labels, strict=True)]
