@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import subprocess
 import threading
 import time
@@ -30,6 +31,19 @@ def machine() -> str:
         pass
     gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", no GPU"
     return f"{os.cpu_count()} CPU cores ({cpu}), torch {torch.__version__}{gpu}"
+
+
+def copy_project(dest: Path) -> None:
+    """The checkout's files (tracked and untracked-but-not-ignored) into `dest`, less the
+    pipeline's outputs: a fresh copy of the project to run a bench's pipeline in."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=HERE.parent,
+                           check=True, capture_output=True, text=True).stdout.split()
+    for rel in files:
+        src = HERE.parent / rel
+        if src.is_file() and not rel.startswith(("models/", "reports/", "cache/", "data/prepared",
+                                                 "dvc.lock")):
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
 
 
 def best_of(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:

@@ -21,23 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import machine, table, write_results
+from bench.common import copy_project, machine, table, write_results
 from simtune.train.space import write_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = {"train.schedule.head.lr": ["0.001", "0.003", "0.01"],
         "train.head.type": ["mlp", "skip_connection"]}
-
-
-def _copy_project(dest: Path) -> None:
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
-                           check=True, capture_output=True, text=True).stdout.split()
-    for rel in files:
-        src = ROOT / rel
-        if src.is_file() and not rel.startswith(("models/", "reports/", "cache/", "data/prepared",
-                                                 "dvc.lock")):
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
 
 
 def _run(cwd: Path, env: dict, *cmd: str) -> subprocess.CompletedProcess[str]:
@@ -61,7 +50,7 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="simtune-exp-"))
     project, store = work / "project", work / "store"
-    _copy_project(project)
+    copy_project(project)
     # the mode measured, whatever params.yaml's default (`auto` would pick the top layers on
     # TREC, where the grid's head learning rate trains nothing)
     write_yaml(project / "params.yaml", {"train.mode": "head"})

@@ -35,8 +35,8 @@ from typing import Any
 
 import yaml
 
-from bench.common import machine, rss_mb, table, write_results
-from bench.exp_queue import _copy_project, _run
+from bench.common import copy_project, machine, rss_mb, table, write_results
+from bench.exp_queue import _run
 from simtune import params as P
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def _set(raw: dict[str, Any], dotted: str, value: Any) -> None:
 def project_for(work: Path, name: str, trials: int) -> tuple[Path, dict[str, str]]:
     """A git copy of the project with the data set's params and the sweep's storage in it."""
     project = work / name
-    _copy_project(project)
+    copy_project(project)
     raw = P.read_yaml(project / "params.yaml")
     # the mode measured (the sweep's space and `fixed` are the head's): the defaults' run too
     raw["train"]["mode"] = "head"

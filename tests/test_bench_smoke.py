@@ -49,6 +49,7 @@ COVERAGE = {
     "threads": "run",  # both policies, quiet and beside one busy process, one step each
     "panel": "run",  # two entries cut small, the tiny BERT, a candidate row and a same-run row
     "panel_merge": "own test",  # tests/test_bench_panel.py: hand-made parts, merged and refused
+    "startup": "run",  # the stages up to prepare on generated texts, the two base peers
 }
 
 
@@ -178,6 +179,45 @@ def test_threads_runs_tiny(tmp_path: Path) -> None:
     for s, (old, new) in zip(got["summary"], (runs[:2], runs[2:]), strict=True):
         assert s["top_speedup"] == old["top_epoch_s"] / new["top_epoch_s"]
         assert s["head_speedup"] == old["head_epoch_s"] / new["head_epoch_s"]
+
+
+def test_startup_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:
+    """Issue 51 item 3: check and prepare on 30 generated texts, beside the bare interpreter
+    and `import torch`: a stage's start-up is the bare interpreter's plus its imports, and
+    neither stage imports torch or transformers (nothing heavy before an encoder is needed)."""
+    got = _bench(tmp_path, "startup", "--model", str(tiny_bert), "--max-length", "32",
+                 "--texts", "30", "--repeats", "1", "--upto", "prepare",
+                 "--peers", "python -c pass")
+    assert list(got["stages"]) == ["check", "prepare"]
+    assert list(got["peers"]) == ["python -c pass", "import torch"]
+    bare = got["peers"]["python -c pass"]["wall_s"]
+    for row, (name, stage) in zip(got["rows"], got["stages"].items(), strict=True):
+        assert row["measure"].startswith(name)
+        assert stage["import_s"] == pytest.approx(sum(stage["imports"].values()))
+        assert row["ours"] == pytest.approx(bare + stage["import_s"])
+        assert stage["imports"]["torch"] == stage["imports"]["transformers"] == 0, stage
+    assert got["peers"]["import torch"]["imports"]["torch"] > 0
+
+
+def test_startup_counts_an_import_for_the_package_our_code_asked_for() -> None:
+    """`-X importtime` lists children first, two spaces deeper: torch's compiler module pulled
+    in by transformers is transformers' cost; torch imported by simtune is torch's; a module
+    only we import is ours."""
+    from bench.startup import imports
+
+    err = "\n".join([
+        "import time: self [us] | cumulative | imported package",
+        "import time:       100 |        100 |       torch._dynamo",
+        "import time:       200 |        300 |     transformers.models",
+        "import time:      1000 |       1300 |   transformers",
+        "import time:       500 |        500 |   torch",
+        "import time:        10 |       1810 | simtune.encoders",
+        "import time:        20 |         20 | numpy",
+        "INFO simtune.cache.fills: a log line"])
+    got = imports(err)
+    assert got == {**dict.fromkeys(got, 0.0), "transformers": pytest.approx(1300e-6),
+                   "torch": pytest.approx(500e-6), "simtune": pytest.approx(10e-6),
+                   "data": pytest.approx(20e-6)}
 
 
 def test_item12_mpnet_joins_and_unpacks_its_parts(tmp_path: Path,
