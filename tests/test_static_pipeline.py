@@ -118,6 +118,49 @@ def test_the_distilled_start_trains_through_the_stage(project: Path) -> None:
     assert table.weight.shape[1] == 48
 
 
+def test_ngrams_join_the_students_tokenizer_through_the_stage(project: Path) -> None:
+    """`ngrams: 3` (issue 54): the train stage adds the fit texts' most frequent word
+    n-grams to the served tokenizer (rows after the teacher's vocabulary), the report says so,
+    and plain sentence-transformers gives the folder's vectors; `init: distill` refuses it."""
+    import yaml
+    from sentence_transformers import SentenceTransformer
+
+    from simtune.errors import UserError
+    from simtune.train import static_ngrams
+
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["train"]["schedule"]["static"]["ngrams"] = 3
+    params = write_params(project / "ngrams.yaml", raw)
+    _invoke("train", "--params", params, "--prepared", project / "prepared", "--cache",
+            project / "cache", "--out", project / "head-ngrams", "--report",
+            project / "train-ngrams.json", "--metrics", project / "m-ngrams.json")
+    report = json.loads((project / "train-ngrams.json").read_text())
+    assert report["in_force"]["train.schedule.static.ngrams"] == 3
+    assert report["in_force"]["train.schedule.static.ngram_words"] == 2
+    plain_head, _ = static.load(project / "head")
+    table, _ = static.load(project / "head-ngrams")
+    v = plain_head.weight.shape[0]
+    texts = list(load_prepared(project / "prepared").text_map().values())
+    grams = static_ngrams.choose(plain_head.tokenizer, _fit_texts(project), 3, 2)
+    assert len(grams) == 3 and table.weight.shape == (v + 3, 48)
+    assert [table.tokenizer.token_to_id(g) for g in grams] == [v, v + 1, v + 2]
+    ours = load_model(project / "head-ngrams", "cpu").encode(texts)
+    theirs = torch.from_numpy(SentenceTransformer(str(project / "head-ngrams"), device="cpu")
+                              .encode(texts, batch_size=16))
+    assert float((ours - theirs).abs().max()) < 1e-6
+    raw["train"]["schedule"]["static"]["init"] = "distill"
+    with pytest.raises(UserError, match="ngrams: 3, but init is distill"):
+        P.load(write_params(project / "ngrams-distill.yaml", raw))
+
+
+def _fit_texts(project: Path) -> list[str]:
+    """The static fit's texts: the train split's, then the unlabelled ones."""
+    prepared = load_prepared(project / "prepared")
+    ex, texts = prepared.examples.to_pydict(), prepared.text_map()
+    return [texts[i] for split in ("train", "unlabelled")
+            for i, s in zip(ex["text_id"], ex["split"], strict=True) if s == split]
+
+
 def test_evaluate_scores_the_student_the_frozen_encoder_and_the_teacher(project: Path
                                                                         ) -> None:
     report = json.loads((project / "evaluate.json").read_text())

@@ -524,6 +524,20 @@ class StaticSchedule(HeadSchedule):
                           "every token through it alone, cut to this many principal "
                           "components); the served table has the teacher's width (the map "
                           "folded in)")
+    ngrams: int = Field(ge=0, le=1_000_000, description="init teacher: this many word n-grams "
+                        "of the fit texts (the most frequent, found in 2 texts at least) join "
+                        "the student's tokenizer as whole tokens, each row starting at the "
+                        "teacher's vector of the n-gram (`simtune.train.static_ngrams`; 0: "
+                        "none); the export's tokenizer holds them")
+    ngram_words: int = Field(ge=2, le=16, description="ngrams: the longest n-gram, in words")
+
+    @model_validator(mode="after")
+    def _ngrams_need_the_teacher_start(self) -> StaticSchedule:
+        if self.ngrams and self.init != "teacher":
+            raise ValueError(f"ngrams: {self.ngrams}, but init is {self.init}: an n-gram's row "
+                             "starts at the teacher's vector of it (set init: teacher, or "
+                             "ngrams: 0)")
+        return self
 
 
 class Schedules(Section):
@@ -581,6 +595,8 @@ class InForce(Section):
     label_weight: Number = Field(default=0.0, description="static: SupCon's weight")
     pca_dims: int = Field(default=0, description="static: the table's width before the map")
     init: str = Field(default="", description="static: the table's start (teacher | distill)")
+    ngrams: int = Field(default=0, description="static: word n-grams added to the tokenizer")
+    ngram_words: int = Field(default=0, description="static: the longest n-gram, in words")
 
     def shown(self) -> dict[str, Any]:
         """The settings as `train.*` keys, as a report, `compare` and a model card show
@@ -599,6 +615,9 @@ class InForce(Section):
             out[f"{base}.init"] = self.init
             if self.init == "distill":
                 out[f"{base}.pca_dims"] = self.pca_dims
+            out[f"{base}.ngrams"] = self.ngrams
+            if self.ngrams:
+                out[f"{base}.ngram_words"] = self.ngram_words
         out.update({f"{base}.{k}": getattr(self, k)
                     for k in ("batch_size", "max_epochs", "patience", "val_every")})
         return out
@@ -618,7 +637,8 @@ def in_force(t: TrainParams, mode: str | None = None, reason: str = "") -> InFor
                    layers=getattr(s, "layers", 0), batch_size=s.batch_size,
                    max_epochs=s.max_epochs, patience=s.patience, val_every=s.val_every,
                    label_weight=getattr(s, "label_weight", 0.0),
-                   pca_dims=getattr(s, "pca_dims", 0), init=getattr(s, "init", ""))
+                   pca_dims=getattr(s, "pca_dims", 0), init=getattr(s, "init", ""),
+                   ngrams=getattr(s, "ngrams", 0), ngram_words=getattr(s, "ngram_words", 0))
 
 
 def effective(t: TrainParams, mode: str | None = None, reason: str = "") -> TrainParams:

@@ -118,6 +118,14 @@ def token_batches(hf_tokenizer: Any, prompt: str, batch: int
     return out
 
 
+def sif_weights(n: int) -> torch.Tensor:
+    """(n,) float32: model2vec's SIF weight of token ids 0..n-1 (distill's: Zipf's law on the
+    id's rank, `SIF_COEFFICIENT`), what `teacher_init` scales each row by."""
+    from model2vec.distill.inference import compute_weights
+
+    return torch.from_numpy(np.asarray(compute_weights(n, SIF_COEFFICIENT), dtype=np.float32))
+
+
 def teacher_init(encoder: Any, model_dir: Path, store: Path | None,
                  batch: int = 256) -> StaticEncoder:
     """`init: teacher`: the table (V, D) of the teacher's vectors of its own tokenizer's V
@@ -137,9 +145,7 @@ def teacher_init(encoder: Any, model_dir: Path, store: Path | None,
     with torch.inference_mode():  # batches in id order: row i is token i
         rows = torch.cat([encoder.embed(tokens).float().cpu()
                           for _, tokens in token_batches(hf, inner.prompt, batch)]).numpy()
-    from model2vec.distill.inference import compute_weights  # its SIF weights, as distill's
-
-    table = (rows * compute_weights(len(rows), SIF_COEFFICIENT)[:, None]).astype(np.float32)
+    table = (rows * sif_weights(len(rows)).numpy()[:, None]).astype(np.float32)
     tokenizer = Tokenizer.from_str(hf.backend_tokenizer.to_str())
     tokenizer.no_padding()
     tokenizer.no_truncation()

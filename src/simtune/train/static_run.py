@@ -43,7 +43,7 @@ from simtune.prepare.prepared import CORPUS, UNLABELLED
 from simtune.prepare.prepared import load as load_prepared
 from simtune.retrieval.task import RetrievalTask, by_rows, retrieval_task
 from simtune.train import static as st
-from simtune.train import static_init
+from simtune.train import static_init, static_ngrams
 from simtune.train.validation import KS, separation, validation_task
 
 log = logging.getLogger(__name__)
@@ -71,9 +71,10 @@ def run(t: TrainParams, enc: EncodersParams, cache: CacheParams, corpus: str,
         if len(data.splits[name]) == 0:
             raise UserError(f"{prepared_dir}: the {name} split is empty")
     texts = prepared.text_map()
-    init = start_table(s.init, s.pca_dims, enc, teacher, store.root(cache.store))
     rows = fit_rows(prepared.kind, prepared.examples, *t_views,
                     train_labels=data.splits["train"].tensors.get("labels"))
+    init = start_table(s.init, s.pca_dims, enc, teacher, store.root(cache.store),
+                       [texts[i] for i in rows.ids], s.ngrams, s.ngram_words)
     tokens = st.Tokens.of(init, [texts[i] for i in rows.ids])
     task = _validation_task(data, corpus)
     validate, frozen_val, teacher_val = _validation(task, init, data, texts, (q_table, d_table),
@@ -174,17 +175,29 @@ def fit_rows(kind: str, ex: pa.Table, t_query: Any, t_doc: Any,
 
 
 def start_table(init: str, pca_dims: int, enc: EncodersParams, teacher: str,
-                store_root: Path) -> static.StaticEncoder:
+                store_root: Path, fit_texts: list[str], ngrams: int,
+                ngram_words: int) -> static.StaticEncoder:
     """The student's starting table and tokenizer (`train.schedule.static.init`,
     `simtune.train.static_init`): the teacher's vector of each of its tokens, or model2vec's
-    distill of the query encoder cut to `pca_dims`; cached under `store_root`."""
+    distill of the query encoder cut to `pca_dims`; cached under `store_root`. `ngrams` > 0
+    (init teacher): the tokenizer gains that many word n-grams of `fit_texts` (up to
+    `ngram_words` words), each row the teacher's vector of it (`simtune.train.static_ngrams`:
+    they depend on the data, so they are not cached; ~100 short texts through the teacher)."""
     if init == "distill":
         spec = enc.models[enc.query]
         return static_init.distilled_init(model_dir(enc.query, spec), pca_dims, store_root)
     spec = enc.models[teacher]
     key = f"encoders.models.{teacher}"
-    return static_init.teacher_init(load_encoder(teacher, spec, torch.device("cpu"), key=key),
-                                    model_dir(teacher, spec, key), store_root)
+    encoder = load_encoder(teacher, spec, torch.device("cpu"), key=key)
+    start = static_init.teacher_init(encoder, model_dir(teacher, spec, key), store_root)
+    if not ngrams:
+        return start
+    grams = static_ngrams.choose(start.tokenizer, fit_texts, ngrams, ngram_words)
+    log.info("static: %d word n-grams join the tokenizer (asked %d; most frequent: %s)",
+             len(grams), ngrams, ", ".join(repr(g) for g in grams[:5]))
+    with torch.inference_mode():
+        return static_ngrams.extend(start, grams, lambda t: encoder.encode(t, 256).float().cpu(),
+                                    static_init.sif_weights(len(start.weight)))
 
 
 def _curves(live_dir: Path, history: list[dict[str, float]], best: int) -> None:

@@ -1,0 +1,265 @@
+"""Issue 54 probe (TREC only): which of the issue's ideas raise the static student's test P@1.
+
+Loads TREC's prepared data and the teacher export as bench.static does (`bench.static_data`,
+`static_init.teacher_init`, the store's cached start), caches the teacher's vectors of the fit
+texts and of candidate n-grams under `--work`, then fits the student (`simtune.train.static.
+fit`, params.yaml's `train.schedule.static`) once per variant and seed and prints test P@1 and
+the share of the teacher's lift:
+
+  base           today's student (ours+labels)
+  w<k>           + a learned weight per vocabulary row (exp(k * a), a trained at the table's
+                 lr, so k scales its effective rate); the text vector is the weighted mean
+  ng<crit><N>    + N word n-grams of the fit texts added to the tokenizer (AddedToken,
+                 single_word), each row the teacher's vector of the n-gram x its parts' SIF
+                 weights summed; crit: f (frequency) | l (label information) | t (teacher:
+                 frequency x how far the teacher's n-gram vector is from its parts' mean)
+  a variant may join them with '+', e.g. ngf300+w30
+
+    python -P -m bench.static_probe54 --variants base,w30,ngf300 --seeds 13,14
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import re
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bench import static_data as sd
+from bench.static_fits import fit_settings
+from simtune.static import StaticEncoder
+from simtune.train import static as st
+
+TEACHER_P1, FROZEN_P1 = 0.868, 0.450  # bench/static.json's TREC row (teacher default)
+
+
+class WeightedStudent(st.StaticStudent):
+    """The student with a learned positive weight per row: vector = sum(w_t E_t) / sum(w_t) @ W
+    (`w = exp(k a)`, a at 0: today's start). Folded as (w E) @ W: StaticEmbedding's plain mean
+    of those rows is sum(w_t E_t) / n, the same direction (the output is L2-normalised)."""
+
+    def __init__(self, table: torch.Tensor, k: float) -> None:
+        super().__init__(table)
+        self.k = k
+        self.a = nn.Parameter(torch.zeros(len(table)))
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        w = torch.exp(self.k * self.a)[ids]
+        lengths = torch.diff(offsets, append=torch.tensor([len(ids)]))
+        bag = torch.repeat_interleave(torch.arange(len(offsets)), lengths)
+        num = F.embedding_bag(ids, self.table, offsets, mode="sum", per_sample_weights=w)
+        den = torch.zeros(len(offsets)).index_add_(0, bag, w).clamp_min(1e-12)
+        return (num / den[:, None]) @ self.map
+
+    @torch.no_grad()
+    def fold(self) -> torch.Tensor:
+        w = torch.exp(self.k * self.a).double()[:, None]
+        return ((w * self.table.double()) @ self.map.double()).float()
+
+
+def words(tok: Any, text: str) -> list[list[str]]:
+    """Runs of adjacent alphabetic words (single-space separated) of the normalised text."""
+    norm = tok.normalizer.normalize_str(text)
+    runs: list[list[str]] = [[]]
+    last_end = None
+    for w, (a, b) in tok.pre_tokenizer.pre_tokenize_str(norm):
+        ok = re.fullmatch(r"[a-z]+", w) is not None
+        if ok and last_end is not None and norm[last_end:a] == " " and runs[-1]:
+            runs[-1].append(w)
+        elif ok:
+            runs.append([w])
+        else:
+            runs.append([])
+        last_end = b if ok else None
+    return [r for r in runs if r]
+
+
+def candidates(tok: Any, texts: list[str], labels: torch.Tensor, n_max: int, min_count: int
+               ) -> tuple[Counter, dict[str, Counter]]:
+    """n-grams (2..n_max words) of the fit texts: their text counts and label counts."""
+    count: Counter = Counter()
+    by_label: dict[str, Counter] = {}
+    for text, lab in zip(texts, labels.tolist(), strict=True):
+        seen = set()
+        for run in words(tok, text):
+            for n in range(2, n_max + 1):
+                for i in range(len(run) - n + 1):
+                    seen.add(" ".join(run[i:i + n]))
+        for g in seen:
+            count[g] += 1
+            by_label.setdefault(g, Counter())[lab] += 1
+    keep = Counter({g: c for g, c in count.items() if c >= min_count})
+    return keep, {g: by_label[g] for g in keep}
+
+
+def label_info(count: Counter, by_label: dict[str, Counter], labels: torch.Tensor
+               ) -> dict[str, float]:
+    """count x KL(P(label | n-gram) || P(label)): the n-gram's share of the mutual information."""
+    prior = torch.bincount(labels, minlength=int(labels.max()) + 1).double()
+    prior = prior / prior.sum()
+    return {g: sum(c * math.log((c / count[g]) / float(prior[lab]))
+                   for lab, c in by_label[g].items()) for g in count}
+
+
+class Setup:
+    def __init__(self, args: argparse.Namespace) -> None:
+        from simtune.model import ExportEncoder, load_model
+        from simtune.train import static_init
+
+        self.args = args
+        args.work.mkdir(parents=True, exist_ok=True)
+        self.s = sd.load("trec", args.prepared)
+        self.teacher = load_model(args.teacher, "cpu")
+        store = Path.home() / ".cache" / "simtune"
+        t0 = time.perf_counter()
+        self.start = static_init.teacher_init(ExportEncoder(self.teacher, "default"),
+                                              args.teacher, store)
+        print(f"start table {tuple(self.start.weight.shape)} ({time.perf_counter() - t0:.1f} s)",
+              flush=True)
+        self.target = self.vectors("fit", [t for t, _ in self.s.fit])
+        self.texts = [t for t, _ in self.s.fit]
+        from model2vec.distill.inference import compute_weights
+
+        self.sif = torch.from_numpy(compute_weights(self.start.weight.shape[0],
+                                                    static_init.SIF_COEFFICIENT)).float()
+
+    def vectors(self, name: str, texts: list[str]) -> torch.Tensor:
+        """The teacher's (unit) vectors of `texts`, cached under --work by name and count."""
+        import hashlib
+
+        digest = hashlib.blake2b("\n".join(texts).encode(), digest_size=6).hexdigest()
+        path = self.args.work / f"teacher-{name}-{digest}.pt"
+        if path.is_file():
+            return torch.load(path)
+        t0 = time.perf_counter()
+        out = self.teacher.encode(texts, 128, "query").float()
+        torch.save(out, path)
+        print(f"teacher vectors of {len(texts)} {name} texts: {time.perf_counter() - t0:.0f} s",
+              flush=True)
+        return out
+
+    def ngram_init(self, crit: str, n: int) -> StaticEncoder:
+        """The start table + n n-grams chosen by `crit` (module docstring)."""
+        from tokenizers import AddedToken, Tokenizer
+
+        a = self.args
+        tok = self.start.tokenizer
+        count, by_label = candidates(tok, self.texts, self.s.labels, a.ngram_max, a.min_count)
+        grams = sorted(count)
+        vec = self.vectors(f"ngrams{a.ngram_max}-{a.min_count}", grams)
+        at = {g: i for i, g in enumerate(grams)}
+        parts = {g: tok.encode(g, add_special_tokens=False).ids for g in grams}
+        if crit == "f":
+            score = {g: float(c) for g, c in count.items()}
+        elif crit == "l":
+            score = label_info(count, by_label, self.s.labels)
+        elif crit == "t":  # frequency x how far the teacher's n-gram is from its parts' mean
+            mean = torch.stack([self.start.weight[parts[g]].sum(0) for g in grams])
+            far = 1 - F.cosine_similarity(mean, vec, dim=1)
+            score = {g: count[g] * float(far[at[g]]) for g in grams}
+        else:
+            raise SystemExit(f"unknown n-gram criterion {crit!r}")
+        chosen = sorted(grams, key=lambda g: (-score[g], g))[:n]
+        new = Tokenizer.from_str(tok.to_str())
+        new.add_tokens([AddedToken(g, single_word=True, normalized=True) for g in chosen])
+        rows = torch.stack([vec[at[g]] * float(self.sif[parts[g]].sum()) for g in chosen])
+        table = torch.cat([self.start.weight, rows])
+        assert new.get_vocab_size() == len(table), (new.get_vocab_size(), len(table))
+        print(f"  {crit}{n}: first {chosen[:12]}", flush=True)
+        return StaticEncoder(new, table, "init")
+
+    def dropped(self, copies: int, p: float = 0.3) -> list[str]:
+        """`copies` of each fit text with each word dropped with probability p (seeded)."""
+        import random
+
+        rng = random.Random(0)
+        out = []
+        for text in self.texts:
+            w = text.split()
+            for _ in range(copies):
+                kept = [x for x in w if rng.random() > p] or w[:1]
+                out.append(" ".join(kept))
+        return out
+
+    def prefixes(self) -> list[str]:
+        """Each fit text's first 2, 3 and 4 words."""
+        return [" ".join(t.split()[:n]) for t in self.texts for n in (2, 3, 4)
+                if len(t.split()) > n]
+
+    def run(self, variant: str, seed: int) -> dict[str, Any]:
+        init, k, extra = self.start, 0.0, []
+        for part in variant.split("+"):
+            if part == "base":
+                continue
+            if m := re.fullmatch(r"drop(\d+)", part):
+                extra += self.dropped(int(m.group(1)))
+                continue
+            if part == "pre":
+                extra += self.prefixes()
+                continue
+            if m := re.fullmatch(r"w([\d.]+)", part):
+                k = float(m.group(1))
+            elif m := re.fullmatch(r"ng([flt])(\d+)", part):
+                init = self.ngram_init(m.group(1), int(m.group(2)))
+            else:
+                raise SystemExit(f"unknown variant part {part!r}")
+        s = self.s
+        settings = dataclasses.replace(fit_settings(self.args.label_weight, self.args.epochs),
+                                       seed=seed)
+        t0 = time.perf_counter()
+        extra = list(dict.fromkeys(extra))
+        target = torch.cat([self.target, self.vectors(f"aug{len(extra)}", extra)]) if extra \
+            else self.target
+        labels = torch.cat([s.labels, torch.full((len(extra),), -1, dtype=torch.long)])
+        tokens = st.Tokens.of(init, self.texts + extra)
+        student = WeightedStudent(init.weight, k) if k else st.StaticStudent(init.weight)
+        result = st.fit(student, tokens, target, sd.validator(s, init), settings,
+                        labels=labels, pairs=None)
+        fit_s = time.perf_counter() - t0
+        enc = StaticEncoder(init.tokenizer, result.table)
+        got = sd.score(s, s.test, lambda texts, role: enc.encode(texts))
+        p1 = got["p@1"]
+        val = next(h for h in result.history if h["epoch"] == result.best_epoch)
+        return {"variant": variant, "seed": seed, "p@1": p1, "mrr@10": got["mrr@10"],
+                "share": (p1 - FROZEN_P1) / (TEACHER_P1 - FROZEN_P1),
+                "val_mrr@10": val.get("val/mrr@10"), "epoch": result.best_epoch,
+                "fit_s": fit_s, "rows": len(init.weight)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--variants", default="base")
+    ap.add_argument("--seeds", default="13,14")
+    ap.add_argument("--prepared", type=Path, default=Path("/work/main/data/prepared"))
+    ap.add_argument("--teacher", type=Path, default=Path("/work/main/models/export"))
+    ap.add_argument("--work", type=Path, default=Path("/tmp/static54"))
+    ap.add_argument("--ngram-max", type=int, default=2)
+    ap.add_argument("--min-count", type=int, default=2)
+    ap.add_argument("--label-weight", type=float, default=None)
+    ap.add_argument("--epochs", type=int, default=None)
+    args = ap.parse_args()
+    from simtune import params as P
+
+    sched = P.read_yaml(Path(__file__).resolve().parents[1] / "params.yaml")["train"][
+        "schedule"]["static"]
+    args.label_weight = sched["label_weight"] if args.label_weight is None else args.label_weight
+    args.epochs = args.epochs or sched["max_epochs"]
+    setup = Setup(args)
+    for variant in args.variants.split(","):
+        for seed in [int(x) for x in args.seeds.split(",")]:
+            r = setup.run(variant, seed)
+            print(f"RESULT {r['variant']:<16} seed {r['seed']}: P@1 {r['p@1']:.4f} share "
+                  f"{r['share']:.3f} mrr@10 {r['mrr@10']:.4f} val mrr@10 {r['val_mrr@10']:.4f} "
+                  f"epoch {r['epoch']} rows {r['rows']} fit {r['fit_s']:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
