@@ -12,7 +12,8 @@ the share of the teacher's lift:
   ng<crit><N>    + N word n-grams of the fit texts added to the tokenizer (AddedToken,
                  single_word), each row the teacher's vector of the n-gram x its parts' SIF
                  weights summed; crit: f (frequency) | l (label information) | t (teacher:
-                 frequency x how far the teacher's n-gram vector is from its parts' mean)
+                 frequency x how far the teacher's n-gram vector is from its parts' mean);
+                 f runs the shipped code (`simtune.train.static_ngrams`, `ngrams: N`)
   a variant may join them with '+', e.g. ngf300+w30
 
     python -P -m bench.static_probe54 --variants base,w30,ngf300 --seeds 13,14
@@ -152,6 +153,13 @@ class Setup:
 
         a = self.args
         tok = self.start.tokenizer
+        if crit == "f":  # the shipped option (train.schedule.static.ngrams), min count 2
+            from simtune.train import static_ngrams
+
+            grams = static_ngrams.choose(tok, self.texts, n, a.ngram_max)
+            print(f"  f{n}: first {grams[:12]}", flush=True)
+            return static_ngrams.extend(self.start, grams,
+                                        lambda t: self.vectors(f"ngrams-f{n}", t), self.sif)
         count, by_label = candidates(tok, self.texts, self.s.labels, a.ngram_max, a.min_count)
         grams = sorted(count)
         vec = self.vectors(f"ngrams{a.ngram_max}-{a.min_count}", grams)
@@ -214,6 +222,8 @@ class Setup:
         s = self.s
         settings = dataclasses.replace(fit_settings(self.args.label_weight, self.args.epochs),
                                        seed=seed)
+        if self.args.monitor:
+            settings = dataclasses.replace(settings, monitor=self.args.monitor)
         t0 = time.perf_counter()
         extra = list(dict.fromkeys(extra))
         target = torch.cat([self.target, self.vectors(f"aug{len(extra)}", extra)]) if extra \
@@ -221,14 +231,29 @@ class Setup:
         labels = torch.cat([s.labels, torch.full((len(extra),), -1, dtype=torch.long)])
         tokens = st.Tokens.of(init, self.texts + extra)
         student = WeightedStudent(init.weight, k) if k else st.StaticStudent(init.weight)
-        result = st.fit(student, tokens, target, sd.validator(s, init), settings,
+        validate = sd.validator(s, init)
+        if self.args.trace:  # each epoch's test P@1 beside its validation metric (diagnosis)
+            test_tok = {r: st.Tokens.of(init, sd.texts_of(s.data, items)) for r, items in
+                        (("q", s.test.queries), ("c", s.test.corpus))}
+            inner = validate
+
+            def validate(embed: Any) -> dict[str, float]:
+                got = inner(embed)
+                q, c = embed(test_tok["q"]), embed(test_tok["c"])
+                p1 = s.test.score(lambda items: q if items is s.test.queries else c, (1,),
+                                  upto_r=False).metrics["p@1"]
+                print(f"    trace {variant} seed {seed}: val mrr@10 {got['val/mrr@10']:.4f} "
+                      f"val p@1 {got['val/p@1']:.4f} test p@1 {p1:.4f}", flush=True)
+                return got
+        result = st.fit(student, tokens, target, validate, settings,
                         labels=labels, pairs=None)
         fit_s = time.perf_counter() - t0
         enc = StaticEncoder(init.tokenizer, result.table)
         got = sd.score(s, s.test, lambda texts, role: enc.encode(texts))
         p1 = got["p@1"]
         val = next(h for h in result.history if h["epoch"] == result.best_epoch)
-        return {"variant": variant, "seed": seed, "p@1": p1, "mrr@10": got["mrr@10"],
+        return {"variant": variant + (f" [{self.args.monitor}]" if self.args.monitor else ""),
+                "seed": seed, "p@1": p1, "mrr@10": got["mrr@10"],
                 "share": (p1 - FROZEN_P1) / (TEACHER_P1 - FROZEN_P1),
                 "val_mrr@10": val.get("val/mrr@10"), "epoch": result.best_epoch,
                 "fit_s": fit_s, "rows": len(init.weight)}
@@ -245,6 +270,9 @@ def main() -> None:
     ap.add_argument("--min-count", type=int, default=2)
     ap.add_argument("--label-weight", type=float, default=None)
     ap.add_argument("--epochs", type=int, default=None)
+    ap.add_argument("--monitor", default="", help="the kept epoch's validation metric "
+                    "(default: params.yaml's train.monitor)")
+    ap.add_argument("--trace", action="store_true", help="print each epoch's test P@1")
     args = ap.parse_args()
     from simtune import params as P
 
