@@ -17,6 +17,11 @@ the share of the teacher's lift:
   a variant may join them with '+', e.g. ngf300+w30
 
     python -P -m bench.static_probe54 --variants base,w30,ngf300 --seeds 13,14
+        [--ngram-max 3] [--monitor p@1] [--trace] [--epochs 8]
+
+`--monitor`: the kept epoch's validation metric (default params.yaml's train.monitor);
+`--trace`: each epoch's test P@1 beside its validation metrics (a diagnosis, never a choice).
+The results of 2026-11-29: bench/static_probe54.txt.
 """
 
 from __future__ import annotations
