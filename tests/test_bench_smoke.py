@@ -46,6 +46,8 @@ COVERAGE = {
     "run_all": "parser only: runs every bench and rewrites docs/benchmarks.md",
     "query_adapter": "run",
     "static": "run",  # a tiny teacher export over the tiny BERT, the rows for real
+    "static_probe": "parser only: fits students on the workspace's prepared TREC and its "
+                    "default export (make run), seeds x variants: minutes",
     "threads": "run",  # both policies, quiet and beside one busy process, one step each
     "panel": "run",  # two entries cut small, the tiny BERT, a candidate row and a same-run row
     "panel_merge": "own test",  # tests/test_bench_panel.py: hand-made parts, merged and refused

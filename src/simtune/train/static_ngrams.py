@@ -13,7 +13,7 @@ The added tokens live in the tokenizer's `tokenizer.json`, which sentence-transf
 `StaticEmbedding` reads as it is (`encode_batch(..., add_special_tokens=False)`, the table
 one row per id, added ones included), so the served folder stays plain.
 
-Measured on TREC (bench/static_probe54.py, the default export as teacher, label_weight 0.5,
+Measured on TREC (bench/static_probe.py, the default export as teacher, label_weight 0.5,
 the kept epoch by val MRR@10): 100 bigrams 0.766/0.744/0.734/0.760/0.718/0.714 test P@1 on
 seeds 13-18 against 0.725/0.723/0.725/0.719/0.731/0.705 without (mean +0.018, one seed
 -0.013); 200 bigrams +0.020 on seeds 13-16; 50 no gain; n-grams up to 3 words lost 0.011.

@@ -16,12 +16,12 @@ the share of the teacher's lift:
                  f runs the shipped code (`simtune.train.static_ngrams`, `ngrams: N`)
   a variant may join them with '+', e.g. ngf300+w30
 
-    python -P -m bench.static_probe54 --variants base,w30,ngf300 --seeds 13,14
+    python -P -m bench.static_probe --variants base,w30,ngf300 --seeds 13,14
         [--ngram-max 3] [--monitor p@1] [--trace] [--epochs 8]
 
 `--monitor`: the kept epoch's validation metric (default params.yaml's train.monitor);
 `--trace`: each epoch's test P@1 beside its validation metrics (a diagnosis, never a choice).
-The results of 2026-11-29: bench/static_probe54.txt.
+The results of 2026-11-29: bench/static_probe.txt.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import math
 import re
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -44,7 +45,10 @@ from bench.static_fits import fit_settings
 from simtune.static import StaticEncoder
 from simtune.train import static as st
 
-TEACHER_P1, FROZEN_P1 = 0.868, 0.450  # bench/static.json's TREC row (teacher default)
+ROOT = Path(__file__).resolve().parents[1]
+# the share of the lift is against bench/static.json's TREC figures (the default export as the
+# teacher, frozen MiniLM): a probe of another teacher prints shares against the wrong ones
+TEACHER_P1, FROZEN_P1 = 0.868, 0.450
 
 
 class WeightedStudent(st.StaticStudent):
@@ -268,9 +272,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variants", default="base")
     ap.add_argument("--seeds", default="13,14")
-    ap.add_argument("--prepared", type=Path, default=Path("/work/main/data/prepared"))
-    ap.add_argument("--teacher", type=Path, default=Path("/work/main/models/export"))
-    ap.add_argument("--work", type=Path, default=Path("/tmp/static54"))
+    ap.add_argument("--prepared", type=Path, default=ROOT / "data" / "prepared",
+                    help="TREC prepared by `make run` (the workspace's, by default)")
+    ap.add_argument("--teacher", type=Path, default=ROOT / "models" / "export",
+                    help="the teacher export (`make run`'s, by default)")
+    ap.add_argument("--work", type=Path,
+                    default=Path(tempfile.gettempdir()) / "simtune-static-probe",
+                    help="where the teacher's vectors are cached between runs")
     ap.add_argument("--ngram-max", type=int, default=2)
     ap.add_argument("--min-count", type=int, default=2)
     ap.add_argument("--label-weight", type=float, default=None)
@@ -281,7 +289,7 @@ def main() -> None:
     args = ap.parse_args()
     from simtune import params as P
 
-    sched = P.read_yaml(Path(__file__).resolve().parents[1] / "params.yaml")["train"][
+    sched = P.read_yaml(ROOT / "params.yaml")["train"][
         "schedule"]["static"]
     args.label_weight = sched["label_weight"] if args.label_weight is None else args.label_weight
     args.epochs = args.epochs or sched["max_epochs"]
