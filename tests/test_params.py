@@ -223,7 +223,7 @@ def test_auto_loss_is_supcon_for_groups_and_mnrl_for_pairs(params_raw: dict[str,
     ("supcon", "pairs", "train.loss.name: 'supcon' needs groups data, data/prepared is pairs "
                         "(use auto or one of mnrl, contrastive)"),
     ("mnrl", "groups", "train.loss.name: 'mnrl' needs pairs data, data/prepared is groups "
-                       "(use auto or one of supcon, triplet, contrastive, arcface)"),
+                       "(use auto or one of supcon, triplet, contrastive, arcface, cosine_mse)"),
 ])
 def test_a_loss_the_data_kind_cannot_take_is_one_line(params_raw: dict[str, Any], name: str,
                                                        kind: str, message: str) -> None:

@@ -330,9 +330,11 @@ class HeadParams(Section):
 class LossParams(Section):
     """The similarity loss; which keys matter depends on `name`."""
 
-    name: Literal["auto", "supcon", "triplet", "contrastive", "arcface", "mnrl"] = Field(
+    name: Literal["auto", "supcon", "triplet", "contrastive", "arcface", "cosine_mse",
+                  "mnrl"] = Field(
         description="`auto`: `supcon` for groups data, `mnrl` for pairs (the train log says "
-        "which); groups: `supcon`, `triplet`, `contrastive`, `arcface`; "
+        "which); groups: `supcon`, `triplet`, `contrastive`, `arcface`, `cosine_mse` "
+        "(SetFit's CosineSimilarityLoss over the batch's pairs); "
         "pairs: `mnrl`, `contrastive` (score-weighted). A loss the prepared data cannot take "
         "is refused before the cache stage fills anything"
     )
@@ -694,8 +696,11 @@ def moved_key(raw: Any) -> str | None:
 _ABSENT = object()
 
 
+# losses that compare by cosine whatever `train.loss.distance` says (arcface: to class centres;
+# cosine_mse: SetFit's pair loss), so the trained model's output is compared by angle
+ANGULAR_LOSSES = ("arcface", "cosine_mse")
 # the losses each data kind trains with; `train.loss.name: auto` is the first
-LOSSES = {"groups": ("supcon", "triplet", "contrastive", "arcface"),
+LOSSES = {"groups": ("supcon", "triplet", "contrastive", "arcface", "cosine_mse"),
           "pairs": ("mnrl", "contrastive")}
 
 

@@ -75,6 +75,28 @@ def test_contrastive_groups() -> None:
     assert group("contrastive")(E, LABELS).item() == pytest.approx(want, abs=1e-6)
 
 
+def test_cosine_mse_is_setfits_pair_loss_balanced_per_anchor() -> None:
+    # per anchor: mean (cos - 1)^2 over its positives, mean cos^2 over its negatives, halved sum
+    a = 0.5 * (0.4**2 + (0.0**2 + 1.0**2) / 2)
+    b = 0.5 * (0.4**2 + (0.8**2 + 0.6**2) / 2)
+    c = 0.5 * (1.0**2 + (0.0**2 + 0.8**2) / 2)
+    d = 0.5 * (1.0**2 + (1.0**2 + 0.6**2) / 2)
+    want = (a + b + c + d) / 4  # 0.54
+    assert group("cosine_mse")(E, LABELS).item() == pytest.approx(want, abs=1e-6)
+    # always cosine: the distance key changes nothing; scale-free: a vector's length neither
+    assert group("cosine_mse", distance="euclidean")(3 * E, LABELS).item() == pytest.approx(
+        want, abs=1e-6)
+    # a label with one member has no positive: that anchor is not averaged
+    e = torch.cat([E, torch.tensor([[0.0, -1.0]])])
+    got = group("cosine_mse")(e, torch.tensor([0, 0, 1, 1, 2])).item()
+    # e's cosines: a 0, b -.8, c -1, d 0: each other anchor gains a negative
+    a5 = 0.5 * (0.4**2 + (0 + 1 + 0) / 3)
+    b5 = 0.5 * (0.4**2 + (0.64 + 0.36 + 0.64) / 3)
+    c5 = 0.5 * (1.0 + (0 + 0.64 + 1) / 3)
+    d5 = 0.5 * (1.0 + (1 + 0.36 + 0) / 3)
+    assert got == pytest.approx((a5 + b5 + c5 + d5) / 4, abs=1e-6)
+
+
 def test_arcface() -> None:
     loss = group("arcface", scale=2.0, num_classes=2, dim=2)
     with torch.no_grad():
@@ -121,7 +143,7 @@ def test_contrastive_pairs_with_score() -> None:
     assert got.item() == pytest.approx(want, abs=1e-6)
 
 
-@pytest.mark.parametrize("name", ["supcon", "triplet", "contrastive"])
+@pytest.mark.parametrize("name", ["supcon", "triplet", "contrastive", "cosine_mse"])
 def test_chunked_equals_unchunked_with_gradients(name: str, monkeypatch: pytest.MonkeyPatch
                                                  ) -> None:
     torch.manual_seed(0)

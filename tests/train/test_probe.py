@@ -127,12 +127,15 @@ def test_the_disagreement_names_the_epoch_and_metric_of_the_largest_other_lift()
 
 
 @pytest.mark.integration
-def test_the_train_stage_probes_then_reports_the_rate_and_why(tmp_path: Path,
-                                                              tiny_bert: Path) -> None:
+@pytest.mark.parametrize("monitor", ["mrr@10", "map@r"])
+def test_the_train_stage_probes_then_reports_the_rate_and_why(tmp_path: Path, tiny_bert: Path,
+                                                              monitor: str) -> None:
     """A real probe on the tiny encoder: the run trains at one of the probed rates, and the
-    report, the saved model's training.json and `in_force` agree on it."""
+    report, the saved model's training.json and `in_force` agree on it. MAP@R (which needs
+    each query's whole ranking, not the top 10) is probed too: it once raised KeyError."""
     raw, params_file = project(tmp_path, tiny_bert, n=80)
     raw["train"]["mode"] = "top_layers"
+    raw["train"]["monitor"] = monitor
     set_schedule(raw, "top_layers", layers=1, lr="auto", head_lr="auto", max_epochs=1,
                  batch_size=8, probe_rates=[1e-4, 1e-2], probe_steps=2)
     train_top_layers(tmp_path, raw, params_file)

@@ -606,7 +606,7 @@ def test_item8_a_choice_that_can_never_train_is_refused_when_the_sweep_starts(
     assert str(e.value) == (
         "sweep.space.train.loss.name: no trial can train with mnrl on this data "
         "(train.loss.name: 'mnrl' needs pairs data, the prepared data is groups (use auto or "
-        "one of supcon, triplet, contrastive, arcface)); remove it from the space")
+        "one of supcon, triplet, contrastive, arcface, cosine_mse)); remove it from the space")
     # a choice that fails with some of the other keys' choices only is kept (identity is a
     # head arcface trains; the others need one in head mode)
     q = _with(params_file, sweep__space={"train.loss.name": {"choices": ["supcon", "arcface"]},
@@ -734,6 +734,7 @@ def test_probe_auto_beside_the_loss_it_resolves_to_is_refused() -> None:
 
 @pytest.mark.parametrize(("kind", "name"), [("groups", "supcon"), ("groups", "triplet"),
                                             ("groups", "contrastive"), ("groups", "arcface"),
+                                            ("groups", "cosine_mse"),
                                             ("pairs", "mnrl"), ("pairs", "contrastive")])
 def test_item9_the_table_of_loss_keys_is_what_each_loss_reads(kind: str, name: str) -> None:
     import torch

@@ -28,7 +28,7 @@ from simtune.params import Params
 
 HUB_IDS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}  # bundled encoders on the Hub
 LOSS_KEYS = {"supcon": ("temperature",), "triplet": ("margin", "mining"),
-             "contrastive": ("margin",), "arcface": ("margin", "scale"),
+             "contrastive": ("margin",), "arcface": ("margin", "scale"), "cosine_mse": (),
              "mnrl": ("scale", "symmetric")}
 # min_steps and min_batch: with batch_size, what a small set's batch became (`examples.batch_for`)
 # each mode's own schedule section (`train.schedule.<mode>`), the one in force

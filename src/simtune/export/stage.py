@@ -22,7 +22,7 @@ from simtune.model import (
     trained_encoder,
     training_meta,
 )
-from simtune.params import effective, resolve_loss
+from simtune.params import ANGULAR_LOSSES, effective, resolve_loss
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def export(head_dir: Path, out: Path, card: CardInputs | None = None,
     similarity = None
     if card.params is not None:
         loss = card.params.train.loss
-        similarity = "cosine" if loss.name == "arcface" else loss.distance
+        similarity = "cosine" if loss.name in ANGULAR_LOSSES else loss.distance
     # before any work: never over a user's folder, a link, the inputs or a workspace's data
     where = destination(Path(out), [head_dir, source, *([frozen] if frozen else [])])
     with atomic_dir(where) as tmp:

@@ -4,7 +4,8 @@ Every loss is a sum over *anchors* divided by a count; anchors are this process'
 are every process's rows (all-gathered with gradients under DDP). The count is all-reduced, so
 2 processes x batch B give exactly the gradient of 1 process x batch 2B.
 
-Groups (embeddings (B, D) + integer labels (B,)): `supcon`, `triplet`, `contrastive`, `arcface`.
+Groups (embeddings (B, D) + integer labels (B,)): `supcon`, `triplet`, `contrastive`, `arcface`,
+`cosine_mse`.
 Pairs (queries (B, D), documents (B, D) + ids): `mnrl`, `contrastive` (score-weighted).
 Distances: `cosine` (1 - cos), `dot` (-a.b), `euclidean` (||a - b||); similarity is -distance
 (cosine similarity for `cosine`).
@@ -135,7 +136,7 @@ class GroupLoss(nn.Module):
         cols, offset = self.gather.columns(emb)
         col_labels, _ = self.gather.columns(labels)
         row_fn = {"supcon": self._supcon, "triplet": self._triplet,
-                  "contrastive": self._contrastive}[self.name]
+                  "contrastive": self._contrastive, "cosine_mse": self._cosine_mse}[self.name]
 
         def fn(s: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
             same = labels[s:e, None] == col_labels[None, :]
@@ -186,6 +187,21 @@ class GroupLoss(nn.Module):
         d = pairwise_distance(a, cols, self.distance)
         loss = 0.5 * (pos * d.pow(2) + neg * F.relu(self.margin - d).pow(2))
         return loss.sum(), (pos | neg).sum()
+
+    def _cosine_mse(self, a: torch.Tensor, cols: torch.Tensor, pos: torch.Tensor,
+                    neg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """SetFit's CosineSimilarityLoss over the batch's pairs: each anchor's mean (cos - 1)^2
+        over its positives and mean cos^2 over its negatives, averaged (SetFit balances the
+        two by oversampling pairs; here each side counts half whatever the label mix). An
+        anchor without a positive or a negative in the batch is not averaged. Unlike supcon,
+        no softmax: a negative already at cos 0 adds no push, so few-shot classes stop
+        moving once apart (TREC coarse at 16 per label, bench.small_data: see docs/modes.md)."""
+        cos = similarity(a, cols, "cosine")
+        n_pos, n_neg = pos.sum(1), neg.sum(1)
+        has = (n_pos > 0) & (n_neg > 0)
+        on_pos = ((cos - 1).pow(2) * pos).sum(1)[has] / n_pos[has]
+        on_neg = (cos.pow(2) * neg).sum(1)[has] / n_neg[has]
+        return (0.5 * (on_pos + on_neg)).sum(), has.sum()
 
     def _arcface(self, emb: torch.Tensor, labels: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:

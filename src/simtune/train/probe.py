@@ -3,9 +3,10 @@ chosen from the data, not fixed from one data set.
 
 Each of the schedule's `probe_rates` trains `probe_steps` optimizer steps from the same start
 (the untouched layers, the head at its initialisation, the same seed and batch order), then the
-monitored metric (`train.monitor`, top 10 only) is computed on a cheap validation task: each
-validation text ranks the other validation texts (groups; pairs: the validation documents), so
-the corpus is not re-embedded through the layers per rate. The run then trains with the rate
+monitored metric (`train.monitor`; from each query's top 10, MAP@R from its whole ranking) is
+computed on a cheap validation task: each validation text ranks the other validation texts
+(groups; pairs: the validation documents), so the corpus is not re-embedded through the layers
+per rate. The run then trains with the rate
 whose probe scored best (a tie: the lower rate, which moves the encoder less). A rate that
 overshoots on data the frozen encoder already serves well scores below the frozen encoder here
 (TREC's weak frozen encoder rewards 2e-4; short chat topics, already good frozen, lost on every
@@ -85,7 +86,8 @@ class _ProbeEnd(pl.Callback):
         module.eval()
         try:
             with torch.inference_mode(), trainer.precision_plugin.val_step_context():
-                scores, finite = self.validator(False)
+                # MAP@R needs each query's whole ranking; the other metrics the top 10
+                scores, finite = self.validator(self.monitor == "map@r")
         finally:
             module.train(training)
         return scores[self.monitor] if finite else -math.inf  # a diverged rate never wins

@@ -345,10 +345,10 @@ def save(module: SimilarityModule, loop: EpochLoop, t: TrainParams, enc: Encoder
             module.rep.load_state_dict(best["rep"])
             module.rep.save(tmp / "encoder")
         loss = t.loss
-        # trained on angles (cosine, or arcface, which is cosine whatever the distance): the
+        # trained on angles (cosine, or arcface or cosine_mse, cosine whatever the distance): the
         # servable model normalises its output (unit vectors, the same cosine ranking)
         # (distillation compares normalised vectors or their cosines: angles too)
-        angular = (loss.distance == "cosine" or loss.name == "arcface"
+        angular = (loss.distance == "cosine" or loss.name in P.ANGULAR_LOSSES
                    or t.objective == "distill")
         meta = {"mode": t.mode, "kind": module.data.kind, "query_encoder": enc.query,
                 "document_encoder": enc.document,
