@@ -33,6 +33,9 @@ ROW_KEYS: dict[str, tuple[str, ...]] = {name: ("train.mode",) for name in (
 # bench.static's teachers trained in the top layers on every set (auto chose them: its JSON
 # records each teacher's mode), so the full mode's schedule changed nothing it measured
 ROW_KEYS["static"] = ("train.schedule.full.lr", "train.schedule.full.head_lr")
+# the default pipeline's stages (startup) and top-layers and head epochs (threads): no run of
+# either trains in full mode
+ROW_KEYS["startup"] = ROW_KEYS["threads"] = ROW_KEYS["static"]
 
 
 def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -88,19 +91,23 @@ def settings_changed(name: str, results: dict[str, Any], today: dict[str, Any]
                 name, ()):
             continue
         value = now.get(today_key(k, now))
-        if value != v and not (value == "auto" and v == probed_rate(today_key(k, now))):
+        if value != v and not (value == "auto" and v == resolved_auto(today_key(k, now))):
             out.append((k, v, value))
     return out
 
 
-def probed_rate(key: str) -> float | None:
-    """The rate `lr: auto` chose for `key` (a `train.schedule.<mode>.lr` or `.head_lr`) in the
-    checked-in default run (docs/run/train.json's `in_force`, TREC): a bench run at that rate
-    ran as today's default does there (None when that run trained another mode)."""
+def resolved_auto(key: str) -> Any:
+    """What `auto` resolved to for `key` in the checked-in default run (docs/run/train.json,
+    TREC): the rate `lr: auto` chose for a `train.schedule.<mode>.lr` or `.head_lr` (its
+    `in_force`; None when that run trained another mode), the metric `train.monitor: auto`
+    selected by (its `monitor`). A bench run at that value ran as today's default does there."""
     try:
-        shown = json.loads((ROOT / "docs" / "run" / "train.json").read_text())["in_force"]
+        run = json.loads((ROOT / "docs" / "run" / "train.json").read_text())
+        shown = run["in_force"]
     except (OSError, ValueError, KeyError):
         return None
+    if key == "train.monitor":
+        return run.get("monitor")
     return shown.get(key) if shown.get("train.mode") and key.startswith(
         f"train.schedule.{shown['train.mode']}.") else None
 

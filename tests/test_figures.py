@@ -113,6 +113,27 @@ def test_a_key_that_moved_since_is_compared_at_its_new_place() -> None:
         f"`train.patience: 25` (now {patience} at `train.schedule.head.patience`)")
 
 
+def test_auto_is_the_value_it_resolved_to_in_the_default_run(monkeypatch: pytest.MonkeyPatch,
+                                                             tmp_path: Path) -> None:
+    """`train.monitor: auto` today against a bench run under `mrr@10`: the same settings where
+    the checked-in default run (docs/run/train.json) resolved auto to mrr@10, changed where it
+    resolved it to another metric, and where that run records none."""
+    from bench import settings
+
+    today = project_params()
+    today["train"]["monitor"] = "auto"
+    then = {"x": {"run_under": {"commit": "x", "params": {**report.flat(today),
+                                                          "train.monitor": "mrr@10"}}}}
+    (tmp_path / "docs" / "run").mkdir(parents=True)
+    monkeypatch.setattr(settings, "ROOT", tmp_path)
+    for resolved, changed in (("mrr@10", []), ("map@r", [("train.monitor", "mrr@10", "auto")]),
+                              (None, [("train.monitor", "mrr@10", "auto")])):
+        run = {"in_force": {"train.mode": "top_layers"},
+               **({"monitor": resolved} if resolved else {})}
+        (tmp_path / "docs" / "run" / "train.json").write_text(json.dumps(run))
+        assert settings.settings_changed("x", then, today) == changed
+
+
 def test_a_bench_records_the_commit_and_params_it_ran_under(tmp_path: Path) -> None:
     code = ("from bench.common import write_results; "
             "print(write_results('probe', {'rows': [1]}))")

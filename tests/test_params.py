@@ -219,6 +219,46 @@ def test_auto_loss_is_supcon_for_groups_and_mnrl_for_pairs(params_raw: dict[str,
     assert P.resolve_loss(got, kind) == got  # resolving twice is resolving once
 
 
+@pytest.mark.parametrize(("mode", "kind", "want"), [
+    ("full", "groups", "cosine_mse"), ("top_layers", "groups", "supcon"),
+    ("head", "groups", "supcon"), ("full", "pairs", "mnrl"),
+])
+def test_auto_loss_is_cosine_mse_for_groups_in_full_mode_only(params_raw: dict[str, Any],
+                                                               mode: str, kind: str,
+                                                               want: str) -> None:
+    params_raw["train"]["loss"]["name"] = "auto"
+    params_raw["train"]["mode"] = mode
+    assert P.resolve_loss(P.effective(P.validate(params_raw).train), kind).loss.name == want
+    named = "supcon" if kind == "groups" else "contrastive"  # stays, full mode or not
+    params_raw["train"]["loss"]["name"] = named
+    assert P.resolve_loss(P.effective(P.validate(params_raw).train), kind).loss.name == named
+
+
+@pytest.mark.parametrize(("monitor", "queries", "want", "why"), [
+    ("auto", 24, "map@r", "monitor auto: map@r (24 validation queries < train.auto.map_r_below "
+                          "64)"),
+    ("auto", 63, "map@r", None),
+    ("auto", 64, "mrr@10", "monitor auto: mrr@10 (64 validation queries >= "
+                           "train.auto.map_r_below 64)"),
+    ("p@1", 10, "p@1", ""),  # a named monitor is kept, whatever the split's size
+    ("mrr@10", 10, "mrr@10", ""),
+])
+def test_monitor_auto_is_map_r_on_a_small_validation_split(params_raw: dict[str, Any],
+                                                           monitor: str, queries: int, want: str,
+                                                           why: str | None) -> None:
+    params_raw["train"]["monitor"] = monitor
+    params_raw["train"]["auto"]["map_r_below"] = 64
+    t = P.effective(P.validate(params_raw).train)
+    got = P.resolve_monitor(t, queries)
+    assert got.monitor == want
+    if why is not None:
+        assert got.run.monitor_reason == why
+    # nothing else changes: the schedule in force is the same one
+    assert got.run.model_dump(exclude={"monitor_reason"}) == t.run.model_dump(
+        exclude={"monitor_reason"})
+    assert got.model_dump(exclude={"monitor"}) == t.model_dump(exclude={"monitor"})
+
+
 @pytest.mark.parametrize(("name", "kind", "message"), [
     ("supcon", "pairs", "train.loss.name: 'supcon' needs groups data, data/prepared is pairs "
                         "(use auto or one of mnrl, contrastive)"),

@@ -242,6 +242,7 @@ def test_export_of_a_dot_product_head_is_not_normalised(
     raw = yaml.safe_load(params_file.read_text())
     raw["train"]["loss"]["distance"] = "dot"
     raw["train"]["schedule"]["head"]["max_epochs"] = 1
+    raw["train"]["frozen_candidate"] = False  # the trained head exported, not the identity
     dot_params = write_params(tmp_path / "params.yaml", raw)
     args = stage_args(root, dot_params, "_dot")
     result = CliRunner().invoke(app, args)

@@ -250,7 +250,8 @@ def test_the_best_trial_through_its_line_and_apply_reproduces_its_value(
     train = CliRunner().invoke(app, stage_args(tmp_path, tmp_path / "s.yaml", "_s"))
     assert train.exit_code == 0, train.output
     report = json.loads((tmp_path / "train_s.json").read_text())
-    assert report["best_val"]["val/mrr@10"] == study.best_value  # exactly: same seed
+    # exactly (same seed), on the monitor `auto` resolved to in the trials and the stage alike
+    assert report["best_val"][f"val/{report['monitor']}"] == study.best_value
     # --apply (the study is complete: no trial runs) writes the same values into the file
     applied = CliRunner().invoke(app, _args(tmp_path, params_file, "--apply"))
     assert applied.exit_code == 0, applied.output
@@ -281,7 +282,8 @@ def test_a_top_layers_trial_trains_as_the_train_stage(tmp_path: Path, tiny_bert:
     train = CliRunner().invoke(app, stage_args(tmp_path, params_file))
     assert train.exit_code == 0, train.output
     report = json.loads((tmp_path / "train.json").read_text())
-    assert report["best_val"]["val/mrr@10"] == study.best_value
+    # the monitor auto resolved to, the same in the trial and the stage
+    assert report["best_val"][f"val/{report['monitor']}"] == study.best_value
 
 
 def test_trials_leave_no_module_behind(tmp_path: Path, tiny_bert: Path) -> None:

@@ -56,7 +56,29 @@ def _edit(params_file: Path, **train: Any) -> None:
 @pytest.fixture
 def small(tmp_path: Path, tiny_bert: Path) -> tuple[Path, Path]:
     _, params_file = project(tmp_path, tiny_bert)
+    # these tests read mrr@10's lines and curves; `auto` on these 20 validation queries would
+    # select by map@r (test_monitor_auto_selects_by_map_r_on_a_small_validation_split)
+    _edit(params_file, monitor="mrr@10")
     return tmp_path, params_file
+
+
+def test_monitor_auto_selects_by_map_r_on_a_small_validation_split(small: tuple[Path, Path]
+                                                                  ) -> None:
+    root, params_file = small
+    _edit(params_file, monitor="auto", max_epochs=3, patience=3, val_every=3)
+    result = CliRunner().invoke(app, stage_args(root, params_file))
+    assert result.exit_code == 0, result.output
+    report = json.loads((root / "train.json").read_text())
+    why = "monitor auto: map@r (20 validation queries < train.auto.map_r_below 64)"
+    assert report["monitor"] == "map@r" and report["monitor_reason"] == why
+    assert f"INFO simtune.train.stage: {why}" in result.output
+    # MAP@R monitored: every epoch ranks whole (val_every 3 would skip epochs 1 and 2), and the
+    # kept epoch is the one with the best MAP@R
+    curve = [float(line.split("\t")[1]) for line in (
+        root / "live" / "plots" / "metrics" / "val" / "map@r.tsv").read_text().splitlines()[1:]]
+    assert len(curve) == report["epochs"] + 1
+    assert report["best_val"]["val/map@r"] == pytest.approx(max(curve), abs=1e-6)
+    assert curve.index(max(curve)) == report["best_epoch"]
 
 
 def test_train_saves_a_head_that_reloads_to_the_reported_metric(small: tuple[Path, Path]
@@ -428,7 +450,8 @@ def test_full_mode_trains_the_encoder_and_evaluate_uses_it(small: tuple[Path, Pa
     evaluate embeds the test texts with that fine-tuned encoder (not the frozen cache)."""
     root, params_file = small
     _edit(params_file, mode="full", schedule__full__max_epochs=1, schedule__full__lr=0.001,
-          schedule__full__batch_size=8, gradcache__chunk_size=4)
+          schedule__full__batch_size=8, gradcache__chunk_size=4,
+          frozen_candidate=False)  # the trained epoch kept: its encoder is what evaluate uses
     _train(root, params_file)
     encoder_dir = root / "head" / "encoder"
     assert (encoder_dir / "config.json").is_file()

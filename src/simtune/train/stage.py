@@ -44,6 +44,7 @@ from simtune.train.validation import (
     disagreement,
     disagreement_line,
     frozen,
+    val_queries,
     validation_task,
 )
 
@@ -99,6 +100,9 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     pl.seed_everything(t.seed, workers=True, verbose=False)
     data = load_data(t, enc, cache, prepared_dir, cache_dir, negatives_dir=negatives_dir)
     check_trainable(data, t, t.devices * t.num_nodes)
+    t = P.resolve_monitor(t, val_queries(data))
+    if t.run.monitor_reason:
+        log.info("%s", t.run.monitor_reason)
     threads.announce()
     if t.objective == "distill":  # the distillation loss trains (train.loss: on labels only)
         d = t.distill
@@ -137,7 +141,8 @@ def run(p: Params, prepared_dir: Path, cache_dir: Path, out: Path, report: Path,
     result = {**report_of(loop, seconds, len(data.training), t.monitor,
                           p.evaluate.significance.resamples, p.evaluate.significance.seed),
               "nothing_to_gain": gain["nothing_to_gain"], "mode": t.mode,
-              "mode_reason": t.run.reason, "in_force": t.run.shown(),
+              "mode_reason": t.run.reason, "in_force": t.run.shown(), "monitor": t.monitor,
+              **({"monitor_reason": t.run.monitor_reason} if t.run.monitor_reason else {}),
               **({"lr_reason": t.run.lr_reason} if t.run.lr_reason else {}),
               **({"steps_reason": t.run.steps_reason} if t.run.steps_reason else {})}
     save(module, loop, t, enc, out)

@@ -31,6 +31,7 @@ import pyarrow as pa
 import torch
 
 from simtune import examples, static
+from simtune import params as P
 from simtune.atomic import write_json
 from simtune.cache import store
 from simtune.cache.views import open_pair, open_roles
@@ -44,7 +45,7 @@ from simtune.prepare.prepared import load as load_prepared
 from simtune.retrieval.task import RetrievalTask, by_rows, retrieval_task
 from simtune.train import static as st
 from simtune.train import static_init, static_ngrams
-from simtune.train.validation import KS, separation, validation_task
+from simtune.train.validation import KS, separation, val_queries, validation_task
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,9 @@ def run(t: TrainParams, enc: EncodersParams, cache: CacheParams, corpus: str,
     for name in ("train", "val"):
         if len(data.splits[name]) == 0:
             raise UserError(f"{prepared_dir}: the {name} split is empty")
+    t = P.resolve_monitor(t, val_queries(data))
+    if t.run.monitor_reason:
+        log.info("%s", t.run.monitor_reason)
     texts = prepared.text_map()
     rows = fit_rows(prepared.kind, prepared.examples, *t_views,
                     train_labels=data.splits["train"].tensors.get("labels"))
@@ -77,8 +81,10 @@ def run(t: TrainParams, enc: EncodersParams, cache: CacheParams, corpus: str,
                        [texts[i] for i in rows.ids], s.ngrams, s.ngram_words)
     tokens = st.Tokens.of(init, [texts[i] for i in rows.ids])
     task = _validation_task(data, corpus)
+    # MAP@R monitored: every epoch ranks whole (the other metrics need the top 10 only)
     validate, frozen_val, teacher_val = _validation(task, init, data, texts, (q_table, d_table),
-                                                    t_views, s.val_every)
+                                                    t_views,
+                                                    1 if t.monitor == "map@r" else s.val_every)
     # epoch 0: the teacher's token vectors (the map at identity), or the distilled table and
     # the map (pca_dims, the teacher's width) at the least-squares fit
     student = st.StaticStudent(init.weight, None if s.init == "teacher" else
@@ -108,6 +114,7 @@ def run(t: TrainParams, enc: EncodersParams, cache: CacheParams, corpus: str,
         "texts": {"train": rows.labelled, "unlabelled": rows.unlabelled,
                   **({} if rows.pairs is None else {"pairs": len(rows.pairs)})},
         "teacher": teacher,  # epoch 0 trained nothing: no loss (NaN is no JSON)
+        "monitor": t.monitor,
         "history": [{k: v for k, v in h.items() if k != "loss" or v == v}
                     for h in result.history],
         "mode": t.mode, "mode_reason": s.reason, "in_force": s.shown()}

@@ -38,6 +38,7 @@ from simtune.train.data import check_compatible, check_trainable, load_data
 from simtune.train.epochs import EpochLoop
 from simtune.train.stage import accelerator_of, fit, quiet_lightning, validation_task
 from simtune.train.sweep_report import Progress
+from simtune.train.validation import val_queries
 
 log = logging.getLogger(__name__)
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
@@ -106,6 +107,7 @@ def _checked(loaded: Loaded, values: dict[str, Any]) -> TrainParams:
     on this data."""
     p = space.apply(loaded.params, values)  # validated as params.yaml is: the whole tree
     t = P.resolve_loss(P.effective(p.train), loaded.data.kind)  # as the train stage does
+    t = P.resolve_monitor(t, val_queries(loaded.data))
     check_compatible(loaded.data.kind, t)
     data = loaded.data  # a texts file's unlabelled rows: distillation alone takes them
     P.check_unlabelled(t, len(data.training) - len(data.splits["train"]))

@@ -28,6 +28,15 @@ from simtune.retrieval.task import RetrievalTask, Scored, by_split, retrieval_ta
 KS = (1, 5, 10)  # validation's Recall@k cut-offs
 
 
+def val_queries(data: Data) -> int:
+    """The validation split's queries: its texts (groups) or its distinct queries (pairs),
+    what `train.monitor: auto` counts (`params.resolve_monitor`)."""
+    val = data.splits["val"]
+    if data.kind == "groups":
+        return len(val)
+    return int(val.tensors["q_ids"].unique().numel()) if len(val) else 0
+
+
 class Schedule:
     """Which epochs compute every metric, early stopping in epochs, the kept epoch.
 
