@@ -227,12 +227,13 @@ def chroma_adapter(p: Any, prepared: Path, cache_dir: Path, out: Path,
     """Train the Chroma-style query-only linear adapter over the cached vectors (see the module
     docstring); save it as a query-side `linear` head in `out`; its seconds."""
     from simtune import heads
+    from simtune import params as P
     from simtune.atomic import write_json
     from simtune.retrieval.task import by_split
     from simtune.train.data import load_data
     from simtune.train.represent import CachedVectors
     from simtune.train.stage import validation_task
-    from simtune.train.validation import KS
+    from simtune.train.validation import KS, val_queries
 
     t0 = time.perf_counter()
     torch.manual_seed(args.seed)
@@ -252,6 +253,7 @@ def chroma_adapter(p: Any, prepared: Path, cache_dir: Path, out: Path,
     head = heads.build("linear", data.dim, 1, 0.0)
     opt = torch.optim.Adam(head.parameters(), lr=args.chroma_lr)
     task = validation_task(data, p.train.head.side, p.evaluate.corpus)
+    monitor = P.monitor_for(p.train.monitor, val_queries(data), p.train.auto.map_r_below)
     best, best_state, since = -1.0, None, 0
     cos = torch.nn.functional.cosine_similarity
     schedule = p.train.schedule.head  # the adapter trains on cached vectors, as a head
@@ -275,9 +277,9 @@ def chroma_adapter(p: Any, prepared: Path, cache_dir: Path, out: Path,
         head.eval()
         with torch.no_grad():
             qv = by_split(data, lambda sp, role: head(rep.embed_split(sp, role)))
-            val = task.score(qv, KS, upto_r=False,
+            val = task.score(qv, KS, upto_r=monitor == "map@r",
                              corpus_vectors=by_split(data, rep.embed_split)
-                             ).metrics[p.train.monitor]
+                             ).metrics[monitor]
         if val > best:
             best, since = val, 0
             best_state = {k: v.clone() for k, v in head.state_dict().items()}

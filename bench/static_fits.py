@@ -38,7 +38,9 @@ def fit_settings(label_weight: float, epochs: int) -> Any:
     return st.FitSettings(lr=s["lr"], batch_size=s["batch_size"], max_epochs=epochs,
                           patience=s["patience"], label_weight=label_weight,
                           temperature=t["loss"]["temperature"], seed=t["seed"],
-                          monitor=t["monitor"])
+                          # `auto` as on the bench's sets (TREC, bbc...: 64+ validation
+                          # queries; a tiny smoke run's fewer select by map@r as the stage's)
+                          monitor=P.monitor_for(t["monitor"], 64, t["auto"]["map_r_below"]))
 
 
 def ours(s: SetData, init: Any, target: torch.Tensor, extra: list[str], label_weight: float,

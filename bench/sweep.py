@@ -95,7 +95,9 @@ def pipeline_result(project: Path, monitor: str) -> dict[str, Any]:
     """The workspace's validation value (train report) and test metrics (evaluate)."""
     train = json.loads((project / "reports" / "train.json").read_text())
     test = json.loads((project / "reports" / "metrics.json").read_text())
-    return {"val": train["best_val"][f"val/{monitor}"], "kept_epoch": train["best_epoch"],
+    # the metric the run selected by (`auto` resolved: the report says which)
+    return {"val": train["best_val"][f"val/{train.get('monitor', monitor)}"],
+            "kept_epoch": train["best_epoch"],
             "test": test["trained"], "lift": test["lift"]}
 
 

@@ -70,10 +70,12 @@ def test_item10_checkpoint_error_names_last_pt(tmp_path: Path, tiny_bert: Path) 
     result = CliRunner().invoke(app, stage_args(tmp_path, params_file))
     assert result.exit_code == 1, result.output
     lines = result.output.splitlines()
-    assert lines[0] == "INFO simtune.train.stage: loss auto: supcon (groups data)"
-    assert lines[1].startswith("INFO simtune.train.epochs: epoch 0 (the frozen encoder")
+    assert lines[0] == ("INFO simtune.train.stage: monitor auto: map@r (10 validation queries "
+                        "< train.auto.map_r_below 64)")
+    assert lines[1] == "INFO simtune.train.stage: loss auto: supcon (groups data)"
+    assert lines[2].startswith("INFO simtune.train.epochs: epoch 0 (the frozen encoder")
     # then the run estimate (issue 51) after the first steps, and the one error line
-    assert [ln for ln in lines[2:] if not ln.startswith("INFO simtune.train.epoch_log: run "
+    assert [ln for ln in lines[3:] if not ln.startswith("INFO simtune.train.epoch_log: run "
                                                           "estimate")] == [
         f"error: {last}: cannot write: Is a directory"]
     _no_temps(last.parent)

@@ -714,8 +714,8 @@ LOSSES = {"groups": ("supcon", "triplet", "contrastive", "arcface", "cosine_mse"
 def auto_loss(kind: str, mode: str) -> str:
     """`train.loss.name: auto` on data of `kind` trained in `mode`: the kind's first loss
     (`LOSSES`), but `cosine_mse` for groups in full mode, where `auto` sends few-shot data:
-    on TREC coarse at 16 and 32 per label it scored +0.014 and +0.02 test P@1 over supcon
-    (`bench/small_data_fewshot.json`, docs/modes.md)."""
+    on TREC coarse at 16 per label, MAP@R selecting, it beat supcon by about 0.014 test P@1
+    (issue 50's runs; today's default: `bench/small_data_fewshot.json`, docs/modes.md)."""
     return "cosine_mse" if kind == "groups" and mode == "full" else LOSSES[kind][0]
 
 
@@ -725,11 +725,18 @@ def resolve_monitor(t: TrainParams, queries: int) -> TrainParams:
     named monitor is kept as it is."""
     if t.monitor != "auto":
         return t
-    below = queries < t.auto.map_r_below
-    monitor = "map@r" if below else "mrr@10"
+    monitor = monitor_for(t.monitor, queries, t.auto.map_r_below)
     why = (f"monitor auto: {monitor} ({queries} validation queries "
-           f"{'<' if below else '>='} train.auto.map_r_below {t.auto.map_r_below})")
+           f"{'<' if monitor == 'map@r' else '>='} train.auto.map_r_below {t.auto.map_r_below})")
     return with_run(t.model_copy(update={"monitor": monitor}), monitor_reason=why)
+
+
+def monitor_for(monitor: str, queries: int, map_r_below: int) -> str:
+    """The metric `train.monitor` selects by on a validation split of `queries` queries:
+    itself, or for `auto` map@r below `map_r_below` queries and mrr@10 from there on."""
+    if monitor != "auto":
+        return monitor
+    return "map@r" if queries < map_r_below else "mrr@10"
 
 
 def resolve_loss(t: TrainParams, kind: str, data: str = "the prepared data") -> TrainParams:

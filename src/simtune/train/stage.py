@@ -187,6 +187,7 @@ def fit(t: TrainParams, enc: EncodersParams, cache: CacheParams, data: Data,
     `extra`: callbacks to run after the loop's, given the loop (the resumable checkpoint);
     `max_steps`: stop after this many optimizer steps (-1: the epochs decide; the probe)."""
     t = fit_schedule(t, len(data.training), announce=progress)
+    t = P.resolve_monitor(t, val_queries(data))  # a caller's `auto` (the run resolved it already)
     pl.seed_everything(t.seed, workers=True, verbose=False)
     module_type, validator_type = _query_side_or(SimilarityModule, Validator, t)
     module = module_type(data, t, enc, cache)
