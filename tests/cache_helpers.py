@@ -86,13 +86,16 @@ def two_encoder_pairs(root: Path, tiny_bert: Path, **cache: Any) -> P.Params:
 
 @contextlib.contextmanager
 def count_forward() -> Iterator[dict[str, int]]:
-    """Count calls and rows of every transformers PreTrainedModel forward in this process."""
+    """Count calls and rows of every encoder forward in this process: a transformers
+    PreTrainedModel's or a `simtune.bert.BertModel`'s (a fill's frozen BERT)."""
     import transformers
+
+    from simtune.bert import BertModel
 
     counts = {"calls": 0, "rows": 0}
 
     def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
-        if isinstance(module, transformers.PreTrainedModel):
+        if isinstance(module, transformers.PreTrainedModel | BertModel):
             counts["calls"] += 1
             counts["rows"] += int(output.last_hidden_state.shape[0])
 

@@ -283,7 +283,7 @@ class FrozenEncoder:
         self.name, self.spec, self.device = name, spec, device
         self.key = key or f"encoders.models.{name}"
         path = model_dir(name, spec, self.key)
-        self.model, self.tokenizer = load_pretrained(path, f"{self.key}.model")
+        self.model, self.tokenizer = load_pretrained(path, f"{self.key}.model", native=True)
         check_positions(self.model, spec.max_length, f"{self.key}.max_length")
         self.model.requires_grad_(False).to(device)
         self.dim = int(self.model.config.hidden_size)

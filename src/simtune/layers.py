@@ -127,11 +127,12 @@ def _probe(model: Any) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def top_model(path: Path, layer: int) -> Any:
+def top_model(path: Path, layer: int, native: bool = False) -> Any:
     """The encoder at `path` cut at `layer` (`cut`), in eval mode, float32, proven on a probe
     batch to give the full model's last hidden state from its states after layer `layer`
-    (`hidden_states[layer]`, what the layer cache stores) at every real token."""
-    model, _ = load_pretrained(path, "train.mode top_layers", tokenizer=False)
+    (`hidden_states[layer]`, what the layer cache stores) at every real token. `native`:
+    `load_pretrained`'s (evaluate, which only runs it; training wraps it)."""
+    model, _ = load_pretrained(path, "train.mode top_layers", tokenizer=False, native=native)
     probe = _probe(model)
     with torch.no_grad():
         out = model(**probe, output_hidden_states=True)

@@ -59,22 +59,35 @@ def _weight_problem(model: Any, info: dict[str, Any]) -> str | None:
     return "; ".join(parts) or None
 
 
-def load_tokenizer(path: Path, where: str) -> Any:
+def load_tokenizer(path: Path, where: str, native: bool = True) -> Any:
     """The tokenizer of model directory `path` (offline); `UserError` naming `where` and `path`
     when it does not load or knows no token but its special ones (transformers builds one when
-    a folder has no tokenizer files: every word would be [UNK])."""
-    import transformers
+    a folder has no tokenizer files: every word would be [UNK]). `native`: a BERT folder's
+    tokenizer straight from its tokenizer.json (`simtune.bert_tokenizer`: the same encodings,
+    without transformers' import) when that reproduces it, else transformers'; False: always
+    transformers' (a caller that saves it with the model)."""
+    tok = None
+    if native:
+        from simtune import bert_tokenizer
 
-    try:
-        tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # of any type: a damaged directory, not our code (see the top)
-        raise UserError(f"{where}: {path}: cannot load: {_load_failure(e)}") from None
+        tok = bert_tokenizer.load(path)
+    if tok is None:
+        tok = _transformers_tokenizer(path, where)
     vocab = tok.get_vocab()
     if not set(vocab.values()) - set(tok.all_special_ids):
         raise UserError(f"{where}: {path}: its tokenizer knows only its {len(vocab)} special "
                         "tokens (no tokenizer.json, vocab.txt, ... in the folder?): every word "
                         "would be unknown")
     return tok
+
+
+def _transformers_tokenizer(path: Path, where: str) -> Any:
+    import transformers
+
+    try:
+        return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # of any type: a damaged directory, not our code (see the top)
+        raise UserError(f"{where}: {path}: cannot load: {_load_failure(e)}") from None
 
 
 def _tokenizer_problem(tok: Any, model: Any) -> str | None:
@@ -94,20 +107,36 @@ def _tokenizer_problem(tok: Any, model: Any) -> str | None:
     return None
 
 
-def load_pretrained(path: Path, where: str, tokenizer: bool = True) -> tuple[Any, Any]:
+def load_pretrained(path: Path, where: str, tokenizer: bool = True,
+                    native: bool = False) -> tuple[Any, Any]:
     """The ONE way a model directory is loaded: (transformers model in eval mode, float32,
     with every weight from the checkpoint; its tokenizer, or None when `tokenizer` is False).
+    `native`: a BERT folder that `simtune.bert` reproduces exactly loads as its torch-only
+    `BertModel` (the same vectors bit for bit, without transformers' 4-6 s model import) and
+    the tokenizer as `load_tokenizer`'s; for callers that only run the model (a fill,
+    evaluate), not those that save it or wrap it (training in full mode, LoRA, the merge).
 
     Never touches the network. `UserError` naming `where` (the params key or file that chose
     the directory) and `path` for any directory that does not load, for one that loads
     with missing, unexpected or mis-shaped weights (transformers would fill them with random
     numbers: wrong vectors, different on each load), and for a tokenizer that does not fit
     the model (`_tokenizer_problem`) — before anything is written."""
+    if native:
+        from simtune import bert
+
+        found = bert.load(path)
+        if found is not None:
+            tok = load_tokenizer(path, where) if tokenizer else None
+            problem = _tokenizer_problem(tok, found) if tok is not None else None
+            if problem:
+                raise UserError(f"{where}: {path}: {problem}")
+            return found, tok
     import transformers
 
     transformers.logging.set_verbosity_error()  # its load report: we check the info ourselves
     transformers.logging.disable_progress_bar()
-    tok = load_tokenizer(path, where) if tokenizer else None
+    # a folder simtune.bert does not reproduce loads exactly as it always has
+    tok = load_tokenizer(path, where, native=False) if tokenizer else None
     try:
         model, info = transformers.AutoModel.from_pretrained(
             path, local_files_only=True, dtype=torch.float32, output_loading_info=True,

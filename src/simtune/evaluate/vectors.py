@@ -47,7 +47,7 @@ def top_layers(head: heads.Head, head_dir: Path, p: Params, prepared_dir: Path,
                                           d_table)
     spec = p.encoders.models[p.encoders.query]
     device = resolve_device(p.cache.device)
-    top = layers.top_model(head_dir / "encoder", layer).eval().to(device)
+    top = layers.top_model(head_dir / "encoder", layer, native=True).eval().to(device)
     skips = layers.prompt_skips(head_dir / "encoder", spec)
     head = head.to(device)
 
