@@ -71,3 +71,41 @@ def test_stage_modules_load_no_lightning_or_model_library() -> None:
                                                  for m in modules), ROOT)
     assert "pytorch_lightning" not in got and "lightning" not in got
     assert "transformers" not in got
+
+
+def test_cache_and_evaluate_of_a_bert_load_no_transformers(tiny_bert: Path, tmp_path: Path,
+                                                           params_raw: dict[str, Any]) -> None:
+    """The fill and evaluate of a top-layers run on a BERT (the default's shape) run the
+    encoder through `simtune.bert`: transformers' 4-6 s import is train's alone."""
+    from tests.cache_helpers import encoder_params
+
+    (tmp_path / "mine.csv").write_text("text,label\n" + "".join(
+        f"what is thing number {i} of {['city', 'river', 'song'][i % 3]},L{i % 3}\n"
+        for i in range(60)))
+    params_raw["prepare"].update(source="file")
+    params_raw["prepare"]["file"]["path"] = "mine.csv"
+    params_raw["encoders"] = encoder_params(tiny_bert)
+    params_raw["train"]["mode"] = "top_layers"
+    params_raw["train"]["schedule"]["top_layers"].update(layers=1, max_epochs=1)
+    write_params(tmp_path / "params.yaml", params_raw)
+    common = ["--params", "params.yaml", "--prepared", "data/prepared", "--cache", "cache"]
+    filled = _loaded(_commands(
+        ["prepare", "--params", "params.yaml", "--out", "data/prepared", "--report", "p.json"],
+        ["cache", "--params", "params.yaml", "--prepared", "data/prepared", "--out", "cache",
+         "--report", "c.json"]), tmp_path)
+    assert "torch" in filled and "transformers" not in filled
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    subprocess.run([sys.executable, "-m", "stages", "negatives", *common, "--out", "neg",
+                    "--report", "n.json"], cwd=tmp_path, env=env, check=True,
+                   capture_output=True)
+    subprocess.run([sys.executable, "-m", "stages", "train", *common, "--out", "head",
+                    "--report", "t.json", "--metrics", "tm.json", "--live", "live",
+                    "--negatives", "neg", "--checkpoint", "ck"], cwd=tmp_path, env=env,
+                   check=True, capture_output=True)
+    assert json.loads((tmp_path / "t.json").read_text())["mode"] == "top_layers"
+    scored = _loaded(_commands(["evaluate", *common, "--head", "head", "--out", "e.json",
+                                "--metrics", "m.json", "--plot", "r.json", "--detail",
+                                "d.json", "--run-trained", "rt.trec", "--run-baseline",
+                                "rb.trec"]), tmp_path)
+    assert "transformers" not in scored
+    assert json.loads((tmp_path / "e.json").read_text())["trained"]

@@ -128,10 +128,17 @@ def sha256_of(path: Path) -> str:
 
 
 def model_config(name: str, spec: EncoderParams) -> Any:
-    """The transformers config of encoder `name` (`config.json` only: no weights loaded)."""
+    """The config of encoder `name` (`config.json` only: no weights loaded): a BERT's as
+    `simtune.bert` reads it (no transformers import), any other as transformers'."""
+    from simtune import bert
+
+    path = encoder_dir(name, spec)
+    config = bert.read_config(path)
+    if config is not None:
+        return config
     import transformers
 
-    return transformers.AutoConfig.from_pretrained(encoder_dir(name, spec), local_files_only=True)
+    return transformers.AutoConfig.from_pretrained(path, local_files_only=True)
 
 
 def describe(name: str, spec: EncoderParams, layer: int | None = None,

@@ -108,7 +108,7 @@ def probe(path: Path, total: int, layers: int, device: str) -> tuple[float, int]
 
     from simtune.layers import top_model
 
-    top = top_model(path, total - layers).train().to(device)
+    top = top_model(path, total - layers, native=True).train().to(device)
     hidden = int(top.config.hidden_size)
     gen = torch.Generator().manual_seed(0)
     states = torch.randn(PROBE_ROWS, PROBE_TOKENS, hidden, generator=gen).to(device)
