@@ -16,6 +16,7 @@ import torch
 
 from simtune.atomic import write_bytes
 from simtune.errors import UserError, echo
+from simtune.prepare.prepared import read_parquet
 
 
 def source_ids(prepared_dir: Path) -> dict[str, str]:
@@ -23,7 +24,7 @@ def source_ids(prepared_dir: Path) -> dict[str, str]:
     path = Path(prepared_dir) / "texts.parquet"
     if "source_id" not in pq.read_schema(path).names:
         return {}
-    t = pq.read_table(path, columns=["text_id", "source_id"])
+    t = read_parquet(path, columns=["text_id", "source_id"])
     return dict(zip(t.column("text_id").to_pylist(), t.column("source_id").to_pylist(),
                     strict=True))
 

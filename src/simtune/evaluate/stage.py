@@ -23,7 +23,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
+import pyarrow.compute as pc
 import torch
 
 from simtune import examples, heads
@@ -36,6 +36,7 @@ from simtune.evaluate.vectors import Vectors, cached, trained
 from simtune.examples import Data
 from simtune.params import Params
 from simtune.prepare.prepared import load as load_prepared
+from simtune.prepare.prepared import read_parquet
 from simtune.retrieval import metrics, significance
 from simtune.retrieval.metrics import HEADLINE
 from simtune.retrieval.task import RetrievalTask, by_rows, retrieval_task
@@ -57,8 +58,8 @@ def evaluation_task(data: Data, corpus: str, prepared_dir: Path) -> RetrievalTas
 def _corpus_only_rows(data: Data, prepared_dir: Path) -> list[int]:
     """Cache rows of the documents that are in no example (BEIR's unjudged documents: the
     prepared `corpus` rows): they are ranked like every other document."""
-    ex = pq.read_table(Path(prepared_dir) / "examples.parquet", columns=["split", "doc_id"],
-                       filters=[("split", "=", "corpus")])
+    ex = read_parquet(Path(prepared_dir) / "examples.parquet", columns=["split", "doc_id"])
+    ex = ex.filter(pc.equal(ex.column("split"), "corpus"))
     if ex.num_rows == 0:
         return []
     row_of = {tid: r for r, tid in enumerate(data.row_ids["doc"])}

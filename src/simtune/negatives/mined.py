@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pyarrow.parquet as pq
-
 from simtune.atomic import read_meta
 from simtune.errors import UserError
 from simtune.params import TrainParams, resolve_loss
+from simtune.prepare.prepared import read_parquet
 
 if TYPE_CHECKING:  # torch is loaded where training attaches negatives, not for the stage's
     import torch  # FORMAT_VERSION (the negatives stage on groups data runs without torch)
@@ -47,7 +46,7 @@ def load(directory: Path, q_table: Any, d_table: Any, n: int) -> dict[str, list[
     if meta.get("fingerprints") != want:
         raise UserError(f"{meta_path}: mined from other vectors than the cache holds now; run "
                         "the negatives stage")
-    table = pq.read_table(directory / "negatives.parquet", columns=["query_id", "doc_ids"])
+    table = read_parquet(directory / "negatives.parquet", columns=["query_id", "doc_ids"])
     return {q: d[:n] for q, d in zip(table.column("query_id").to_pylist(),
                                      table.column("doc_ids").to_pylist(), strict=True)}
 
