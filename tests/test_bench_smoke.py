@@ -188,7 +188,7 @@ def test_startup_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:
     and `import torch`: a stage's start-up is the bare interpreter's plus its imports, and
     neither stage imports torch or transformers (nothing heavy before an encoder is needed)."""
     got = _bench(tmp_path, "startup", "--model", str(tiny_bert), "--max-length", "32",
-                 "--texts", "30", "--repeats", "1", "--upto", "prepare",
+                 "--texts", "30", "--repeats", "2", "--upto", "prepare",
                  "--peers", "python -c pass")
     assert list(got["stages"]) == ["check", "prepare"]
     assert list(got["peers"]) == ["python -c pass", "import torch"]
@@ -196,6 +196,8 @@ def test_startup_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:
     for row, (name, stage) in zip(got["rows"], got["stages"].items(), strict=True):
         assert row["measure"].startswith(name)
         assert stage["import_s"] == pytest.approx(sum(stage["imports"].values()))
+        assert len(stage["import_s_runs"]) == 2 and stage["import_s"] == min(
+            stage["import_s_runs"])  # the least disturbed of the stage's two processes
         assert row["ours"] == pytest.approx(bare + stage["import_s"])
         assert row["target"] == "<= 3 s" and row["ratio"] == ""  # the seconds are bounded
         assert stage["imports"]["torch"] == stage["imports"]["transformers"] == 0, stage
