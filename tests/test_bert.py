@@ -103,6 +103,18 @@ def test_the_test_berts_tokenizer_answers_as_transformers(tiny_bert: Path) -> No
     _same_tokenizer(tiny_bert)
 
 
+def test_a_tokenizer_as_transformers_saves_it_with_a_model_answers_the_same(
+        tiny_bert: Path, tmp_path: Path) -> None:
+    """The keys save_pretrained writes beside a trained encoder (the export's, the trained
+    head's), `max_length` 8 among them: inert in transformers' calls, and in these."""
+    folder = _copy(tiny_bert, tmp_path / "m")
+    _edit(folder / "tokenizer_config.json", is_local=True, local_files_only=True, max_length=8,
+          pad_to_multiple_of=None, pad_token_type_id=0, stride=0, padding_side="right",
+          truncation_side="right", truncation_strategy="longest_first", model_max_length=40)
+    _same_tokenizer(folder)
+    assert len(bert_tokenizer.load(folder)(TEXTS[-1], truncation=True)["input_ids"]) == 40
+
+
 @pytest.mark.integration
 def test_minilm_runs_and_tokenises_as_transformers_bit_for_bit() -> None:
     _same_forward(_minilm())

@@ -25,13 +25,17 @@ import torch
 CLASSES = ("BertTokenizer", "BertTokenizerFast")
 SPECIAL = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # tokenizer_config.json keys that change no encoding simtune asks for
+# (`max_length`: transformers 5's save_pretrained writes the last call's there, and its calls do
+# not read it: truncation=True still cuts at model_max_length, tests/test_bert.py)
 IGNORED = frozenset({"name_or_path", "backend", "tokenizer_class", "special_tokens_map_file",
                      "clean_up_tokenization_spaces", "added_tokens_decoder", "model_max_length",
-                     "do_lower_case", "strip_accents", "tokenize_chinese_chars"})
-# keys allowed only at transformers' default value
+                     "do_lower_case", "strip_accents", "tokenize_chinese_chars", "is_local",
+                     "local_files_only", "max_length"})
+# keys allowed only at transformers' default value (save_pretrained writes several of them)
 DEFAULTS = {"do_basic_tokenize": True, "never_split": None, "padding_side": "right",
             "truncation_side": "right", "extra_special_tokens": {},
-            "additional_special_tokens": []}
+            "additional_special_tokens": [], "pad_to_multiple_of": None, "pad_token_type_id": 0,
+            "stride": 0, "truncation_strategy": "longest_first"}
 # the normaliser of tokenizer.json against the settings of tokenizer_config.json
 NORMALISER = {"lowercase": ("do_lower_case", True), "strip_accents": ("strip_accents", None),
               "handle_chinese_chars": ("tokenize_chinese_chars", True)}
