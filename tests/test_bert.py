@@ -85,7 +85,7 @@ def _same_tokenizer(path: Path) -> None:
     a = want(TEXTS, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     b = got(TEXTS, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     assert [[tuple(s) for s in x] for x in a] == [[tuple(s) for s in x] for x in b]
-    assert want.get_vocab() == got.get_vocab()
+    assert want.get_vocab() == got.get_vocab() and len(want) == len(got)
     assert want.get_added_vocab() == got.get_added_vocab()
     assert set(want.all_special_ids) == set(got.all_special_ids)
     assert want.num_special_tokens_to_add(pair=False) == got.num_special_tokens_to_add()

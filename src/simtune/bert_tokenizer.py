@@ -75,6 +75,9 @@ class BertTokenizer:
     def get_added_vocab(self) -> dict[str, int]:
         return {t.content: i for i, t in self._backend.get_added_tokens_decoder().items()}
 
+    def __len__(self) -> int:
+        return int(self._backend.get_vocab_size(with_added_tokens=True))
+
     def num_special_tokens_to_add(self, pair: bool = False) -> int:
         return int(self._backend.num_special_tokens_to_add(pair))
 
