@@ -186,6 +186,27 @@ def test_weights_it_does_not_reproduce_go_to_transformers_which_refuses_a_missin
         load_pretrained(folder, "k", native=True)
 
 
+def test_a_config_larger_than_its_weights_allocates_nothing_and_goes_to_transformers(
+        tiny_bert: Path, tmp_path: Path) -> None:
+    """A config.json whose vocabulary is far larger than its weights' (2e7 rows: 2.6 GB of
+    float32 at width 32) is refused by the weights' shapes before any table of that size
+    exists: the process's peak memory stays under 1 GB; transformers then says what is
+    wrong (10^12 rows: its allocator's one line)."""
+    folder = _copy(tiny_bert, tmp_path / "m")
+    _edit(folder / "config.json", vocab_size=2 * 10**7)
+    code = ("import resource; from pathlib import Path; from simtune import bert\n"
+            f"print(bert.load(Path({str(folder)!r})),"
+            " resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, env={"PYTHONPATH": f"{ROOT / 'src'}", "PATH": ""})
+    found, peak_kb = proc.stdout.split()
+    assert found == "None" and int(peak_kb) < 1_000_000
+    _edit(folder / "config.json", vocab_size=10**12)
+    assert bert.load(folder) is None
+    with pytest.raises(UserError, match=r"cannot load|do not fit"):
+        load_pretrained(folder, "k", native=True)
+
+
 def test_saved_position_ids_are_ignored_as_transformers_ignores_them(tiny_bert: Path,
                                                                      tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file

@@ -253,7 +253,11 @@ def load(path: Path) -> BertModel | None:
     try:
         with safe_open(str(weights), framework="pt") as f:
             keys = set(f.keys()) - SAVED_BUFFERS
-            model = BertModel(config, pooler=any(k.startswith("pooler.") for k in keys))
+            # built on the meta device: no memory for a config's sizes before the file's
+            # weights are known to have them (a vocabulary of 10^9 would allocate terabytes),
+            # and no random initialisation of weights that are all replaced
+            with torch.device("meta"):
+                model = BertModel(config, pooler=any(k.startswith("pooler.") for k in keys))
             want = model.state_dict()
             if keys != set(want) or any(f.get_slice(k).get_shape() != list(want[k].shape)
                                         for k in keys):
@@ -262,4 +266,5 @@ def load(path: Path) -> BertModel | None:
     except (SafetensorError, OSError, ValueError, RuntimeError):
         return None
     model.load_state_dict(state, strict=True, assign=True)
+    model.embeddings.position_ids = torch.arange(config.max_position_embeddings)[None]
     return model.eval()
