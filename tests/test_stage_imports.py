@@ -14,7 +14,8 @@ from typing import Any
 
 from tests.conftest import ROOT, write_params
 
-HEAVY = ("torch", "transformers", "pytorch_lightning", "lightning", "pyarrow", "pandas")
+HEAVY = ("torch", "transformers", "pytorch_lightning", "lightning", "pyarrow", "pandas",
+         "torch._dynamo", "sympy")  # the last two: 2-3 s that torch imports only on demand
 REPORT = (f"import atexit, json, sys; atexit.register(lambda: print(json.dumps(sorted("
           f"m for m in {HEAVY!r} if m in sys.modules))))\n")
 
@@ -94,6 +95,9 @@ def test_cache_and_evaluate_of_a_bert_load_no_transformers(tiny_bert: Path, tmp_
         ["cache", "--params", "params.yaml", "--prepared", "data/prepared", "--out", "cache",
          "--report", "c.json"]), tmp_path)
     assert "torch" in filled and "transformers" not in filled
+    # the encoder is built on the meta device, where an Embedding's normal_ init and an arange
+    # run torch's Python reference ops, which import torch._dynamo and sympy (measured 2-3 s)
+    assert "torch._dynamo" not in filled and "sympy" not in filled
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
     subprocess.run([sys.executable, "-m", "stages", "negatives", *common, "--out", "neg",
                     "--report", "n.json"], cwd=tmp_path, env=env, check=True,
@@ -107,5 +111,6 @@ def test_cache_and_evaluate_of_a_bert_load_no_transformers(tiny_bert: Path, tmp_
                                 "--metrics", "m.json", "--plot", "r.json", "--detail",
                                 "d.json", "--run-trained", "rt.trec", "--run-baseline",
                                 "rb.trec"]), tmp_path)
-    assert "transformers" not in scored
+    assert "transformers" not in scored and "torch._dynamo" not in scored
+    assert "sympy" not in scored
     assert json.loads((tmp_path / "e.json").read_text())["trained"]

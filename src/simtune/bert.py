@@ -95,16 +95,25 @@ def read_config(path: Path) -> BertConfig | None:
     return BertConfig(**{k: raw[k] for k in (*SIZES, *FLOATS)}, pad_token_id=pad)
 
 
+def _embedding(rows: int, width: int, padding_idx: int | None = None) -> nn.Embedding:
+    """An (rows, width) embedding with its weight left uninitialised (`load` assigns every
+    weight from the file). nn.Embedding's own initialisation draws `normal_`, which on the meta
+    device goes through torch's Python reference ops and imports torch._dynamo: 2-3 s of the
+    evaluate stage's start-up, measured (Linear's and LayerNorm's initialisers do not)."""
+    return nn.Embedding(rows, width, padding_idx=padding_idx, _weight=torch.empty(rows, width))
+
+
 class Embeddings(nn.Module):
     def __init__(self, c: BertConfig) -> None:
         super().__init__()
-        self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size,
-                                            padding_idx=c.pad_token_id)
-        self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size)
-        self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size)
+        self.word_embeddings = _embedding(c.vocab_size, c.hidden_size, c.pad_token_id)
+        self.position_embeddings = _embedding(c.max_position_embeddings, c.hidden_size)
+        self.token_type_embeddings = _embedding(c.type_vocab_size, c.hidden_size)
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.dropout = nn.Dropout(c.hidden_dropout_prob)
-        self.register_buffer("position_ids", torch.arange(c.max_position_embeddings)[None],
+        # filled by `load` (arange on the meta device imports torch's symbolic shapes: sympy)
+        self.register_buffer("position_ids", torch.empty(1, c.max_position_embeddings,
+                                                         dtype=torch.long),
                              persistent=False)
 
     def forward(self, input_ids: torch.Tensor | None = None,
