@@ -201,6 +201,17 @@ def length_groups(lengths: torch.Tensor, overhead: int) -> list[torch.Tensor]:
     return [order[a:b] for a, b in reversed(bounds)]
 
 
+def capped_groups(lengths: torch.Tensor, overhead: int, max_tokens: int) -> list[torch.Tensor]:
+    """`length_groups`, each group then cut into runs of at most `max_tokens` padded tokens
+    (at least one row each): bounds one forward's memory where a group is large (a whole
+    split's texts), at the cost of one more forward per piece."""
+    out = []
+    for g in length_groups(lengths, overhead):
+        rows = max(1, max_tokens // max(1, int(lengths[g[0]])))  # g[0]: the group's longest
+        out.extend(g[i:i + rows] for i in range(0, len(g), rows))
+    return out
+
+
 def states_vectors(top: Any, table: Any, rows: torch.Tensor, spec: EncoderParams, skip: int,
                    device: torch.device) -> torch.Tensor:
     """(n, D) pooled vectors of the texts at `rows` of the states `table`, through `top` (a

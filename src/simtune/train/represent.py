@@ -205,13 +205,43 @@ class LiveEncoder(Representation):
         return out
 
     def forward(self, split: Any, part: dict[str, Any], role: str) -> torch.Tensor:
-        tokens = trim_padding(part[TOKENS[role]])
+        """(n, D) pooled vectors of the batch part's texts. Each text's vector depends only on
+        its own tokens, so the rows run as groups of similar length, each padded to its own
+        longest (`layers.length_groups`, as the top layers' states do): a batch of short
+        questions padded to its longest computed ~2x the tokens it holds."""
+        return self._vectors(part[TOKENS[role]], role, None)
+
+    def embed_split(self, split: Any, role: str) -> torch.Tensor:
+        """As the base class, each forward bounded to `layers.TOKENS_PER_CHUNK` padded tokens
+        (a whole chunk of a split's texts in one group would be one large forward)."""
+        n = len(split)
+        parts = [self._vectors(self.collate(split, list(range(i, min(i + CHUNK, n))))[TOKENS[role]],
+                               role, layers.TOKENS_PER_CHUNK) for i in range(0, n, CHUNK)]
+        return torch.cat(parts) if parts else torch.empty(0, self.dim)
+
+    def _vectors(self, tokens: dict[str, torch.Tensor], role: str, max_tokens: int | None
+                 ) -> torch.Tensor:
+        """(n, D) of a token dict (rows: texts, or windows when it holds `WINDOWS`)."""
         counts = tokens.get(WINDOWS)
-        tokens = {k: v.to(self.device, non_blocking=True) for k, v in tokens.items()
-                  if k != WINDOWS}
-        hidden = self.encoder(**tokens).last_hidden_state
-        vectors = pooled(hidden, tokens["attention_mask"], self.spec,
-                         self.skips[PROMPT_ROLE[role]])
+        tokens = {k: v for k, v in tokens.items() if k != WINDOWS}
+        skip = self.skips[PROMPT_ROLE[role]]
+
+        def run(part: dict[str, torch.Tensor]) -> torch.Tensor:
+            part = {k: v.to(self.device, non_blocking=True) for k, v in trim_padding(part).items()}
+            hidden = self.encoder(**part).last_hidden_state
+            return pooled(hidden, part["attention_mask"], self.spec, skip)
+
+        overhead = layers.GROUP_OVERHEAD.get(self.device.type, layers.GROUP_OVERHEAD["other"])
+        lengths = tokens["attention_mask"].sum(1)
+        groups = (layers.length_groups(lengths, overhead) if max_tokens is None
+                  else layers.capped_groups(lengths, overhead, max_tokens))
+        if len(groups) == 1:
+            vectors = run(tokens)
+        else:
+            outs = [run({k: v[g] for k, v in tokens.items()}) for g in groups]
+            vectors = torch.empty(len(lengths), outs[0].shape[1], dtype=outs[0].dtype,
+                                  device=outs[0].device)
+            vectors[torch.cat(groups).to(vectors.device)] = torch.cat(outs)
         if counts is None:
             return vectors
         return pool_windows(vectors, counts, self.spec.chunks.pool, self.spec.normalize)
