@@ -203,12 +203,13 @@ BENIGN = re.compile(r'"(The compiled spec uses Vega v5, but current version is v
 
 @needs_chromium
 @pytest.mark.integration
-def test_dvc_plots_show_page_renders_every_plot(tmp_path: Path,
+def test_dvc_plots_show_page_renders_every_plot(pipeline_baseline: Path, tmp_path: Path,
                                                 served: Callable[[Path], str]) -> None:
-    from tests.test_pipeline import _small_project
+    from tests.test_pipeline import _baseline_copy
 
-    project, *_ = _small_project(tmp_path)
-    project.dvc("repro")
+    # the session's small project after its first `dvc repro` (tests/conftest.py), copied:
+    # the same plots as a repro of this test's own, without running one more
+    project, *_ = _baseline_copy(pipeline_baseline, tmp_path)
     # plain `dvc plots show`: the project's page (.dvc/plots/page.html) inlines Vega's scripts
     out = tmp_path / "plots"
     project.dvc("plots", "show", "-o", str(out))
