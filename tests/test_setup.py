@@ -80,14 +80,34 @@ def test_make_says_what_it_installs_and_roughly_how_long(tmp_path: Path) -> None
     assert any(line.startswith('echo "== run: dvc repro') for line in out)
 
 
+def test_make_run_installs_no_test_tools_and_make_test_adds_them(tmp_path: Path) -> None:
+    """`make run`'s environment is the pipeline's: the `dev` extra (pytest, mkdocs, the peers,
+    datasets and with it pandas, which pyarrow imports on a stage's first array) comes with
+    `make test` and the other maintainers' targets, after the pipeline's own install."""
+    def installs(target: str) -> list[str]:
+        out = subprocess.run(["make", "--no-print-directory", "-n", f"VENV={tmp_path / 'v'}",
+                              target], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+        return [line for line in out if " install " in line and not line.startswith("echo")]
+
+    run = installs("run")
+    assert any(line.endswith("-c constraints.txt -e .") for line in run), run
+    assert not [line for line in run if "[dev" in line]
+    for target in ("test", "test-quick", "docs", "lint"):
+        got = installs(target)
+        assert got[:len(run)] == run and got[len(run):] == [
+            next(line for line in got if line.endswith("-e '.[dev]'"))], (target, got)
+
+
 # --- `make run` leaves the clone clean; `make figures` (maintainers) refreshes docs/run/ -------
 
 def _make_n(target: str, venv: Path) -> list[str]:
     """The commands `make <target>` would run (`make -n`), the environment taken as built."""
     venv.mkdir(parents=True, exist_ok=True)
     return subprocess.run(["make", "--no-print-directory", "-n", f"VENV={venv}", "-o",
-                           f"{venv}/.installed", target], cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout.splitlines()
+                           f"{venv}/.installed", "-o", f"{venv}/.dev-installed", target],
+                          cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.splitlines()
 
 
 def test_make_runs_recipe_writes_nothing_under_docs(tmp_path: Path) -> None:
