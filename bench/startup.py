@@ -176,6 +176,15 @@ def tables(stages: dict[str, dict[str, Any]], peer: dict[str, dict[str, Any]]) -
     return table(rows, columns)
 
 
+def environment() -> dict[str, Any]:
+    """Which environment the stages ran in: `make run`'s has no `dev` extra, so no pandas
+    either, which pyarrow imports on a stage's first array wherever it is installed (~0.5 s)."""
+    from importlib.util import find_spec
+
+    return {"python": sys.executable, "dev_extra": find_spec("pytest") is not None,
+            "pandas": find_spec("pandas") is not None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="", help="encoder model folder (params.yaml's if empty)")
@@ -219,6 +228,7 @@ def main() -> None:
         "settings": {**SHORT, "model": args.model or None, "max_length": args.max_length or None,
                      "texts": args.texts or None, "upto": args.upto or None},
         "load_average_1min": [load_before[0], os.getloadavg()[0]],
+        "environment": environment(),
         "stages": stages, "peers": peer, "peers_after": peer_after,
         "rows": rows_of(stages, peer), "table": text}, args.out or None)
     print(f"wrote {path}")

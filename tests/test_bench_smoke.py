@@ -202,6 +202,8 @@ def test_startup_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:
         assert row["target"] == "<= 3 s" and row["ratio"] == ""  # the seconds are bounded
         assert stage["imports"]["torch"] == stage["imports"]["transformers"] == 0, stage
     assert got["peers"]["import torch"]["imports"]["torch"] > 0
+    # the test environment: `make test`'s dev extra, and with it pandas (`make run`'s has neither)
+    assert got["environment"] == {"python": sys.executable, "dev_extra": True, "pandas": True}
 
 
 def test_startup_counts_an_import_for_the_package_our_code_asked_for() -> None:
