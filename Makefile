@@ -37,7 +37,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # each step says what it installs and roughly how long it takes (quiet installers print nothing):
 # measured on 2 cores, ~1.5 min in all from a warm uv cache, 3 to 4 min from a cold one
 $(VENV)/.installed: pyproject.toml constraints.txt Makefile
-	@echo "== install: the environment in $(VENV), four steps, ~1.5-4 min in all"
+	@echo "== install: the environment in $(VENV), four steps, ~1-4 min in all"
 	$(PYTHON) -m venv $(VENV)
 	@echo "== install 1/4: uv $(UV_VERSION), the installer (a few seconds)"
 	$(BIN)/python -m pip install -q uv==$(UV_VERSION)
