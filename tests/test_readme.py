@@ -40,7 +40,8 @@ def test_the_readme_is_one_screenful_of_setup_quickstart_and_results() -> None:
                   "Layout", "Documentation"):
         section(title)
     assert code_block(section("Set-up"), "bash").split("\n")[:2] == [
-        "make run    # creates .venv, installs what the pipeline needs, runs it (dvc repro) on TREC",
+        "make run    # creates .venv, installs what the pipeline needs, runs it (dvc repro) on "
+        "TREC",
         "make test   # creates .venv if needed, adds the test tools, runs the test suite"]
     assert len(section("Which mode").strip().splitlines()) == 3
 
