@@ -27,6 +27,7 @@ vectors evaluate scores are the ones validation chose the epoch by. Lightning-fr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +213,20 @@ def capped_groups(lengths: torch.Tensor, overhead: int, max_tokens: int) -> list
     return out
 
 
+def run_in_groups(groups: list[torch.Tensor], run: Callable[[Any], torch.Tensor]
+                  ) -> torch.Tensor:
+    """(n, D): `run(index)`, the (len(index), D) vectors of the rows at `index`, for each group
+    of row indices (a partition of range(n), `length_groups`), put back in the rows' order. One
+    group runs as `run(slice(None))`: the rows as they are, with nothing gathered or scattered."""
+    if len(groups) == 1:
+        return run(slice(None))
+    outs = [run(g) for g in groups]
+    vectors = torch.empty(sum(len(g) for g in groups), outs[0].shape[1], dtype=outs[0].dtype,
+                          device=outs[0].device)
+    vectors[torch.cat(groups).to(vectors.device)] = torch.cat(outs)
+    return vectors
+
+
 def states_vectors(top: Any, table: Any, rows: torch.Tensor, spec: EncoderParams, skip: int,
                    device: torch.device) -> torch.Tensor:
     """(n, D) pooled vectors of the texts at `rows` of the states `table`, through `top` (a
@@ -228,13 +243,7 @@ def states_vectors(top: Any, table: Any, rows: torch.Tensor, spec: EncoderParams
         hidden = top(inputs_embeds=states, attention_mask=mask).last_hidden_state
         return pooled(hidden, mask, spec, skip)
 
-    if len(groups) == 1:
-        vectors = run(rows)
-    else:
-        outs = [run(rows[g]) for g in groups]
-        vectors = torch.empty(len(rows), outs[0].shape[1], dtype=outs[0].dtype,
-                              device=outs[0].device)
-        vectors[torch.cat(groups).to(vectors.device)] = torch.cat(outs)
+    vectors = run_in_groups(groups, lambda g: run(rows[g]))
     if counts is None:
         return vectors
     return pool_windows(vectors, counts, spec.chunks.pool, spec.normalize)

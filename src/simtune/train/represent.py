@@ -235,13 +235,7 @@ class LiveEncoder(Representation):
         lengths = tokens["attention_mask"].sum(1)
         groups = (layers.length_groups(lengths, overhead) if max_tokens is None
                   else layers.capped_groups(lengths, overhead, max_tokens))
-        if len(groups) == 1:
-            vectors = run(tokens)
-        else:
-            outs = [run({k: v[g] for k, v in tokens.items()}) for g in groups]
-            vectors = torch.empty(len(lengths), outs[0].shape[1], dtype=outs[0].dtype,
-                                  device=outs[0].device)
-            vectors[torch.cat(groups).to(vectors.device)] = torch.cat(outs)
+        vectors = layers.run_in_groups(groups, lambda g: run({k: v[g] for k, v in tokens.items()}))
         if counts is None:
             return vectors
         return pool_windows(vectors, counts, self.spec.chunks.pool, self.spec.normalize)
