@@ -83,7 +83,7 @@ def test_item2_missing_layer_weights_are_refused_by_every_loader(tiny_bert: Path
     with pytest.raises(UserError, match=r"^train.mode top_layers: .*16 missing weights"):
         top_model(folder, 1)
     with pytest.raises(UserError, match=r"^train.mode full: .*16 missing weights"):
-        LiveEncoder(folder, _spec(folder))
+        LiveEncoder(folder, _spec(folder), None, True)
 
 
 def test_item2_another_model_type_is_refused(tiny_bert: Path, tmp_path: Path) -> None:

@@ -489,9 +489,18 @@ class EncoderSchedule(HeadSchedule):
                              "epoch is shorter)")
     min_run_steps: int = Field(ge=0, le=1_000_000, description="optimizer steps the run "
                                "trains at least: where max_epochs x the steps of an epoch "
-                               "fall short (few-shot data), max_epochs and patience grow "
-                               "alike until they reach it (the train log and "
+                               "fall short (few-shot data), each epoch passes over the "
+                               "training data as many times as it takes (the train log and "
                                "reports/train.json say so); 0: off")
+
+
+class FullSchedule(EncoderSchedule):
+    """`train.schedule.full`: full mode's schedule, and whether the embeddings train."""
+
+    train_embeddings: bool = Field(
+        description="false: the encoder's input embeddings (tokens, positions; BERT's whole "
+        "embeddings block) stay as they are and its layers train: few-shot texts move a few "
+        "rows of a large table, and its update is part of every step's cost")
 
 
 class TopLayersSchedule(EncoderSchedule):
@@ -549,7 +558,7 @@ class Schedules(Section):
 
     head: HeadSchedule
     top_layers: TopLayersSchedule
-    full: EncoderSchedule
+    full: FullSchedule
     static: StaticSchedule
 
 
@@ -594,7 +603,9 @@ class InForce(Section):
         description="the trainable encoder layers' (None: head; `auto`: before the probe)")
     lr_reason: str = Field(default="", description="lr auto: which rate the probe chose, why")
     steps_reason: str = Field(default="", description="the step floor (min_run_steps): the "
-                              "epochs it added, why")
+                              "passes it added, why")
+    passes: int = Field(default=1, ge=1, description="the step floor: passes over the training "
+                        "data an epoch makes (1: one)")
     monitor_reason: str = Field(default="", description="monitor auto: which metric, why")
     layers: int = Field(description="top_layers: the layers that train (else 0)")
     batch_size: int
@@ -606,6 +617,8 @@ class InForce(Section):
     init: str = Field(default="", description="static: the table's start (teacher | distill)")
     ngrams: int = Field(default=0, description="static: word n-grams added to the tokenizer")
     ngram_words: int = Field(default=0, description="static: the longest n-gram, in words")
+    train_embeddings: bool = Field(default=True, description="full: whether the input "
+                                   "embeddings train (the other modes never train them)")
 
     def shown(self) -> dict[str, Any]:
         """The settings as `train.*` keys, as a report, `compare` and a model card show
@@ -619,6 +632,8 @@ class InForce(Section):
             out[f"{base}.lr"] = self.lr
         if self.mode == "top_layers":
             out[f"{base}.layers"] = self.layers
+        if self.mode == "full":
+            out[f"{base}.train_embeddings"] = self.train_embeddings
         if self.mode == "static":
             out[f"{base}.label_weight"] = self.label_weight
             out[f"{base}.init"] = self.init
@@ -647,7 +662,8 @@ def in_force(t: TrainParams, mode: str | None = None, reason: str = "") -> InFor
                    max_epochs=s.max_epochs, patience=s.patience, val_every=s.val_every,
                    label_weight=getattr(s, "label_weight", 0.0),
                    pca_dims=getattr(s, "pca_dims", 0), init=getattr(s, "init", ""),
-                   ngrams=getattr(s, "ngrams", 0), ngram_words=getattr(s, "ngram_words", 0))
+                   ngrams=getattr(s, "ngrams", 0), ngram_words=getattr(s, "ngram_words", 0),
+                   train_embeddings=getattr(s, "train_embeddings", True))
 
 
 def effective(t: TrainParams, mode: str | None = None, reason: str = "") -> TrainParams:

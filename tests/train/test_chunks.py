@@ -54,7 +54,7 @@ def test_live_windows_pool_to_the_frozen_encoders_vectors(tmp_path: Path, tiny_b
     _, p = _chunked_project(tmp_path, model)
     spec = p.encoders.models["tiny"]
     data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
-    live = represent.LiveEncoder(model, spec).eval()
+    live = represent.LiveEncoder(model, spec, None, True).eval()
     split = data.splits["train"]
     with torch.no_grad():
         got = live.embed_split(split, "text")
@@ -145,7 +145,7 @@ def test_probe_full_modes_prompt_refusal_names_the_encoder(tiny_bert: Path) -> N
                                                                 prompts=prompts)})
     assert p.encoders.models["tiny"] == spec
     with pytest.raises(UserError) as e:
-        represent.build("full", p.encoders, {}, p.train.lora)
+        represent.build("full", p.encoders, {}, p.train.lora, True)
     assert str(e.value) == (
         "encoders.models.tiny.prompts.document: the prompt is 25 tokens, leaving 5 of "
         "max_length 32 for the text (2 special tokens); at least 15 are needed (half the "

@@ -191,7 +191,7 @@ def _train_and_export(tmp_path: Path, model: Path, family: str, **encoder: objec
     from simtune.export.stage import export
 
     data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
-    rep = represent.build("top_layers", p.encoders, data.tables, p.train.lora)
+    rep = represent.build("top_layers", p.encoders, data.tables, p.train.lora, True)
     rep.top = layers.top_model(tmp_path / "head" / "encoder", LAYERS - TOP)
     head = heads.load(tmp_path / "head").eval()
     split = data.splits["test"]

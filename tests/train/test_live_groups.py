@@ -32,7 +32,8 @@ def live(tmp_path: Path, tiny_bert: Path) -> tuple[represent.LiveEncoder, object
     raw, _ = project(tmp_path, model, rows=_rows(), mode="full")
     p = P.validate(raw)
     data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
-    return represent.LiveEncoder(model, p.encoders.models["tiny"]), data.splits["train"], p
+    live = represent.LiveEncoder(model, p.encoders.models["tiny"], None, True)
+    return live, data.splits["train"], p
 
 
 def _forwards(monkeypatch: pytest.MonkeyPatch, enc: represent.LiveEncoder

@@ -29,7 +29,7 @@ def test_each_role_gets_the_frozen_encoders_role_vectors(tmp_path: Path, tiny_be
         assert sorted(d.name for d in (tmp_path / "cache").iterdir()) == [
             "tiny", "tiny@document", "tiny@document@layer1", "tiny@layer1"]
     data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
-    rep = represent.build(mode, p.encoders, data.tables, p.train.lora).eval()
+    rep = represent.build(mode, p.encoders, data.tables, p.train.lora, True).eval()
     spec = p.encoders.models["tiny"]
     split = data.splits["train"]
     text_of = {text_id(t): t for t in [*sentences(12), *sentences(12, 100)]}
@@ -75,7 +75,7 @@ def test_item4_groups_data_with_two_prompts_trains_on_its_one_view(
     assert "encoders.models.tiny.prompts.document: not used: groups data" in caplog.text
     data_ = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
     assert data_.tables["doc"] is data_.tables["query"]
-    rep = represent.build(mode, p.encoders, data_.tables, p.train.lora).eval()
+    rep = represent.build(mode, p.encoders, data_.tables, p.train.lora, True).eval()
     split = data_.splits["train"]
     ids = data_.tables["query"].ids.take(split.tensors["rows"].numpy()).to_pylist()
     text_of = {text_id(t): t for t in sentences(24)}

@@ -135,6 +135,7 @@ def test_a_run_killed_in_epoch_3_resumes_and_ends_as_an_uninterrupted_one(
     assert resumed["epochs"] == whole["epochs"] == 4
     assert resumed["best_epoch"] == whole["best_epoch"]
     assert resumed["full_validations"] == whole["full_validations"]
+    assert resumed["steps"] == whole["steps"] > 0  # the killed process's steps counted too
     assert resumed["best_val"] == pytest.approx(whole["best_val"], abs=1e-6)
     for name in ("model.safetensors", "encoder/model.safetensors"):
         got = load_file(str(tmp_path / "headkilled" / name))

@@ -73,7 +73,7 @@ def test_cached_states_through_the_top_layers_equal_the_whole_encoder(
     monkeypatch.setattr(layers, "GROUP_OVERHEAD", {"cpu": overhead, "other": overhead})
     _, p = _top_project(tmp_path, tiny_bert)
     data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
-    rep = represent.build("top_layers", p.encoders, data.tables, p.train.lora).eval()
+    rep = represent.build("top_layers", p.encoders, data.tables, p.train.lora, True).eval()
     split = data.splits["train"]
     with torch.no_grad():
         got = rep.embed_split(split, "text")
@@ -131,7 +131,8 @@ def test_gradcache_equals_the_full_batch_for_the_top_layers(tmp_path: Path, tiny
     # zero), so it is drawn at random here, as after some training
     _, p = _top_project(tmp_path, tiny_bert, **({"lora": LORA} if lora else {}))
     data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
-    rep = represent.build("top_layers", p.encoders, data.tables, p.train.lora).train()  # dropout on
+    rep = represent.build("top_layers", p.encoders, data.tables, p.train.lora, True)
+    rep.train()  # dropout on
     with torch.no_grad():
         for name, q in rep.named_parameters():
             if "lora_B" in name:
@@ -191,7 +192,7 @@ def test_trains_saves_an_ordinary_model_and_export_gives_the_pipeline_vectors(
     from simtune.model import load_model
 
     data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
-    rep = represent.build("top_layers", p.encoders, data.tables, p.train.lora)
+    rep = represent.build("top_layers", p.encoders, data.tables, p.train.lora, True)
     state = load_file(str(tmp_path / "head" / "encoder" / "model.safetensors"))
     for i, layer in enumerate(rep.top.encoder.layer):
         prefix = f"encoder.layer.{1 + i}."
@@ -249,7 +250,7 @@ def test_epoch_0_validates_from_the_cached_vectors_as_the_top_layers_would(
 
     _, p = _top_project(tmp_path, tiny_bert, max_epochs=1, patience=1)
     data = load_data(p.train, p.encoders, p.cache, tmp_path / "prepared", tmp_path / "cache")
-    rep = represent.build("top_layers", p.encoders, data.tables, p.train.lora).eval()
+    rep = represent.build("top_layers", p.encoders, data.tables, p.train.lora, True).eval()
     head = heads.build("mlp", data.dim, 2, 0.0)
     head.load_state_dict(head.identity_state())
     task = validation_task(data, "both", p.evaluate.corpus)
@@ -267,7 +268,8 @@ def test_epoch_0_validates_from_the_cached_vectors_as_the_top_layers_would(
     separation = short.pop("separation")
     assert separation == pytest.approx(long_way.pop("separation"), abs=1e-5)
     assert short == long_way and "p@1" in short
-    assert cached_encoder(data, represent.build("head", p.encoders, data.tables, None)) is None
+    head = represent.build("head", p.encoders, data.tables, None, True)
+    assert cached_encoder(data, head) is None
     # the run: epoch 1's validation embeds its two splits through the top layers; epoch 0 none
     calls: list[int] = []
     real = represent.CachedStates.embed_split

@@ -267,6 +267,19 @@ def test_batch_larger_than_the_training_set_is_reduced(caplog: pytest.LogCapture
                                "training examples: using 10 (one batch per epoch)"]
 
 
+def test_passes_make_an_epoch_of_that_many_orders_each_cut_on_its_own() -> None:
+    # the step floor's passes: 3 orders of 41 examples, batches of 16 -> 16, 16, 9 per pass
+    one = _epoch(41, 16, epoch=2)
+    three = _epoch(41, 16, epoch=2, passes=3)
+    assert [len(b) for b in three] == [16, 16, 9] * 3
+    assert three[:3] == one  # the first pass is the order `passes` 1 draws
+    orders = [list(chain(*three[i : i + 3])) for i in (0, 3, 6)]
+    assert all(sorted(o) == list(range(41)) for o in orders)  # each pass: every example once
+    assert len({tuple(o) for o in orders}) == 3  # three different orders
+    # two processes still see the batches of one with double the batch
+    assert _epoch(40, 8, world=2, epoch=1, passes=2) == _epoch(40, 16, epoch=1, passes=2)
+
+
 def test_m_per_label_uses_every_example_in_runs_of_at_least_m() -> None:
     labels = torch.tensor([0] * 7 + [1] * 5 + [2] * 2 + [3] * 4)
     sampler = EpochBatches(len(labels), 6, 13, labels=labels, m_per_label=4)
@@ -474,6 +487,28 @@ def test_full_mode_trains_the_encoder_and_evaluate_uses_it(small: tuple[Path, Pa
     assert result.exit_code == 0, result.output
     metrics = json.loads((root / "metrics.json").read_text())
     assert metrics["trained"] != metrics["baseline"]
+
+
+@pytest.mark.parametrize("train_embeddings", [False, True])
+def test_full_mode_freezes_the_embeddings_unless_told(small: tuple[Path, Path],
+                                                      train_embeddings: bool) -> None:
+    """train.schedule.full.train_embeddings: false leaves every embeddings weight of the saved
+    encoder bit-for-bit the original's while the layers move; true moves the token table."""
+    root, params_file = small
+    _edit(params_file, mode="full", schedule__full__max_epochs=1, schedule__full__lr=0.001,
+          schedule__full__batch_size=8, schedule__full__min_run_steps=0,
+          schedule__full__train_embeddings=train_embeddings, frozen_candidate=False)
+    report = _train(root, params_file)
+    assert report["in_force"]["train.schedule.full.train_embeddings"] is train_embeddings
+    tuned = load_file(str(root / "head" / "encoder" / "model.safetensors"))
+    start = load_file(str(Path(P.load(params_file).encoders.models["tiny"].model)
+                          / "model.safetensors"))
+    emb = [k for k in tuned if "embeddings." in k]
+    assert "embeddings.word_embeddings.weight" in emb and len(emb) >= 4  # + positions, LayerNorm
+    moved = {k for k in tuned if not torch.equal(tuned[k], start[k])}
+    assert ("embeddings.word_embeddings.weight" in moved) is train_embeddings
+    assert bool(moved & set(emb)) is train_embeddings
+    assert any(".layer.0." in k for k in moved)  # the layers train either way
 
 
 # --- divergence: one line, nothing saved -------------------------------------------------------

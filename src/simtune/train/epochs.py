@@ -61,6 +61,7 @@ class EpochLoop(pl.Callback):
         self.train_cpu_seconds = 0.0
         self.validation_seconds = 0.0
         self.full_validations = 0  # validations that computed every metric
+        self.steps = 0  # training batches (optimizer steps), every process this run took
         # epoch -> each validation query's monitored metric (Q,): epoch 0 and the kept epoch
         # (the lift's interval on validation, `val_lift`)
         self.per_query: dict[int, torch.Tensor] = {}
@@ -125,6 +126,10 @@ class EpochLoop(pl.Callback):
 
     def on_train_epoch_start(self, trainer: pl.Trainer, module: Any) -> None:
         self._start, self._cpu_start = time.perf_counter(), time.process_time()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.steps += 1
 
     def on_train_epoch_end(self, trainer: pl.Trainer, module: Any) -> None:
         self.train_seconds.append(time.perf_counter() - self._start)
@@ -220,7 +225,7 @@ class EpochLoop(pl.Callback):
                 "per_query": self.per_query,
                 "train_seconds": self.train_seconds, "train_cpu_seconds": self.train_cpu_seconds,
                 "validation_seconds": self.validation_seconds,
-                "full_validations": self.full_validations,
+                "full_validations": self.full_validations, "steps": self.steps,
                 # the whole run's seconds so far (every process this run took), at this epoch
                 "fit_seconds": self.seconds_before + time.perf_counter() - self._fit_start,
                 "epoch": len(self.train_seconds)}
@@ -241,6 +246,7 @@ class EpochLoop(pl.Callback):
         self.train_cpu_seconds = state["train_cpu_seconds"]
         self.validation_seconds = state["validation_seconds"]
         self.full_validations = state["full_validations"]
+        self.steps = int(state.get("steps", 0))
         self.seconds_before = float(state.get("fit_seconds", 0.0))
         self.resumed_after = int(state.get("epoch", len(self.train_seconds)))
 

@@ -48,7 +48,8 @@ class SimilarityModule(pl.LightningModule):
                  cache: CacheParams) -> None:
         super().__init__()
         self.data, self.t, self.cache_params = data, t, cache
-        self.rep = represent.build(t.mode, enc, data.tables, t.lora)
+        self.rep = represent.build(t.mode, enc, data.tables, t.lora,
+                                   t.schedule.full.train_embeddings)
         self.head = heads.build(t.head.type, data.dim, t.head.expansion, t.head.dropout)
         self.loss_fn = self._loss(data, t)
         self.automatic_optimization = t.gradcache.chunk_size == 0
@@ -191,7 +192,8 @@ class SimilarityModule(pl.LightningModule):
         key = f"train.schedule.{self.t.mode}.batch_size"
         sampler = EpochBatches(len(tr), self.t.run.batch_size, self.t.seed,
                                self.trainer.world_size, self.global_rank,
-                               tr.tensors.get("labels"), self.t.m_per_label, key)
+                               tr.tensors.get("labels"), self.t.m_per_label, key,
+                               self.t.run.passes)
         return torch.utils.data.DataLoader(
             range(len(tr)), batch_sampler=sampler, collate_fn=_Collate(self.rep, tr),
             num_workers=self.t.num_workers if self.rep.tokenizes else 0,

@@ -167,9 +167,10 @@ class LiveEncoder(Representation):
 
     tokenizes = True
 
-    def __init__(self, path: Path, spec: EncoderParams, adapters: LoraParams | None = None,
-                 name: str = "<name>") -> None:
-        """`name`: the encoder's in `encoders.models`, for messages."""
+    def __init__(self, path: Path, spec: EncoderParams, adapters: LoraParams | None,
+                 train_embeddings: bool, name: str = "<name>") -> None:
+        """`name`: the encoder's in `encoders.models`, for messages; `train_embeddings`
+        (`train.schedule.full.train_embeddings`): false freezes the input embeddings."""
         super().__init__()
         self.spec = spec
         encoder, self.tokenizer = load_pretrained(path, "train.mode full")
@@ -178,6 +179,8 @@ class LiveEncoder(Representation):
         # DDP refuses a trainable weight that no loss uses
         if isinstance(getattr(encoder, "pooler", None), torch.nn.Module):
             encoder.pooler.requires_grad_(False)
+        if not train_embeddings:
+            frozen_embeddings(encoder).requires_grad_(False)
         self.encoder = lora.adapt(encoder, adapters).train()
         self.dim = int(self.encoder.config.hidden_size)
         self.prompts = {r: prompt_of(spec, r) for r in ("query", "document")}
@@ -245,11 +248,19 @@ class LiveEncoder(Representation):
         self.tokenizer.save_pretrained(directory)
 
 
+def frozen_embeddings(encoder: torch.nn.Module) -> torch.nn.Module:
+    """The module `train.schedule.full.train_embeddings: false` freezes: a BERT-like encoder's
+    `embeddings` block (tokens, positions, token types and their LayerNorm), else the input
+    embeddings Hugging Face names (`get_input_embeddings`)."""
+    block = getattr(encoder, "embeddings", None)
+    return block if isinstance(block, torch.nn.Module) else encoder.get_input_embeddings()
+
+
 def build(mode: str, enc: EncodersParams, tables: dict[str, Any],
-          adapters: LoraParams | None) -> Representation:
+          adapters: LoraParams | None, train_embeddings: bool) -> Representation:
     """The representation of `mode` over the loaded cache `tables` (`query`, `doc`, `states`);
     top_layers and full: of `enc`'s query encoder, with `adapters` (`train.lora`) on its
-    trained layers."""
+    trained layers; full: its embeddings frozen unless `train_embeddings`."""
     name = enc.query
     spec = enc.models[name]
     if mode == "head":
@@ -258,4 +269,4 @@ def build(mode: str, enc: EncodersParams, tables: dict[str, Any],
     if mode == "top_layers":
         return CachedStates(tables["states"], path, tables["layer"], spec,
                             tables.get("doc_states"), adapters)
-    return LiveEncoder(path, spec, adapters, name)
+    return LiveEncoder(path, spec, adapters, train_embeddings, name)

@@ -8,6 +8,10 @@ batch is smaller (the remainder). Processes must gather equal-sized tensors, so 
 remainder does not divide by `world` it is topped up with the first examples of the epoch's order
 (fewer than `world` examples are then seen twice; with one process, never).
 
+With `passes` p > 1 (the step floor, `simtune.train.run_steps`), an epoch is p such orders one
+after the other, each cut into batches on its own: every example is used p times an epoch, and
+the first order is the one `passes` 1 draws.
+
 With `m_per_label`, the order is made of runs of one label each, at least m examples long: a
 label with c >= m examples gives c // m runs of near-equal size (all of its examples, once), a
 label with fewer than m examples one run of m (its examples repeated).
@@ -45,8 +49,9 @@ class EpochBatches(torch.utils.data.Sampler[list[int]]):
 
     def __init__(self, n: int, batch_size: int, seed: int, world: int = 1, rank: int = 0,
                  labels: torch.Tensor | None = None, m_per_label: int = 0,
-                 key: str = "train.schedule.head.batch_size") -> None:
+                 key: str = "train.schedule.head.batch_size", passes: int = 1) -> None:
         self.n, self.seed, self.world, self.rank, self.epoch = n, seed, world, rank, 0
+        self.passes = passes
         self.labels, self.m = labels, m_per_label
         if self.m:
             assert labels is not None and len(labels) == n
@@ -59,19 +64,24 @@ class EpochBatches(torch.utils.data.Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def __len__(self) -> int:
+    def per_pass(self) -> int:
+        """Batches one pass over the examples makes."""
         return -(-self.epoch_size // (self.batch_size * self.world))
+
+    def __len__(self) -> int:
+        return self.per_pass() * self.passes
 
     def __iter__(self) -> Iterator[list[int]]:
         g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        order = self._m_per_label(g) if self.m else torch.randperm(self.n, generator=g)
         size = self.batch_size * self.world
-        for b in range(len(self)):
-            batch = order[b * size : (b + 1) * size]
-            if len(batch) % self.world:  # the last one: top up to equal parts
-                batch = torch.cat([batch, order[: self.world - len(batch) % self.world]])
-            part = len(batch) // self.world
-            yield batch[self.rank * part : (self.rank + 1) * part].tolist()
+        for _ in range(self.passes):
+            order = self._m_per_label(g) if self.m else torch.randperm(self.n, generator=g)
+            for b in range(self.per_pass()):
+                batch = order[b * size : (b + 1) * size]
+                if len(batch) % self.world:  # the last one: top up to equal parts
+                    batch = torch.cat([batch, order[: self.world - len(batch) % self.world]])
+                part = len(batch) // self.world
+                yield batch[self.rank * part : (self.rank + 1) * part].tolist()
 
     def _m_per_label(self, g: torch.Generator) -> torch.Tensor:
         """A permutation made of runs of >= m examples of one label, runs in random order."""

@@ -263,7 +263,7 @@ def report_of(loop: EpochLoop, total: float, n_train: int, monitor: str = "mrr@1
         "val_lift": val_lift(loop, monitor, resamples, seed),
         # epoch 0 kept, yet a trained epoch beat it on another metric: which, by how much
         "other_metric": disagreement(loop.history, loop.best_epoch, monitor),
-        "full_validations": loop.full_validations,
+        "full_validations": loop.full_validations, "steps": loop.steps,
         # the last epoch was the best trained one when max_epochs ended the run: more may gain
         "still_rising": bool(epochs >= loop.schedule.max_epochs and loop.schedule.rising),
         "rising_on": _rose_on(loop.history, epochs, monitor),
