@@ -332,12 +332,13 @@ def page(results: dict[str, Any], today: dict[str, Any] | None = None) -> str:
                           ("distill", "Distillation"), ("small_data", "Small data"),
                           ("static", "Static student"),
                           ("panel", "The panel's tables"),
-                          ("panel_floor", "The step floor's panel (few-shot)")):
+                          ("panel_floor", "The step floor's panel (few-shot)"),
+                          ("panel_fewshot", "The panel's few-shot entries, today's default")):
         if name not in results:
             continue
         bench = results[name]
         # the columns that name a row
-        keys = {"scale": 2, "panel": 3, "panel_floor": 3}.get(name, 1)
+        keys = {"scale": 2, "panel": 3, "panel_floor": 3, "panel_fewshot": 3}.get(name, 1)
         out += [f"### {heading}", "", f"`{bench['command']}`:", "",
                 collapsible("The tables", narrow(bench["table"], keys=keys,
                                                  first=_QUALITY)), ""]
