@@ -142,7 +142,7 @@ def bare_epochs(t: Any, enc: Any, data: Any, epochs: int, grouped: bool = False
     from simtune.train.sampling import EpochBatches
 
     pl.seed_everything(t.seed, workers=True, verbose=False)
-    rep = represent.build("top_layers", enc, data.tables, None)
+    rep = represent.build("top_layers", enc, data.tables, None, t.schedule.full.train_embeddings)
     head = heads.build(t.head.type, data.dim, t.head.expansion, t.head.dropout)
     loss_fn = build_loss(data.kind, t, data.num_classes, data.dim)
     head.train()

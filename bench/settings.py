@@ -32,7 +32,9 @@ ROW_KEYS: dict[str, tuple[str, ...]] = {name: ("train.mode",) for name in (
     "layers", "layers_full", "distill", "long_docs", "long_docs_top2", "small_data")}
 # bench.static's teachers trained in the top layers on every set (auto chose them: its JSON
 # records each teacher's mode), so the full mode's schedule changed nothing it measured
-ROW_KEYS["static"] = ("train.schedule.full.lr", "train.schedule.full.head_lr")
+ROW_KEYS["static"] = tuple(f"train.schedule.full.{k}" for k in (
+    "lr", "head_lr", "probe_rates", "probe_steps", "min_run_steps", "batch_size", "max_epochs",
+    "patience", "val_every", "train_embeddings"))
 # the default pipeline's stages (startup) and top-layers and head epochs (threads): no run of
 # either trains in full mode
 ROW_KEYS["startup"] = ROW_KEYS["threads"] = ROW_KEYS["static"]

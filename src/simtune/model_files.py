@@ -73,7 +73,7 @@ class TrainingMeta(_File):
     mode_reason: str | None = None
     # `lr: auto`: the rate the probe chose and why (`simtune.train.probe`); else none
     lr_reason: str | None = None
-    # the step floor (`simtune.train.run_steps`): the epochs it added and why; else none
+    # the step floor (`simtune.train.run_steps`): the passes it added and why; else none
     steps_reason: str | None = None
     # "frozen": no trained epoch beat epoch 0, the untouched encoder (the head saved at
     # identity; in top_layers and full modes no encoder/ is saved: the frozen one serves it)

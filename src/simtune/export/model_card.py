@@ -237,7 +237,7 @@ def render(meta: dict[str, Any], head: dict[str, Any], plain: bool, modules: lis
         mode += f" ({meta['mode_reason']})"
     if meta.get("lr_reason"):  # lr auto: the probe's choice
         mode += f"; {meta['lr_reason']}"
-    if meta.get("steps_reason"):  # the step floor added epochs
+    if meta.get("steps_reason"):  # the step floor added passes
         mode += f"; {meta['steps_reason']}"
     if frozen:
         head_desc = f"none: {FROZEN}; no epoch of the trained `{head['type']}` head was kept"

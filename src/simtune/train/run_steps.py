@@ -6,8 +6,9 @@ Why: max_epochs and patience count epochs, and an epoch of few-shot data is a fe
 questions per label of TREC's 6 coarse labels: 96 examples, batches of 32, 3 steps), so 4
 epochs stop after 12 steps, long before the encoder has moved. The floor first raised
 max_epochs (17 epochs of 3 steps); but each epoch is validated, and in full mode a validation
-embeds the validation and training texts through the whole encoder: 17 validations were 14 of
-the run's 50 s. Passes keep the validations at max_epochs + 1. Measured on TREC coarse
+embeds the validation and training texts through the whole encoder: 18 validations were 14 of
+the run's 50 s. Passes keep the validations at max_epochs + 1 (with frozen embeddings, 50 ->
+32 s a run at the same P@1: docs/modes.md#full). Measured with the first form on TREC coarse
 (`bench.small_data`, seeds 1 and 2): 16 epochs instead of 4 raised test P@1 at 16 per label from
 0.752 to 0.795 and left 32 per label where it was (0.824 / 0.828). Data whose epochs are long
 (TREC's 4,305 questions: 68 steps an epoch) is untouched.

@@ -365,7 +365,7 @@ def save(module: SimilarityModule, loop: EpochLoop, t: TrainParams, enc: Encoder
         meta["mode_reason"] = t.run.reason
         if t.run.lr_reason:  # lr auto: the rate the probe chose, and why
             meta["lr_reason"] = t.run.lr_reason
-        if t.run.steps_reason:  # the step floor added epochs
+        if t.run.steps_reason:  # the step floor added passes
             meta["steps_reason"] = t.run.steps_reason
         meta["selected"] = "frozen" if loop.best_epoch == 0 else "trained"
         if t.head.side != "both":  # the key only when set: `both` writes what it did
