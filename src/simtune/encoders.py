@@ -264,6 +264,12 @@ def trim_padding(tokens: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v[:, lo:hi] if v.dim() == 2 else v for k, v in tokens.items()}
 
 
+def unpad(hidden: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
+    """(B, T, H) states and their (B, T) bool mask -> each row's (T_i, H) real tokens' states,
+    under either padding side."""
+    return [hidden[i][mask[i]] for i in range(len(hidden))]
+
+
 def resolve_device(device: str) -> torch.device:
     """`auto` -> cuda when available, else cpu; otherwise the named device."""
     if device == "auto":
@@ -329,6 +335,18 @@ class FrozenEncoder:
                              add_special_tokens=True)["input_ids"]
         return [len(x) for x in ids]
 
+    def pieces(self, texts: list[str]) -> list[Any] | None:
+        """The prompt + each text tokenised once, unpadded (`pad` batches them), or None where
+        the transformers call is the only exact way (no backend fast path)."""
+        if self.fast is None:
+            return None
+        return self.fast.pieces([self.prompt + t for t in texts] if self.prompt else texts)
+
+    def pad(self, pieces: list[Any]) -> dict[str, torch.Tensor]:
+        """Some of `pieces`' output as one batch: equal to `tokenize` of their texts."""
+        assert self.fast is not None
+        return self.fast.pad(pieces)
+
     def embed(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Tokenised batch -> (B, dim) float32 vectors. Caller chooses grad/inference mode."""
         batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
@@ -338,23 +356,28 @@ class FrozenEncoder:
     def states(self, batch: dict[str, torch.Tensor], layer: int) -> list[np.ndarray]:
         """Tokenised batch -> each text's (T_i, H) float32 token states after layer `layer`
         (0 = the embeddings), padding removed. Caller chooses grad/inference mode."""
-        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-        hidden = self.model(**batch, output_hidden_states=True).hidden_states[layer]
-        mask = batch["attention_mask"].bool().cpu().numpy()
-        out = hidden.float().cpu().numpy()
-        return [out[i][mask[i]] for i in range(len(out))]  # any padding side
+        _, hidden, mask = self.forward_states(batch, layer, vectors=False)
+        return unpad(hidden.cpu().numpy(), mask.cpu().numpy())
 
     def embed_states(self, batch: dict[str, torch.Tensor], layer: int
                      ) -> tuple[torch.Tensor, list[np.ndarray]]:
         """One forward pass, both things a top_layers fill caches: the (B, dim) float32 pooled
         vectors (bit-equal to `embed`'s) and each text's (T_i, H) float32 token states after
         layer `layer` (as `states` gives them). Caller chooses grad/inference mode."""
+        vectors, hidden, mask = self.forward_states(batch, layer, vectors=True)
+        assert vectors is not None
+        return vectors, unpad(hidden.cpu().numpy(), mask.cpu().numpy())
+
+    def forward_states(self, batch: dict[str, torch.Tensor], layer: int, vectors: bool
+                       ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """One forward pass on the encoder's device, nothing copied back: the (B, dim) float32
+        pooled vectors (when `vectors`), the (B, T, H) float32 states after layer `layer` and
+        the (B, T) bool mask of real tokens (`unpad` takes the two, once on the host)."""
         batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         out = self.model(**batch, output_hidden_states=True)
-        vectors = pooled(out.last_hidden_state, batch["attention_mask"], self.spec, self.skip)
-        mask = batch["attention_mask"].bool().cpu().numpy()
-        hidden = out.hidden_states[layer].float().cpu().numpy()
-        return vectors, [hidden[i][mask[i]] for i in range(len(hidden))]
+        pooled_vectors = (pooled(out.last_hidden_state, batch["attention_mask"], self.spec,
+                                 self.skip) if vectors else None)
+        return pooled_vectors, out.hidden_states[layer].float(), batch["attention_mask"].bool()
 
     @torch.inference_mode()
     def encode(self, texts: list[str], batch_size: int, progress: bool = False

@@ -196,20 +196,49 @@ def test_prefetched_stops_its_thread_when_left_early() -> None:
     assert len(produced) <= 3 + 1 + 2 + 1  # consumed, end marker slack, queue depth, in hand
 
 
-def test_batches_follow_length_order(tiny_bert: Path) -> None:
+@pytest.mark.parametrize("fast", [True, False])
+def test_batches_follow_length_order(tiny_bert: Path, fast: bool,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
     encoder = FrozenEncoder("tiny", params(tiny_bert).encoders.models["tiny"],
                             torch.device("cpu"))
-    texts = {text_id(t): t for t in sentences(9)}
+    if not fast:  # the transformers call: lengths first, then each batch
+        encoder.fast = None
+    monkeypatch.setattr(batching, "WINDOW", 2)  # windows of 8 texts at batch 4
+    texts = {text_id(t): t for t in sentences(19)}
     keys = sorted(texts)
-    mine = batching.rank_order(encoder, keys, texts)
-    lengths = encoder.token_lengths([texts[k] for k in mine])
-    assert sorted(mine) == keys and lengths == sorted(lengths)
-    assert [batching.rank_order(encoder, keys, texts, r, 2) for r in (0, 1)] == [mine[0::2],
-                                                                              mine[1::2]]
-    got = list(batching.tokenised([texts[k] for k in mine], 4, encoder, num_workers=0))
-    assert [idx for idx, _ in got] == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
-    want = encoder.tokenize([texts[k] for k in mine[4:8]])
-    assert all(torch.equal(got[1][1][k], want[k]) for k in want)
+    mine = batching.rank_order(keys, texts)
+    assert sorted(mine) == keys
+    assert [len(texts[k]) for k in mine] == sorted(len(t) for t in texts.values())
+    assert [batching.rank_order(keys, texts, r, 2) for r in (0, 1)] == [mine[0::2],
+                                                                       mine[1::2]]
+    listed = [texts[k] for k in mine]
+    got = list(batching.tokenised(listed, 4, encoder, num_workers=0))
+    assert [len(idx) for idx, _ in got] == [4, 4, 4, 4, 3]
+    # each window of 8 (the last of 3) is its own texts, shortest first by tokens
+    for w, (lo, hi) in enumerate([(0, 8), (8, 16), (16, 19)]):
+        idx = [j for i, _ in got[2 * w : 2 * w + 2] for j in i]
+        assert sorted(idx) == list(range(lo, hi))
+        lengths = encoder.token_lengths([listed[j] for j in idx])
+        assert lengths == sorted(lengths)
+    for idx, tokens in got:  # the padded batch is the transformers call's, exactly
+        want = encoder.tokenize([listed[j] for j in idx])
+        assert list(tokens) == list(want)
+        assert all(torch.equal(tokens[k], want[k]) for k in want)
+
+
+def test_lagged_holds_back_then_yields_all() -> None:
+    seen: list[int] = []
+
+    def items():
+        for i in range(5):
+            seen.append(i)
+            yield i
+
+    out = []
+    for x in batching.lagged(items(), 1):
+        out.append((x, len(seen)))  # item x comes once x + 1 was taken (the last at the end)
+    assert out == [(0, 2), (1, 3), (2, 4), (3, 5), (4, 5)]
+    assert list(batching.lagged(iter(range(3)), 0)) == [0, 1, 2]
 
 
 def test_ordered_map_runs_concurrently_in_order_and_raises_errors() -> None:

@@ -132,7 +132,8 @@ def session_options(threads: int = 1) -> Any:
 
 class OnnxEncoder:
     """Pooled vectors from an ONNX export of `encoder`, on the CPU: `tokenize`,
-    `token_lengths`, `name`, `spec`, `dim` and `device` are the torch encoder's own. `embed`
+    `token_lengths`, `pieces`, `pad`, `name`, `spec`, `dim` and `device` are the torch
+    encoder's own. `embed`
     is thread-safe and single-threaded: callers run `streams` (torch's thread count) batches
     at once, which beats splitting each small batch's kernels across threads (~1.2x on 2 busy
     cores, same vectors bit for bit)."""
@@ -144,6 +145,7 @@ class OnnxEncoder:
         self.name, self.spec, self.dim, self.device = (encoder.name, encoder.spec,
                                                        encoder.dim, encoder.device)
         self.tokenize, self.token_lengths = encoder.tokenize, encoder.token_lengths
+        self.pieces, self.pad = encoder.pieces, encoder.pad
         self.streams = torch.get_num_threads()
         self.session = ort.InferenceSession(str(path), session_options(1),
                                             providers=["CPUExecutionProvider"])

@@ -1,8 +1,13 @@
-"""The fill's batches: length-sorted texts cut into batches, tokenised off the main thread.
+"""The fill's batches: texts in windows, each tokenised once, sorted and cut into batches, off
+the main thread.
 
-Texts are sorted by token length so each batch pads little; rank r of w takes every w-th text,
-so all ranks get the same mix of lengths. Tokenisation runs in DataLoader worker processes when
-`cache.num_workers > 0`, else in one background thread a few batches ahead of the encoder.
+Each rank's texts are sorted by character length (no tokenising pass before the first batch;
+rank r of w takes every w-th text, so all ranks get the same mix of lengths), then taken a
+window of `WINDOW` batches at a time: the window is tokenised once (unpadded), sorted by token
+count and cut into batches padded from those tokens (`FrozenEncoder.pad`), so each batch pads
+as little as a global token sort would give. Tokenisation runs in DataLoader worker processes
+when `cache.num_workers > 0`, else in one background thread a window ahead of the encoder; on
+a GPU the batches come in pinned memory (their copy to the device does not block).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any, Protocol
 import torch
 
 Batch = tuple[list[int], dict[str, torch.Tensor]]  # positions in the rank's texts, tokens
+WINDOW = 8  # batches tokenised and sorted together
 
 
 class Tokenizes(Protocol):
@@ -29,43 +35,82 @@ class Tokenizes(Protocol):
 
     def token_lengths(self, texts: list[str]) -> list[int]: ...
 
+    def pieces(self, texts: list[str]) -> list[Any] | None: ...
 
-def rank_order(encoder: Tokenizes, keys: list[str], texts: dict[str, str], rank: int = 0,
-               world: int = 1) -> list[str]:
-    """The `keys` (of `texts`) rank `rank` of `world` embeds, shortest first (ties by key)."""
-    lengths: list[int] = []
-    for i in range(0, len(keys), 8192):
-        lengths += encoder.token_lengths([texts[k] for k in keys[i : i + 8192]])
-    order = sorted(range(len(keys)), key=lambda i: (lengths[i], keys[i]))
-    return [keys[i] for i in order[rank::world]]
+    def pad(self, pieces: list[Any]) -> dict[str, torch.Tensor]: ...
 
 
-class Batches(torch.utils.data.Dataset):
-    """Item i = (positions, tokenised batch i) of consecutive `batch_size` texts."""
+def rank_order(keys: list[str], texts: dict[str, str], rank: int = 0, world: int = 1
+               ) -> list[str]:
+    """The `keys` (of `texts`) rank `rank` of `world` embeds, shortest first by characters
+    (ties by key): the windows' order (`tokenised` sorts each window by tokens)."""
+    order = sorted(keys, key=lambda k: (len(texts[k]), k))
+    return order[rank::world]
+
+
+def sorted_batches(texts: list[str], batch_size: int, encoder: Tokenizes) -> list[Batch]:
+    """`texts` (one window) sorted by token count (ties by position) and cut into batches of
+    `batch_size`: (positions in `texts`, tokens equal to `encoder.tokenize` of those texts).
+    Tokenised once where the encoder has a fast path, else lengths first, then each batch."""
+    pieces = encoder.pieces(texts)
+    lengths = (encoder.token_lengths(texts) if pieces is None
+               else [len(p.ids) for p in pieces])
+    order = sorted(range(len(texts)), key=lambda i: (lengths[i], i))
+    out = []
+    for s in range(0, len(order), batch_size):
+        idx = order[s : s + batch_size]
+        tokens = (encoder.tokenize([texts[i] for i in idx]) if pieces is None
+                  else encoder.pad([pieces[i] for i in idx]))
+        out.append((idx, tokens))
+    return out
+
+
+class Windows(torch.utils.data.Dataset):
+    """Item i = window i's batches (`sorted_batches` of `WINDOW` x `batch_size` consecutive
+    texts), positions in all of `texts`."""
 
     def __init__(self, texts: list[str], batch_size: int, encoder: Tokenizes) -> None:
-        self.texts, self.tokenize = texts, encoder.tokenize
-        self.batches = [list(range(i, min(i + batch_size, len(texts))))
-                        for i in range(0, len(texts), batch_size)]
+        self.texts, self.batch_size, self.encoder = texts, batch_size, encoder
+        self.size = WINDOW * batch_size
 
     def __len__(self) -> int:
-        return len(self.batches)
+        return -(-len(self.texts) // self.size)
 
-    def __getitem__(self, i: int) -> Batch:
-        idx = self.batches[i]
-        return idx, self.tokenize([self.texts[j] for j in idx])
+    def __getitem__(self, i: int) -> list[Batch]:
+        lo = i * self.size
+        return [([lo + j for j in idx], tokens) for idx, tokens in
+                sorted_batches(self.texts[lo : lo + self.size], self.batch_size, self.encoder)]
 
 
 def tokenised(texts: list[str], batch_size: int, encoder: Tokenizes, num_workers: int
               ) -> Iterable[Batch]:
-    """The batches of `texts` in order, tokenised by `num_workers` DataLoader processes, or
-    (0) by a background thread while the encoder runs."""
-    dataset = Batches(texts, batch_size, encoder)
+    """The batches of `texts`, window by window, tokenised by `num_workers` DataLoader
+    processes, or (0) by a background thread while the encoder runs. Every text is in exactly
+    one batch; batches are in pinned memory when the encoder is on a GPU."""
+    windows = Windows(texts, batch_size, encoder)
+    pin = encoder.device.type == "cuda"
     if not num_workers:
-        return prefetched(dataset[i] for i in range(len(dataset)))
+        return prefetched((_pinned(b) if pin else b for w in range(len(windows))
+                           for b in windows[w]), depth=WINDOW + 1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers are the parallelism
-    return torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=num_workers,
-                                       pin_memory=encoder.device.type == "cuda")
+    loader = torch.utils.data.DataLoader(windows, batch_size=None, num_workers=num_workers,
+                                         pin_memory=pin)
+    return (b for window in loader for b in window)
+
+
+def _pinned(batch: Batch) -> Batch:
+    return batch[0], {k: v.pin_memory() for k, v in batch[1].items()}
+
+
+def lagged(items: Iterable[Any], lag: int) -> Iterator[Any]:
+    """`items` in order, each yielded once `lag` more have been taken from `items`: a GPU
+    batch's copy back to the host is finished while the next batches run."""
+    held: deque[Any] = deque()
+    for x in items:
+        held.append(x)
+        if len(held) > lag:
+            yield held.popleft()
+    yield from held
 
 
 def prefetched(items: Iterable[Any], depth: int = 2) -> Iterator[Any]:

@@ -237,19 +237,20 @@ def _embed_missing(encoder: Encoder, missing: list[str], texts: dict[str, str],
                    parts: list[sinks.Sink], cp: CacheParams, dist: Dist) -> int:
     """Embed rank `dist.rank`'s share of the `missing` content hashes (`texts`: hash -> text),
     length-sorted, in `cp.batch_size` batches: one forward pass per batch feeds every sink
-    (`sinks.compute`), each keeping the rows its entry lacks. Returns the texts this rank ran."""
-    mine = batching.rank_order(encoder, missing, texts, dist.rank, dist.world)
+    (`sinks.launch`), each keeping the rows its entry lacks. Returns the texts this rank ran."""
+    mine = batching.rank_order(missing, texts, dist.rank, dist.world)
     loader = batching.tokenised([texts[t] for t in mine], cp.batch_size, encoder,
                                 cp.num_workers)
     fmts = [s.fmt for s in parts]
+    lag = 1 if encoder.device.type == "cuda" else 0  # finish batch i once i + 1 runs
     with Progress(len(mine), f"embedding with {encoder.name}") as progress, torch.inference_mode():
         # the ONNX backend runs `streams` batches at once (one thread each); torch one at a time
-        computed = batching.ordered_map(lambda item: (item[0], sinks.compute(encoder, item[1],
-                                                                             fmts)),
+        launched = batching.ordered_map(lambda item: (item[0], sinks.launch(encoder, item[1],
+                                                                            fmts)),
                                         loader, getattr(encoder, "streams", 1))
-        for idx, outs in computed:
+        for idx, finish in batching.lagged(launched, lag):
             hashes = [mine[j] for j in idx]
-            for sink, rows in zip(parts, outs, strict=True):
+            for sink, rows in zip(parts, finish(), strict=True):
                 sink.add(hashes, rows)
             progress.update(len(idx))
         for sink in parts:

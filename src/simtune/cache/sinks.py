@@ -10,14 +10,16 @@ encoder pass yields everything the mode caches. Each sink keeps only the rows it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from simtune.cache import formats, store, vectors
 from simtune.cache.formats import Format
+from simtune.encoders import unpad
 
 SHARD_BYTES = 256 << 20
 
@@ -71,11 +73,42 @@ def compute(encoder: Any, batch: dict[str, torch.Tensor], fmts: Sequence[Format]
     """The rows of each of `fmts` for one tokenised batch, from ONE forward pass: pooled
     vectors (n, D) float32 and/or each text's (T_i, H) float32 token states after layer k.
     At most one layer format."""
+    return launch(encoder, batch, fmts)()
+
+
+def launch(encoder: Any, batch: dict[str, torch.Tensor], fmts: Sequence[Format]
+           ) -> Callable[[], list[formats.Rows]]:
+    """Start `compute`'s forward pass and return what finishes it. On a GPU nothing waits: the
+    outputs are copied back to pinned host memory behind the pass, so the caller launches the
+    next batch before it finishes this one (`batching.lagged`) and the GPU never idles while
+    the host writes rows."""
     layers = [f.layer for f in fmts if f.layer is not None]
     if not layers:
-        return [f.compute(encoder, batch) for f in fmts]
-    if len(fmts) == 1:
-        return [fmts[0].compute(encoder, batch)]
+        vectors = _to_host(encoder.embed(batch))
+        return lambda: [vectors() for _ in fmts]
     (layer,) = layers
-    vecs, states = encoder.embed_states(batch, layer)
-    return [states if f.layer is not None else vecs.cpu().numpy() for f in fmts]
+    want_vectors = len(fmts) > 1
+    pooled, hidden, mask = encoder.forward_states(batch, layer, vectors=want_vectors)
+    parts = [_to_host(t) for t in (hidden, mask, *([pooled] if want_vectors else []))]
+
+    def finish() -> list[formats.Rows]:
+        host = [part() for part in parts]
+        states = unpad(host[0], host[1])
+        return [states if f.layer is not None else host[2] for f in fmts]
+    return finish
+
+
+def _to_host(t: torch.Tensor) -> Callable[[], np.ndarray]:
+    """`t` as a host array, the copy started now (asynchronous from a GPU), read on call."""
+    if t.device.type != "cuda":
+        array = t.numpy()
+        return lambda: array
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+
+    def read() -> np.ndarray:
+        done.synchronize()
+        return host.numpy()
+    return read
