@@ -12,7 +12,7 @@ none; the figures in bench/gpu.json come from lent H100s and H200s: each row say
   (g) one full-mode step (MiniLM trainable, 1,024 news title->body pairs, 128 tokens, MNRL):
       without GradCache, with chunks of 128, and sentence-transformers' CachedMNRL (128);
   (s) the default TREC pipeline's cache and train stages on the GPU (params.yaml's mode)
-      under 32-true, bf16-mixed and 16-mixed: wall time of `train.run` and the test P@1.
+      under 32-true and bf16-mixed: wall time of `train.run` and the test P@1.
 
     python -m bench.gpu [--skip t,f,g,s]
 
@@ -238,7 +238,7 @@ def _gc_target(gc: dict, other: dict, peer: str) -> str:
     return "<= 1.4" + ("" if ratio <= 1.4 else GRADCACHE_REASON)
 
 
-PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+PRECISIONS = ("32-true", "bf16-mixed")
 
 
 def stage_rows() -> list[dict]:

@@ -187,7 +187,7 @@ def length_groups(lengths: torch.Tensor, overhead: int) -> list[torch.Tensor]:
     order = torch.argsort(lengths, descending=True, stable=True)
     if n <= 1:
         return [order]
-    sl = lengths[order].to(torch.float64).numpy()
+    sl = lengths[order].to(torch.float64).cpu().numpy()  # the programme runs on the host
     best = np.zeros(n + 1)  # best[i]: cost of the i longest rows
     cut_at = np.zeros(n + 1, dtype=np.int64)
     j = np.arange(n)

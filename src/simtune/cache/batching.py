@@ -6,8 +6,9 @@ rank r of w takes every w-th text, so all ranks get the same mix of lengths), th
 window of `WINDOW` batches at a time: the window is tokenised once (unpadded), sorted by token
 count and cut into batches padded from those tokens (`FrozenEncoder.pad`), so each batch pads
 as little as a global token sort would give. Tokenisation runs in DataLoader worker processes
-when `cache.num_workers > 0`, else in one background thread a window ahead of the encoder; on
-a GPU the batches come in pinned memory (their copy to the device does not block).
+when `cache.num_workers > 0`, else in one background thread a window ahead of the encoder.
+Nothing is pinned: a batch's tokens are ~1 MB, and pinning host memory cost ~0.5 s a batch on
+a lent H200's virtual machine (a fill 100x slower).
 """
 
 from __future__ import annotations
@@ -86,20 +87,14 @@ def tokenised(texts: list[str], batch_size: int, encoder: Tokenizes, num_workers
               ) -> Iterable[Batch]:
     """The batches of `texts`, window by window, tokenised by `num_workers` DataLoader
     processes, or (0) by a background thread while the encoder runs. Every text is in exactly
-    one batch; batches are in pinned memory when the encoder is on a GPU."""
+    one batch."""
     windows = Windows(texts, batch_size, encoder)
-    pin = encoder.device.type == "cuda"
     if not num_workers:
-        return prefetched((_pinned(b) if pin else b for w in range(len(windows))
-                           for b in windows[w]), depth=WINDOW + 1)
+        return prefetched((b for w in range(len(windows)) for b in windows[w]),
+                          depth=WINDOW + 1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers are the parallelism
-    loader = torch.utils.data.DataLoader(windows, batch_size=None, num_workers=num_workers,
-                                         pin_memory=pin)
+    loader = torch.utils.data.DataLoader(windows, batch_size=None, num_workers=num_workers)
     return (b for window in loader for b in window)
-
-
-def _pinned(batch: Batch) -> Batch:
-    return batch[0], {k: v.pin_memory() for k, v in batch[1].items()}
 
 
 def lagged(items: Iterable[Any], lag: int) -> Iterator[Any]:
