@@ -149,8 +149,8 @@ def news_texts(n: int, words: int = 75) -> dict[str, str]:
 
     _, records = news_pairs_records()
     flat = " ".join(r.values["positive"] for r in records).split()
-    return {f"news-{i}": " ".join(flat[(i * words) % (len(flat) - words):][:words])
-            for i in range(n)}
+    starts = [(i * words) % (len(flat) - words) for i in range(n)]
+    return {f"news-{i}": " ".join(flat[s : s + words]) for i, s in enumerate(starts)}
 
 
 def _tokenising(encoder: FrozenEncoder, texts: list[str]) -> float:

@@ -38,7 +38,8 @@ ROOT = HERE.parent
 TREC_TRAIN = 4305  # TREC's training questions (prepare's split of the default data set)
 TOKENS = 16  # a TREC question's padded length in tokens (the measured step)
 CLASSES = 6  # TREC's coarse labels
-OMP = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "PYTEST_XDIST_WORKER_COUNT")
+OMP = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS",
+       "PYTEST_XDIST_WORKER_COUNT")
 
 
 def _cpu() -> float:
@@ -113,7 +114,7 @@ def child(policy: str, steps: int, head_epochs: int) -> dict[str, Any]:
     head_wall, head_cpu = _timed(head_epoch, head_epochs)
     per_epoch = -(-TREC_TRAIN // b)
     return {"policy": policy, "threads": torch.get_num_threads(), "line": line,
-            "wait": os.environ.get("OMP_WAIT_POLICY"),
+            "wait": os.environ.get("OMP_WAIT_POLICY"), "spin": os.environ.get("GOMP_SPINCOUNT"),
             "top_step_s": top_wall / steps, "top_step_cpu_s": top_cpu / steps,
             "top_epoch_s": top_wall / steps * per_epoch, "top_steps_per_epoch": per_epoch,
             "head_epoch_s": head_wall / head_epochs, "head_epoch_cpu_s": head_cpu / head_epochs}

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.integration  # real benches, in their own processes
 # or "parser only: <why it cannot run tiny under `make test`>"
 COVERAGE = {
     "cache_fill": "run",
+    "fill_host": "run",
     "epoch": "run",
     "eval_topk": "run",
     "mpnet": "run",
@@ -134,6 +135,13 @@ def test_item12_cache_fill_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:
     assert got["max_abs_diff_onnx_torch"] <= 1e-5
     assert got["refill"] == {**got["refill"], "embedded": 0, "model_loaded": False}
     assert got["synthetic_open"]["open"]["rows"] == 1000
+
+
+def test_fill_host_runs_tiny(tmp_path: Path) -> None:
+    """200 news texts, one repeat: the fill and its floor over the same texts."""
+    got = _bench(tmp_path, "fill_host", "--texts", "200", "--batch", "64", "--repeats", "1")
+    assert got["texts"] == 200 and len(got["seconds"]["fill"]) == 1
+    assert got["rows"][0]["ratio"] > 0
 
 
 def test_bench_epoch_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:

@@ -67,11 +67,15 @@ def test_plan_splits_the_cores_between_simtune_processes() -> None:
 
 def test_plan_keeps_what_the_user_set() -> None:
     env = {"OMP_NUM_THREADS": "3", "OMP_WAIT_POLICY": "active"}
-    assert plan(env, 8, 4) == Policy(3, "active", 8, 4, ("OMP_NUM_THREADS", "OMP_WAIT_POLICY"))
+    # a wait policy the user gave: no spin count of ours (it would override theirs in libgomp)
+    assert plan(env, 8, 4) == Policy(3, "active", 8, 4, ("OMP_NUM_THREADS", "OMP_WAIT_POLICY"),
+                                     "")
     assert plan(env, 8, 4).line() == ("threads: 3 (OMP_NUM_THREADS given), "
                                       "OMP_WAIT_POLICY=active (given)")
     assert plan({}, 2, 2).line() == ("threads: 1 (2 usable cores / 2 simtune processes), "
-                                     "OMP_WAIT_POLICY=PASSIVE")
+                                     "OMP_WAIT_POLICY=PASSIVE, GOMP_SPINCOUNT=10000")
+    assert plan({"GOMP_SPINCOUNT": "0"}, 2, 1) == Policy(2, "PASSIVE", 2, 1,
+                                                         ("GOMP_SPINCOUNT",), "0")
 
 
 def test_registry_counts_live_processes_only(tmp_path: Path) -> None:
@@ -107,13 +111,14 @@ def test_divide_splits_between_ddp_ranks_unless_given(monkeypatch: pytest.Monkey
 # a stage process's start (`import stages`): what torch's OpenMP reads when it loads (that torch
 # takes it: bench/threads.py's smoke test, tests/test_bench_smoke.py::test_threads_runs_tiny)
 PROBE = ("import json, os, stages; print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), "
-         "os.environ.get('OMP_NUM_THREADS')]))")
+         "os.environ.get('OMP_NUM_THREADS'), os.environ.get('GOMP_SPINCOUNT')]))")
 
 
 def _stage_process(tmp_path: Path, **env: str) -> list:
     """What a stage process runs with (`probe`), on one core (affinity {0})."""
     clean = {k: v for k, v in os.environ.items()
-             if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "PYTEST_XDIST_WORKER_COUNT")}
+             if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
+                          "PYTEST_XDIST_WORKER_COUNT")}
     run = {**clean, "SIMTUNE_RUNTIME": str(tmp_path / "run"),
            "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", **env}
     code = f"import os; os.sched_setaffinity(0, {{min(os.sched_getaffinity(0))}}); {PROBE}"
@@ -123,18 +128,20 @@ def _stage_process(tmp_path: Path, **env: str) -> list:
 
 
 def test_a_stage_process_sets_its_policy_before_torch(tmp_path: Path) -> None:
-    """On its one core: 1 sleeping thread (old code: neither variable set, torch's default of
-    every core, spinning); the user's values kept (2 threads on the one core, as given)."""
-    assert _stage_process(tmp_path) == ["PASSIVE", "1"]
+    """On its one core: 1 thread that spins briefly, then sleeps (old code: no variable set,
+    torch's default of every core, spinning ~3 ms); the user's values kept (2 threads on the
+    one core, as given, and no spin count under their wait policy)."""
+    assert _stage_process(tmp_path) == ["PASSIVE", "1", "10000"]
     assert _stage_process(tmp_path, OMP_NUM_THREADS="2", OMP_WAIT_POLICY="ACTIVE") == [
-        "ACTIVE", "2"]
+        "ACTIVE", "2", None]
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to split")
 def test_registered_processes_split_the_cores(tmp_path: Path) -> None:
     """Two cores, this test's process registered beside the child: one thread each."""
     clean = {k: v for k, v in os.environ.items()
-             if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "PYTEST_XDIST_WORKER_COUNT")}
+             if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
+                          "PYTEST_XDIST_WORKER_COUNT")}
     folder = tmp_path / "run"
     assert register(folder) is not None
     cores = len(os.sched_getaffinity(0))
@@ -142,7 +149,7 @@ def test_registered_processes_split_the_cores(tmp_path: Path) -> None:
                           check=True, cwd=ROOT,
                           env={**clean, "SIMTUNE_RUNTIME": str(folder),
                                "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"})
-    assert json.loads(proc.stdout) == ["PASSIVE", str(cores // 2)]
+    assert json.loads(proc.stdout) == ["PASSIVE", str(cores // 2), "10000"]
 
 
 def test_pytest_workers_share_the_cores() -> None:

@@ -1,27 +1,36 @@
-"""The process's CPU thread policy, set once at start: OpenMP threads that sleep when idle, as
-many as the cores this process may use, split between the simtune processes sharing them.
+"""The process's CPU thread policy, set once at start: OpenMP threads that spin only briefly
+when idle, as many as the cores this process may use, split between the simtune processes
+sharing them.
 
-torch's OpenMP runtime (libgomp) spins its idle threads by default: beside any other work (a
-second `dvc exp run` of `dvc queue start -j 2`, pytest-xdist's workers, a browser) a top-2
-training step then took 6.9 s of wall and 1.80 s of CPU on 2 cores at load ~6.7, against 3.5 s
-and 0.76 s with `OMP_WAIT_POLICY=PASSIVE` (issue 51; `bench/threads.py` measures it). libgomp
-reads its settings once, when torch loads it, so `configure` must run before `import torch`:
-`stages/__init__.py` calls it first thing (`python -m stages`, the `simtune` console script,
-DVC's stage commands and Lightning's DDP ranks, which re-run the command), tests/conftest.py
-for pytest's processes; a library user calls it before importing torch.
+torch's OpenMP runtime (libgomp) spins its idle threads for ~3 ms by default: beside any other
+work (a second `dvc exp run` of `dvc queue start -j 2`, pytest-xdist's workers, a browser) a
+top-2 training step then took 6.9 s of wall and 1.80 s of CPU on 2 cores at load ~6.7, against
+3.5 s and 0.76 s with `OMP_WAIT_POLICY=PASSIVE` (issue 51). Passive waits cost ~17 % on a quiet
+machine (each parallel region wakes sleeping threads); a spin of 10,000 rounds (~0.1 ms,
+`GOMP_SPINCOUNT`) bridges the gaps between one op's regions and yields before it steals a busy
+machine's time: within ~5 % of the default quiet, as fast as passive waits at load 4
+(`bench/threads.py` measures it). libgomp reads its settings once, when torch loads it, so
+`configure` must run before `import torch`: `stages/__init__.py` calls it first thing
+(`python -m stages`, the `simtune` console script, DVC's stage commands and Lightning's DDP
+ranks, which re-run the command), tests/conftest.py for pytest's processes; a library user
+calls it before importing torch.
 
 The policy (`plan`, a pure function of its inputs):
-- the wait policy: PASSIVE (threads sleep at once when idle);
+- the wait policy: PASSIVE (for every OpenMP runtime: LLVM's and Intel's sleep at once) with
+  `GOMP_SPINCOUNT=10000` (libgomp, torch's on Linux: the brief spin, which an explicit count
+  sets whatever the wait policy);
 - the threads: the cores this process may use (its affinity mask, rounded down to a cgroup's
   `cpu.max` quota: a thread beyond the quota waits for its time slice), divided by the simtune
   processes sharing them: pytest-xdist's workers (`PYTEST_XDIST_WORKER_COUNT`), else the live
   simtune processes registered in the runtime folder (`$SIMTUNE_RUNTIME`, default
   `$XDG_RUNTIME_DIR/simtune` or `<tmp>/simtune-<uid>`; one file per PID, removed at exit, a dead
   process's ignored), at least 1;
-- a value the user set (`OMP_WAIT_POLICY`, `OMP_NUM_THREADS`) is kept as given.
+- a value the user set (`OMP_WAIT_POLICY`, `OMP_NUM_THREADS`, `GOMP_SPINCOUNT`) is kept as
+  given, and a wait policy the user gave gets no spin count of ours.
 
-Both go into the environment (so child processes inherit this process's share) and, when torch
-is already loaded, into `torch.set_num_threads`. Lightweight: imports neither torch nor numpy.
+All go into the environment (so child processes inherit this process's share) and, when torch
+is already loaded, the threads into `torch.set_num_threads`. Lightweight: imports neither torch
+nor numpy.
 """
 
 from __future__ import annotations
@@ -38,7 +47,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-WAIT, THREADS = "OMP_WAIT_POLICY", "OMP_NUM_THREADS"
+WAIT, THREADS, SPIN = "OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT"
+SPIN_ROUNDS = "10000"  # ~0.1 ms (libgomp's own estimate: 100,000 rounds a ms)
 XDIST_WORKERS = "PYTEST_XDIST_WORKER_COUNT"
 RUNTIME = "SIMTUNE_RUNTIME"
 PASSIVE = "PASSIVE"
@@ -46,21 +56,25 @@ PASSIVE = "PASSIVE"
 
 @dataclass(frozen=True)
 class Policy:
-    """What `configure` set: `threads` OpenMP threads under `wait`; `cores` usable, shared by
-    `sharers` simtune processes; `given`: the variables the user had set (kept)."""
+    """What `configure` set: `threads` OpenMP threads under `wait`, spinning `spin` rounds
+    before they sleep ("": the runtime's own); `cores` usable, shared by `sharers` simtune
+    processes; `given`: the variables the user had set (kept)."""
 
     threads: int
     wait: str
     cores: int
     sharers: int
     given: tuple[str, ...] = ()
+    spin: str = SPIN_ROUNDS
 
     def line(self) -> str:
         """The policy in one log line."""
         why = (f"{THREADS} given" if THREADS in self.given
                else f"{self.cores} usable cores / {self.sharers} simtune processes")
         wait = f"{WAIT}={self.wait}" + (" (given)" if WAIT in self.given else "")
-        return f"threads: {self.threads} ({why}), {wait}"
+        spin = (f", {SPIN}={self.spin}" + (" (given)" if SPIN in self.given else "")
+                if self.spin else "")
+        return f"threads: {self.threads} ({why}), {wait}{spin}"
 
 
 def cgroup_quota(proc_cgroup: Path = Path("/proc/self/cgroup"),
@@ -112,8 +126,9 @@ def usable_cores(affinity: int, quota: float | None) -> int:
 
 def plan(env: dict[str, str] | os._Environ[str], cores: int, sharers: int) -> Policy:
     """The policy for a process that may use `cores` shared with `sharers` simtune processes
-    (itself included) under environment `env`: a user's `OMP_NUM_THREADS` (a positive integer)
-    and `OMP_WAIT_POLICY` kept, else cores // sharers threads (at least 1), PASSIVE."""
+    (itself included) under environment `env`: a user's `OMP_NUM_THREADS` (a positive integer),
+    `OMP_WAIT_POLICY` and `GOMP_SPINCOUNT` kept, else cores // sharers threads (at least 1),
+    PASSIVE and a spin of `SPIN_ROUNDS` (none of ours under a wait policy the user gave)."""
     given = []
     threads = max(1, cores // max(1, sharers))
     raw = env.get(THREADS, "").strip()
@@ -123,7 +138,12 @@ def plan(env: dict[str, str] | os._Environ[str], cores: int, sharers: int) -> Po
     wait = env.get(WAIT, "").strip()
     if wait:
         given.append(WAIT)
-    return Policy(threads, wait or PASSIVE, cores, sharers, tuple(given))
+    spin = env.get(SPIN, "").strip()
+    if spin:
+        given.append(SPIN)
+    else:
+        spin = "" if wait else SPIN_ROUNDS
+    return Policy(threads, wait or PASSIVE, cores, sharers, tuple(given), spin)
 
 
 def runtime_dir(env: dict[str, str] | os._Environ[str] = os.environ) -> Path:
@@ -193,6 +213,8 @@ def configure() -> Policy:
     _POLICY = plan(os.environ, cores, max(1, sharers))
     os.environ[THREADS] = str(_POLICY.threads)
     os.environ[WAIT] = _POLICY.wait
+    if _POLICY.spin:
+        os.environ[SPIN] = _POLICY.spin
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(_POLICY.threads)
     return _POLICY
