@@ -99,8 +99,8 @@ def launch(encoder: Any, batch: dict[str, torch.Tensor], fmts: Sequence[Format]
 
 def _to_host(t: torch.Tensor) -> Callable[[], np.ndarray]:
     """`t` as a host array, read on call. From a GPU the copy runs on a side stream after this
-    batch's forward only, so reading batch i does not wait for batch i + 1, queued behind it
-    (into pageable memory: pinning cost more than the copy on a lent H200's virtual machine)."""
+    batch's forward only, so reading batch i does not wait for batch i + 1, queued behind it.
+    Into pageable memory: the copy blocks this thread, not the GPU's queue."""
     if t.device.type != "cuda":
         array = t.numpy()
         return lambda: array
