@@ -214,8 +214,8 @@ def load_model(directory: str | Path, device: str = "auto", encoder: str | None 
 class ExportEncoder:
     """A simtune export folder as a frozen encoder of the cache fill (a distillation teacher):
     the export's encoder, pooling and prompts, then its head (and output normalisation). Offers
-    what a fill uses of a `FrozenEncoder`: `tokenize`, `token_lengths`, `embed` (a tokenised
-    batch -> (B, dim) float32 vectors), `as_role`, `encode`."""
+    what a fill uses of a `FrozenEncoder`: `tokenize`, `token_lengths`, `pieces`, `pad`,
+    `embed` (a tokenised batch -> (B, dim) float32 vectors), `as_role`, `encode`."""
 
     def __init__(self, model: Model, name: str) -> None:
         self.model, self.inner, self.head, self.name = model, model.encoder, model.head, name
@@ -223,6 +223,7 @@ class ExportEncoder:
         self.spec, self.device, self.dim = self.inner.spec, self.inner.device, self.inner.dim
         self.role, self.chunker = self.inner.role, self.inner.chunker
         self.tokenize, self.token_lengths = self.inner.tokenize, self.inner.token_lengths
+        self.pieces, self.pad = self.inner.pieces, self.inner.pad
 
     def as_role(self, role: str) -> ExportEncoder:
         """This export embedding `role` texts (its own prompt for the role); a query-side
@@ -232,6 +233,7 @@ class ExportEncoder:
         other.inner = (self.model.document if frozen else self.model.encoder).as_role(role)
         other.role, other.chunker = role, other.inner.chunker
         other.tokenize, other.token_lengths = other.inner.tokenize, other.inner.token_lengths
+        other.pieces, other.pad = other.inner.pieces, other.inner.pad
         return other
 
     def embed(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
