@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from bench.cache_fill import ours
+from bench.cache_fill import bound, ours
 from bench.common import machine, table, write_results
 from bench.gpu import news_texts
 from simtune import params as P
@@ -54,21 +54,16 @@ def trivial_model(dest: Path, tokenizer_dir: Path) -> Path:
 
 def floor(encoder: FrozenEncoder, texts: list[str], batch: int) -> tuple[float, float]:
     """Seconds of (b): one tokenising pass, and the forward over pre-tokenised batches."""
-    if not hasattr(encoder, "pieces"):  # an older checkout: its lengths, then each batch
-        t0 = time.perf_counter()
-        lengths = encoder.token_lengths(texts)
-        order = sorted(range(len(texts)), key=lengths.__getitem__)
-        batches = [encoder.tokenize([texts[j] for j in order[i : i + batch]])
-                   for i in range(0, len(order), batch)]
-        tokenise = time.perf_counter() - t0
-    else:
-        t0 = time.perf_counter()
-        pieces = encoder.pieces(texts)
-        tokenise = time.perf_counter() - t0
-        assert pieces is not None, "MiniLM's tokenizer has the backend fast path"
-        order = sorted(range(len(texts)), key=lambda i: len(pieces[i].ids))
-        batches = [encoder.pad([pieces[j] for j in order[i : i + batch]])
-                   for i in range(0, len(order), batch)]
+    if not hasattr(encoder, "pieces"):  # an older checkout: lengths, then each batch
+        forward, tokenise = bound(encoder, texts, batch)
+        return tokenise, forward
+    t0 = time.perf_counter()
+    pieces = encoder.pieces(texts)
+    tokenise = time.perf_counter() - t0
+    assert pieces is not None, "MiniLM's tokenizer has the backend fast path"
+    order = sorted(range(len(texts)), key=lambda i: len(pieces[i].ids))
+    batches = [encoder.pad([pieces[j] for j in order[i : i + batch]])
+               for i in range(0, len(order), batch)]
     t0 = time.perf_counter()
     with torch.inference_mode():
         for b in batches:
