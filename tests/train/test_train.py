@@ -675,3 +675,19 @@ def test_evaluate_refuses_a_head_whose_vectors_are_not_finite(small: tuple[Path,
         f"error: {root / 'head'}: the trained model gives non-finite test vectors (training "
         "diverged?); rerun train")
     assert not (root / "metrics.json").exists()
+
+
+def test_freezing_embeddings_an_encoder_has_not_is_one_line_naming_the_key() -> None:
+    """An encoder with neither an `embeddings` block nor Hugging Face's input embeddings: a
+    user error naming `train.schedule.full.train_embeddings`, not an AttributeError."""
+    from simtune.errors import UserError
+    from simtune.train.represent import frozen_embeddings
+
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with pytest.raises(UserError, match=r"^train\.schedule\.full\.train_embeddings: false, "
+                                        r"but encoders\.models\.x \(/m\) names no input"):
+        frozen_embeddings(plain, "encoders.models.x (/m)")
+    table = torch.nn.Embedding(3, 4)
+    hf_like = torch.nn.Module()
+    hf_like.get_input_embeddings = lambda: table  # what transformers' models offer
+    assert frozen_embeddings(hf_like) is table

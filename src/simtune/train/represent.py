@@ -34,6 +34,7 @@ from simtune.encoders import (
     prompt_skip,
     trim_padding,
 )
+from simtune.errors import UserError
 from simtune.params import EncoderParams, EncodersParams, LoraParams
 from simtune.train import lora
 
@@ -180,7 +181,7 @@ class LiveEncoder(Representation):
         if isinstance(getattr(encoder, "pooler", None), torch.nn.Module):
             encoder.pooler.requires_grad_(False)
         if not train_embeddings:
-            frozen_embeddings(encoder).requires_grad_(False)
+            frozen_embeddings(encoder, f"encoders.models.{name} ({path})").requires_grad_(False)
         self.encoder = lora.adapt(encoder, adapters).train()
         self.dim = int(self.encoder.config.hidden_size)
         self.prompts = {r: prompt_of(spec, r) for r in ("query", "document")}
@@ -248,12 +249,22 @@ class LiveEncoder(Representation):
         self.tokenizer.save_pretrained(directory)
 
 
-def frozen_embeddings(encoder: torch.nn.Module) -> torch.nn.Module:
+def frozen_embeddings(encoder: torch.nn.Module, where: str = "the encoder") -> torch.nn.Module:
     """The module `train.schedule.full.train_embeddings: false` freezes: a BERT-like encoder's
     `embeddings` block (tokens, positions, token types and their LayerNorm), else the input
-    embeddings Hugging Face names (`get_input_embeddings`)."""
+    embeddings Hugging Face names (`get_input_embeddings`); `UserError` naming the key and
+    `where` (the encoder) when it has neither."""
     block = getattr(encoder, "embeddings", None)
-    return block if isinstance(block, torch.nn.Module) else encoder.get_input_embeddings()
+    if isinstance(block, torch.nn.Module):
+        return block
+    try:
+        found = encoder.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        found = None
+    if not isinstance(found, torch.nn.Module):
+        raise UserError(f"train.schedule.full.train_embeddings: false, but {where} names no "
+                        "input embeddings to freeze; set it true")
+    return found
 
 
 def build(mode: str, enc: EncodersParams, tables: dict[str, Any],
