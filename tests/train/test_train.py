@@ -293,6 +293,25 @@ def test_m_per_label_uses_every_example_in_runs_of_at_least_m() -> None:
     assert [len(b) for b in batches] == [6, 6, 6, 2]
 
 
+def test_m_per_label_with_passes_draws_a_run_order_per_pass() -> None:
+    """The step floor's passes under m_per_label: each pass is one run order of its own (every
+    example once, label 2 twice, runs of >= 4), cut into batches on its own; the first pass is
+    `passes` 1's, and two processes see the batches of one with double the batch."""
+    labels = torch.tensor([0] * 7 + [1] * 5 + [2] * 2 + [3] * 4)
+    kw = {"labels": labels, "m_per_label": 4}
+    one = _epoch(len(labels), 6, epoch=3, **kw)
+    three = _epoch(len(labels), 6, epoch=3, passes=3, **kw)
+    assert [len(b) for b in three] == [6, 6, 6, 2] * 3 and three[:4] == one
+    orders = [list(chain(*three[i : i + 4])) for i in (0, 4, 8)]
+    for order in orders:
+        counts = torch.bincount(torch.tensor(order), minlength=len(labels))
+        assert counts[labels != 2].tolist() == [1] * 16 and counts[labels == 2].tolist() == [2, 2]
+        assert min(len(list(g)) for _, g in groupby(labels[order].tolist())) >= 4
+    assert len({tuple(o) for o in orders}) == 3
+    assert (_epoch(len(labels), 3, world=2, epoch=3, passes=2, **kw)
+            == _epoch(len(labels), 6, epoch=3, passes=2, **kw))
+
+
 def test_training_curves_have_one_increasing_step_per_epoch(small: tuple[Path, Path]) -> None:
     """dvclive's files: steps 1, 2, ... (the epoch) for the loss and every val metric; with
     val_every 2, MAP@R (which needs the top R) at epochs 2, 4 and the last only."""
