@@ -172,8 +172,9 @@ def test_item12_eval_topk_runs_tiny(tmp_path: Path) -> None:
 
 def test_threads_runs_tiny(tmp_path: Path) -> None:
     """Both policies in their own processes, quiet and beside one busy loop: torch's default
-    (no wait policy set) against simtune's (PASSIVE, every usable core for the one simtune
-    process of its own runtime folder); each ratio is the same run's default over simtune."""
+    (no wait policy set) against simtune's (PASSIVE with a spin of 10,000 rounds, every usable
+    core for the one simtune process of its own runtime folder); each ratio is the same run's
+    default over simtune."""
     got = _bench(tmp_path, "threads", "--tiny")
     runs = got["runs"]
     assert [(r["condition"], r["policy"]) for r in runs] == [
@@ -182,9 +183,10 @@ def test_threads_runs_tiny(tmp_path: Path) -> None:
     from simtune.threads import cgroup_quota, usable_cores
 
     cores = usable_cores(len(os.sched_getaffinity(0)), cgroup_quota())
-    assert all(r["wait"] is None and r["line"] is None for r in runs if r["policy"] == "default")
-    assert all(r["wait"] == "PASSIVE" and r["threads"] == cores for r in runs
-               if r["policy"] == "simtune")
+    assert all(r["wait"] is None and r["spin"] is None and r["line"] is None for r in runs
+               if r["policy"] == "default")
+    assert all(r["wait"] == "PASSIVE" and r["spin"] == "10000" and r["threads"] == cores
+               for r in runs if r["policy"] == "simtune")
     assert runs[0]["top_steps_per_epoch"] == 68  # TREC's 4,305 questions at batch 64
     for s, (old, new) in zip(got["summary"], (runs[:2], runs[2:]), strict=True):
         assert s["top_speedup"] == old["top_epoch_s"] / new["top_epoch_s"]
