@@ -191,16 +191,7 @@ class Bench:
             rw.mkdir(parents=True)
             j = {**job(rw, params, self.prepared, self.cache, self.store, "st"), "lr": lr,
                  "warmup": PEER_WARMUP, "teacher": teacher["export"]}
-            path = rw / "job.json"
-            path.write_text(json.dumps(j))
-            proc = subprocess.run([sys.executable, "-m", "bench.distill", "--child", str(path)],
-                                  cwd=ROOT, capture_output=True, text=True,
-                                  env=dict(os.environ, SIMTUNE_STORE=str(self.store)))
-            if proc.returncode:
-                sys.stderr.write(proc.stderr[-4000:])
-                raise SystemExit("bench.distill: the peer failed")
-            line = [x for x in proc.stdout.splitlines() if x.startswith("BENCH-RESULT ")][-1]
-            out.append({**json.loads(line.removeprefix("BENCH-RESULT ")), "row": "st",
+            out.append({**peer_row(j, rw), "row": "st",
                         "mode": "full (sentence-transformers)", "loss": "mse"})
         best = max(out, key=lambda r: (r["val"]["p@1"], r["val"]["mrr@10"], -r["lr"]))
         for r in out:
@@ -208,8 +199,27 @@ class Bench:
         return out
 
 
-def child_peer(job_path: str) -> None:
-    """sentence-transformers' distillation recipe at the job's learning rate (one process)."""
+def peer_row(j: dict[str, Any], work: Path) -> dict[str, Any]:
+    """The peer at one learning rate in a process of its own (in this one under
+    `$SIMTUNE_BENCH_INLINE=1`, as bench.layer_rows' rows)."""
+    from bench.layer_rows import INLINE, inline
+
+    if os.environ.get(INLINE) == "1":
+        return inline(peer, j)
+    path = work / "job.json"
+    path.write_text(json.dumps(j))
+    proc = subprocess.run([sys.executable, "-m", "bench.distill", "--child", str(path)],
+                          cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, SIMTUNE_STORE=j["store"]))
+    if proc.returncode:
+        sys.stderr.write(proc.stderr[-4000:])
+        raise SystemExit("bench.distill: the peer failed")
+    line = [x for x in proc.stdout.splitlines() if x.startswith("BENCH-RESULT ")][-1]
+    return json.loads(line.removeprefix("BENCH-RESULT "))
+
+
+def peer(job: dict[str, Any]) -> dict[str, Any]:
+    """sentence-transformers' distillation recipe at the job's learning rate."""
     import torch
     from datasets import Dataset
     from sentence_transformers import (
@@ -225,7 +235,6 @@ def child_peer(job_path: str) -> None:
     from simtune.encoders import model_dir
     from simtune.prepare.prepared import load
 
-    job = json.loads(Path(job_path).read_text())
     p, prepared = P.load(job["params"]), Path(job["prepared"])
     # the full row's params (student_params "full") and its schedule in force (`t.run`)
     t, spec = P.effective(p.train), p.encoders.models["minilm"]
@@ -255,10 +264,9 @@ def child_peer(job_path: str) -> None:
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     student.eval()
     scores = _score(p, prepared, Path(job["cache"]), st_vectors(student, texts))
-    print("BENCH-RESULT " + json.dumps({
-        "train_s": seconds, "train_cpu_s": cpu, "val_s": 0.0, "fill_s": 0.0,
-        "teacher_encode_s": teacher_s, "lr": job["lr"], "epochs": t.run.max_epochs,
-        "best_epoch": "last", **scores}))
+    return {"train_s": seconds, "train_cpu_s": cpu, "val_s": 0.0, "fill_s": 0.0,
+            "teacher_encode_s": teacher_s, "lr": job["lr"], "epochs": t.run.max_epochs,
+            "best_epoch": "last", **scores}
 
 
 # --- the table and the targets -------------------------------------------------------------------
@@ -387,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        child_peer(args.child)
+        job = json.loads(Path(args.child).read_text())
+        print("BENCH-RESULT " + json.dumps(peer(job)))
         return 0
     args.peer_lrs = tuple(float(x) for x in args.peer_lrs.split(","))
     rows, losses = args.rows.split(","), args.losses.split(",")

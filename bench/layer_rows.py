@@ -6,6 +6,8 @@
 scores with simtune, `st` with sentence-transformers' trainer (the peer, at the job's `lr` and
 `warmup`); each scores the test and the validation split and prints one
 `BENCH-RESULT {json}` line. A job names the row's params.yaml, prepared data, cache and work dir.
+With `$SIMTUNE_BENCH_INLINE=1` (the smoke tests in tests/) every row runs in the calling process
+instead: the imports once, a row's peak memory then not its own.
 """
 
 from __future__ import annotations
@@ -213,7 +215,28 @@ def child(what: str, job_path: str) -> None:
     print("BENCH-RESULT " + json.dumps(fn(job)))
 
 
+INLINE = "SIMTUNE_BENCH_INLINE"
+
+
+def inline(fn: Any, job: dict) -> dict:
+    """`fn(job)` in this process, under the job's store as a child would see it."""
+    old = os.environ.get("SIMTUNE_STORE")
+    os.environ["SIMTUNE_STORE"] = job["store"]
+    try:
+        return fn(json.loads(json.dumps(job)))  # a copy, as a child reads it from its file
+    finally:
+        if old is None:
+            del os.environ["SIMTUNE_STORE"]
+        else:
+            os.environ["SIMTUNE_STORE"] = old
+
+
 def run_row(what: str, job: dict, work: Path) -> dict:
+    """The row's `what` ("fill" | "ours" | "st") in a process of its own (in this one under
+    `$SIMTUNE_BENCH_INLINE=1`); its result."""
+    fn = {"fill": child_fill, "ours": child_ours, "st": child_st}[what]
+    if os.environ.get(INLINE) == "1":
+        return inline(fn, job)
     path = work / f"job-{what}.json"
     path.write_text(json.dumps(job))
     env = dict(os.environ, SIMTUNE_STORE=job["store"])
@@ -224,7 +247,6 @@ def run_row(what: str, job: dict, work: Path) -> dict:
         raise SystemExit(f"bench.layers: {what} {job['row']} failed")
     line = next(x for x in proc.stdout.splitlines()[::-1] if x.startswith("BENCH-RESULT "))
     return json.loads(line.removeprefix("BENCH-RESULT "))
-
 
 if __name__ == "__main__":
     sys.exit(child(sys.argv[1], sys.argv[2]))

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.integration  # the real MiniLM, the real stages
 def test_the_distill_bench_runs_tiny(tmp_path: Path) -> None:
     out = tmp_path / "distill.json"
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}",
-           "HF_HUB_OFFLINE": "1", "DVC_NO_ANALYTICS": "1", "TMPDIR": str(tmp_path)}
+           "HF_HUB_OFFLINE": "1", "DVC_NO_ANALYTICS": "1", "TMPDIR": str(tmp_path),
+           "SIMTUNE_BENCH_INLINE": "1"}  # its rows in the bench's process: the imports once
     proc = subprocess.run([sys.executable, "-m", "bench.distill", "--teacher", "minilm",
                            "--trec", "150", "--epochs", "1", "--rows", "head,extra,st",
                            "--losses", "mse", "--peer-lrs", "1e-4", "--news", "20",

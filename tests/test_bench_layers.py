@@ -22,7 +22,8 @@ def test_the_layers_bench_runs_tiny(tmp_path: Path) -> None:
     import datasets  # noqa: F401  (the peer's trainer: `make test` installs it, no skip)
     out = tmp_path / "layers.json"
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}",
-           "HF_HUB_OFFLINE": "1", "DVC_NO_ANALYTICS": "1", "TMPDIR": str(tmp_path)}
+           "HF_HUB_OFFLINE": "1", "DVC_NO_ANALYTICS": "1", "TMPDIR": str(tmp_path),
+           "SIMTUNE_BENCH_INLINE": "1"}  # its rows in the bench's process: the imports once
     proc = subprocess.run([sys.executable, "-m", "bench.layers", "--encoders", "minilm",
                            "--sets", "trec", "--trec", "160", "--rows", "head,top1,st",
                            "--peer-lrs", "5e-5,2e-4", "--out", str(out)],

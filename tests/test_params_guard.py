@@ -123,6 +123,7 @@ def test_an_edit_while_train_runs_under_dvc_fails_the_stage_and_records_nothing(
     # loaded CI the edit came after it (evaluate refused instead); 300 epochs that cannot
     # stop early hold the stage open for several seconds after that line
     raw = yaml.safe_load(params.read_text())
+    baseline = dict(raw["train"]["schedule"]["head"])
     raw["train"]["schedule"]["head"].update(max_epochs=300, patience=300)
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
     train_entry = yaml.safe_load((project.path / "dvc.lock").read_text())["stages"]["train"]
@@ -147,6 +148,11 @@ def test_an_edit_while_train_runs_under_dvc_fails_the_stage_and_records_nothing(
             in text), text
     assert yaml.safe_load((project.path / "dvc.lock").read_text())["stages"]["train"] == (
         train_entry)  # DVC recorded nothing of the refused run
+    # the baseline's schedule back (no second 300-epoch run): the edited key alone differs
+    # from the lock, and the next repro runs train for it
+    raw = yaml.safe_load(params.read_text())
+    raw["train"]["schedule"]["head"] = baseline
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
     rerun = project.dvc("repro")
     assert "Running stage 'train'" in rerun.stdout and "Running stage 'check'" in rerun.stdout
 

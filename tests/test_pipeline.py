@@ -269,7 +269,8 @@ def test_a_queued_grid_and_a_temp_experiment_embed_nothing(
     import time
 
     project, *_ = _committed_baseline(pipeline_baseline, tmp_path)
-    project.dvc("exp", "run", "--queue", "-S", "train.schedule.head.lr=0.001,0.01",
+    # a grid of two -S (one of them one value: each queued experiment is a full run's cost)
+    project.dvc("exp", "run", "--queue", "-S", "train.schedule.head.lr=0.01",
                 "-S", "train.head.type=mlp,skip_connection")
     project.dvc("queue", "start", "-j", "2")
     deadline = time.monotonic() + 900
@@ -277,10 +278,10 @@ def test_a_queued_grid_and_a_temp_experiment_embed_nothing(
         status = project.dvc("queue", "status").stdout
         if not any(s in status for s in ("Queued", "Running")):
             break
-        time.sleep(3)
+        time.sleep(1)
     tasks = re.findall(r"^[0-9a-f]{7}\s+(\S+)\s.*\s(\w+)\s*$", status, re.MULTILINE)
     names = [name for name, _ in tasks]
-    assert len(tasks) == 4 and {state for _, state in tasks} == {"Success"}, status
+    assert len(tasks) == 2 and {state for _, state in tasks} == {"Success"}, status
     for name in names:
         logs = project.dvc("queue", "logs", name).stdout
         assert "Running stage 'train'" in logs and _nothing_embedded(logs), logs[-3000:]
@@ -289,7 +290,7 @@ def test_a_queued_grid_and_a_temp_experiment_embed_nothing(
     trains = [e["revs"][0]["data"]["params"]["params.yaml"]["data"]["train"]
               for e in experiments]
     grid = {(t["schedule"]["head"]["lr"], t["head"]["type"]) for t in trains}
-    assert grid == {(lr, h) for lr in (0.001, 0.01) for h in ("mlp", "skip_connection")}
+    assert grid == {(0.01, h) for h in ("mlp", "skip_connection")}
     assert all("lift" in e["revs"][0]["data"]["metrics"]["reports/metrics.json"]["data"]
                for e in experiments)
     temp = project.dvc("exp", "run", "--temp", "-S", "train.schedule.head.lr=0.02")

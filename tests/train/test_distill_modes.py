@@ -66,32 +66,38 @@ def _loss(name: str, weight: float) -> DistillLoss:
                                                   1.0), weight)
 
 
-def _rank(rank: int, name: str, first: int, weight: float, port: str, out: str) -> None:
-    """One of 2 processes: rows :first or first: of the batch; the parameters' gradients
-    all-reduced and averaged, as DDP does."""
+# mse and cosine on halves of 3 and 5 rows: the global count decides the mean (a per-process
+# mean would weigh the 3 rows more); kl and the labels' supcon all-gather columns: equal halves
+CASES = [("mse", 3, 0.0), ("cosine", 3, 0.0), ("kl", 4, 0.0), ("kl", 4, 0.5), ("mse", 4, 0.5)]
+
+
+def _rank(rank: int, port: str, out: str) -> None:
+    """One of 2 processes, every case of `CASES` in turn (one process group: spawning is the
+    cost): rows :first or first: of the batch; the parameters' gradients all-reduced and
+    averaged, as DDP does."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
-    student, x, teacher, labels = _setup()
-    part = slice(0, first) if rank == 0 else slice(first, 8)
-    loss = _loss(name, weight)(student(x[part]), teacher[part], labels[part])
-    loss.backward()
-    for q in student.parameters():
-        torch.distributed.all_reduce(q.grad)
-        q.grad /= 2
-    losses = [torch.zeros(()) for _ in range(2)]
-    torch.distributed.all_gather(losses, loss.detach())
+    got = {}
+    for name, first, weight in CASES:
+        student, x, teacher, labels = _setup()
+        part = slice(0, first) if rank == 0 else slice(first, 8)
+        loss = _loss(name, weight)(student(x[part]), teacher[part], labels[part])
+        loss.backward()
+        for q in student.parameters():
+            torch.distributed.all_reduce(q.grad)
+            q.grad /= 2
+        losses = [torch.zeros(()) for _ in range(2)]
+        torch.distributed.all_gather(losses, loss.detach())
+        got[(name, first, weight)] = {"loss": torch.stack(losses).mean(),
+                                      "grads": [q.grad for q in student.parameters()]}
     if rank == 0:
-        torch.save({"loss": torch.stack(losses).mean(),
-                    "grads": [q.grad for q in student.parameters()]}, out)
+        torch.save(got, out)
     torch.distributed.destroy_process_group()
 
 
-# mse and cosine on halves of 3 and 5 rows: the global count decides the mean (a per-process
-# mean would weigh the 3 rows more); kl and the labels' supcon all-gather columns: equal halves
-@pytest.mark.parametrize(("name", "first", "weight"), [
-    ("mse", 3, 0.0), ("cosine", 3, 0.0), ("kl", 4, 0.0), ("kl", 4, 0.5), ("mse", 4, 0.5)])
-def test_two_processes_give_the_gradient_of_one(tmp_path: Path, name: str, first: int,
-                                                weight: float) -> None:
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Every case's loss and gradients from one spawn of 2 gloo processes."""
     import socket
 
     import torch.multiprocessing as mp
@@ -99,9 +105,15 @@ def test_two_processes_give_the_gradient_of_one(tmp_path: Path, name: str, first
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    out = tmp_path / "two.pt"
-    mp.spawn(_rank, args=(name, first, weight, port, str(out)), nprocs=2, join=True)
-    two = torch.load(out)
+    out = tmp_path_factory.mktemp("ddp") / "two.pt"
+    mp.spawn(_rank, args=(port, str(out)), nprocs=2, join=True)
+    return torch.load(out)
+
+
+@pytest.mark.parametrize(("name", "first", "weight"), CASES)
+def test_two_processes_give_the_gradient_of_one(two_processes: dict, name: str, first: int,
+                                                weight: float) -> None:
+    two = two_processes[(name, first, weight)]
     student, x, teacher, labels = _setup()
     loss = _loss(name, weight)(student(x), teacher, labels)
     loss.backward()
