@@ -75,6 +75,27 @@ class WeightedStudent(st.StaticStudent):
         return ((w * self.table.double()) @ self.map.double()).float()
 
 
+class MlpStudent(st.StaticStudent):
+    """The student with a residual ReLU MLP on the mean: mean(E[t]) @ W + relu(m U1 + b) U2
+    (U2 at 0: today's start). Served as StaticEmbedding -> Dense(ReLU, [W, -W, U1]) ->
+    Dense([I; -I; U2]): x W = relu(x W) - relu(-x W), so the start is exact."""
+
+    def __init__(self, table: torch.Tensor, hidden: int) -> None:
+        super().__init__(table)
+        d = table.shape[1]
+        self.up = nn.Linear(d, hidden)
+        self.down = nn.Linear(hidden, d, bias=False)
+        nn.init.zeros_(self.down.weight)
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        m = F.embedding_bag(ids, self.table, offsets, mode="mean")
+        return m @ self.map + self.down(torch.relu(self.up(m)))
+
+    @torch.no_grad()
+    def fold(self) -> Any:  # the probe's kept state (fit keeps what fold returns)
+        return {k: v.clone() for k, v in self.state_dict().items()}
+
+
 def words(tok: Any, text: str) -> list[list[str]]:
     """Runs of adjacent alphabetic words (single-space separated) of the normalised text."""
     norm = tok.normalizer.normalize_str(text)
@@ -212,7 +233,7 @@ class Setup:
                 if len(t.split()) > n]
 
     def run(self, variant: str, seed: int) -> dict[str, Any]:
-        init, k, extra = self.start, 0.0, []
+        init, k, extra, hidden = self.start, 0.0, [], 0
         for part in variant.split("+"):
             if part == "base":
                 continue
@@ -222,7 +243,9 @@ class Setup:
             if part == "pre":
                 extra += self.prefixes()
                 continue
-            if m := re.fullmatch(r"w([\d.]+)", part):
+            if m := re.fullmatch(r"mlp(\d+)", part):
+                hidden = int(m.group(1))
+            elif m := re.fullmatch(r"w([\d.]+)", part):
                 k = float(m.group(1))
             elif m := re.fullmatch(r"ng([flt])(\d+)", part):
                 init = self.ngram_init(m.group(1), int(m.group(2)))
@@ -239,7 +262,8 @@ class Setup:
             else self.target
         labels = torch.cat([s.labels, torch.full((len(extra),), -1, dtype=torch.long)])
         tokens = st.Tokens.of(init, self.texts + extra)
-        student = WeightedStudent(init.weight, k) if k else st.StaticStudent(init.weight)
+        student = (MlpStudent(init.weight, hidden) if hidden else WeightedStudent(init.weight, k)
+                   if k else st.StaticStudent(init.weight))
         validate = sd.validator(s, init)
         if self.args.trace:  # each epoch's test P@1 beside its validation metric (diagnosis)
             test_tok = {r: st.Tokens.of(init, sd.texts_of(s.data, items)) for r, items in
@@ -257,8 +281,14 @@ class Setup:
         result = st.fit(student, tokens, target, validate, settings,
                         labels=labels, pairs=None)
         fit_s = time.perf_counter() - t0
-        enc = StaticEncoder(init.tokenizer, result.table)
-        got = sd.score(s, s.test, lambda texts, role: enc.encode(texts))
+        if hidden:  # the kept epoch's state, unfolded
+            student.load_state_dict(result.table)
+            student.eval()
+            test_of = lambda texts, role: student.encode(st.Tokens.of(init, texts))  # noqa: E731
+        else:
+            enc = StaticEncoder(init.tokenizer, result.table)
+            test_of = lambda texts, role: enc.encode(texts)  # noqa: E731
+        got = sd.score(s, s.test, test_of)
         p1 = got["p@1"]
         val = next(h for h in result.history if h["epoch"] == result.best_epoch)
         return {"variant": variant + (f" [{self.args.monitor}]" if self.args.monitor else ""),

@@ -169,8 +169,8 @@ def test_float_keys_are_found() -> None:
             "negatives.margin", "sweep.timeout"} <= keys
     # train.lora.alpha and .dropout, train.distill.temperature and .label_weight,
     # evaluate.significance.alpha, the schedules' head_lr, train.auto.max_layer_gb and
-    # .max_minutes, train.schedule.static.lr and .label_weight
-    assert len(keys) == 26
+    # .max_minutes, train.schedule.static.lr, .label_weight and .token_weights
+    assert len(keys) == 27
     assert "cache.max_layer_gb" in keys  # null: no cap
 
 

@@ -121,7 +121,8 @@ def test_the_distilled_start_trains_through_the_stage(project: Path) -> None:
 def test_ngrams_join_the_students_tokenizer_through_the_stage(project: Path) -> None:
     """`ngrams: 3` (issue 54): the train stage adds the fit texts' most frequent word
     n-grams to the served tokenizer (rows after the teacher's vocabulary), the report says so,
-    and plain sentence-transformers gives the folder's vectors; `init: distill` refuses it."""
+    and plain sentence-transformers gives the folder's vectors, learned token weights
+    (`token_weights: 5`) folded in; `init: distill` refuses n-grams."""
     import yaml
     from sentence_transformers import SentenceTransformer
 
@@ -129,7 +130,7 @@ def test_ngrams_join_the_students_tokenizer_through_the_stage(project: Path) -> 
     from simtune.train import static_ngrams
 
     raw = yaml.safe_load((project / "params.yaml").read_text())
-    raw["train"]["schedule"]["static"]["ngrams"] = 3
+    raw["train"]["schedule"]["static"].update(ngrams=3, token_weights=5)
     params = write_params(project / "ngrams.yaml", raw)
     _invoke("train", "--params", params, "--prepared", project / "prepared", "--cache",
             project / "cache", "--out", project / "head-ngrams", "--report",
@@ -137,6 +138,7 @@ def test_ngrams_join_the_students_tokenizer_through_the_stage(project: Path) -> 
     report = json.loads((project / "train-ngrams.json").read_text())
     assert report["in_force"]["train.schedule.static.ngrams"] == 3
     assert report["in_force"]["train.schedule.static.ngram_words"] == 2
+    assert report["in_force"]["train.schedule.static.token_weights"] == 5
     plain_head, _ = static.load(project / "head")
     table, _ = static.load(project / "head-ngrams")
     v = plain_head.weight.shape[0]

@@ -542,6 +542,10 @@ class StaticSchedule(HeadSchedule):
                         "teacher's vector of the n-gram (`simtune.train.static_ngrams`; 0: "
                         "none); the export's tokenizer holds them")
     ngram_words: int = Field(ge=2, le=16, description="ngrams: the longest n-gram, in words")
+    token_weights: Number = Field(ge=0, le=1000, description="> 0: each token's weight in a "
+                                  "text's mean learns too, w = exp(k a) with a trained at the "
+                                  "table's lr (k, this value, scales its rate), folded into "
+                                  "the served rows (0: the start's fixed SIF weights only)")
 
     @model_validator(mode="after")
     def _ngrams_need_the_teacher_start(self) -> StaticSchedule:
@@ -617,6 +621,8 @@ class InForce(Section):
     init: str = Field(default="", description="static: the table's start (teacher | distill)")
     ngrams: int = Field(default=0, description="static: word n-grams added to the tokenizer")
     ngram_words: int = Field(default=0, description="static: the longest n-gram, in words")
+    token_weights: Number = Field(default=0.0, description="static: learned token weights' "
+                                  "rate (0: off)")
     train_embeddings: bool = Field(default=True, description="full: whether the input "
                                    "embeddings train (the other modes never train them)")
 
@@ -642,6 +648,7 @@ class InForce(Section):
             out[f"{base}.ngrams"] = self.ngrams
             if self.ngrams:
                 out[f"{base}.ngram_words"] = self.ngram_words
+            out[f"{base}.token_weights"] = self.token_weights
         out.update({f"{base}.{k}": getattr(self, k)
                     for k in ("batch_size", "max_epochs", "patience", "val_every")})
         return out
@@ -663,6 +670,7 @@ def in_force(t: TrainParams, mode: str | None = None, reason: str = "") -> InFor
                    label_weight=getattr(s, "label_weight", 0.0),
                    pca_dims=getattr(s, "pca_dims", 0), init=getattr(s, "init", ""),
                    ngrams=getattr(s, "ngrams", 0), ngram_words=getattr(s, "ngram_words", 0),
+                   token_weights=getattr(s, "token_weights", 0.0),
                    train_embeddings=getattr(s, "train_embeddings", True))
 
 

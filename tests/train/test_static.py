@@ -56,6 +56,52 @@ def test_folding_the_map_into_the_table_gives_the_same_vectors(
     assert float((F.normalize(other.encode(TEXTS), dim=1) - served).abs().max()) > 0.1
 
 
+def test_learned_token_weights_fold_into_the_rows(init: static.StaticEncoder) -> None:
+    """With a weight per row, the student's weighted mean sum(w E[t]) / sum(w) @ W and the
+    served plain mean of the folded rows (w E) @ W give the same unit vectors (by hand for one
+    text); weights at their start (a = 0) change nothing."""
+    student = _random_student(init)
+    weighted = st.StaticStudent(student.table.detach(), student.map.detach(), weight_rate=2.0)
+    tokens = st.Tokens.of(init, TEXTS)
+    assert torch.allclose(weighted.encode(tokens), student.encode(tokens), atol=1e-6)
+    with torch.no_grad():
+        weighted.log_weight.copy_(torch.randn(len(init.weight)))
+    trained = F.normalize(weighted.encode(tokens), dim=1)
+    served = F.normalize(static.StaticEncoder(init.tokenizer, weighted.fold()).encode(TEXTS),
+                         dim=1)
+    assert float((trained - served).abs().max()) < 1e-5
+    ids = torch.tensor(init.tokenizer.encode(TEXTS[0], add_special_tokens=False).ids)
+    w = torch.exp(2.0 * weighted.log_weight.detach()[ids])
+    by_hand = (w[:, None] * weighted.table.detach()[ids]).sum(0) / w.sum() @ weighted.map.detach()
+    assert torch.allclose(weighted.encode(tokens)[0], by_hand, atol=1e-5)
+    assert float((trained - F.normalize(student.encode(tokens), dim=1)).abs().max()) > 1e-2
+
+
+def test_a_learned_weight_rises_on_the_word_the_labels_hinge_on(
+        init: static.StaticEncoder) -> None:
+    """Texts "<q> <content>" labelled by q alone ("who" or "where"), the teacher's vectors
+    following the content word alone: with the label term the weights of "who" and "where"
+    rise and the content words' fall (mean over them), the rows' directions aside."""
+    vocab = init.tokenizer.get_vocab()
+    content = [w for w in WORDS[22:] if w in vocab][:12]
+    assert "who" in vocab and "where" in vocab and len(content) >= 8, content
+    texts = [f"{q} {c}" for q in ("who", "where") for c in content]
+    labels = torch.tensor([0] * len(content) + [1] * len(content))
+    torch.manual_seed(0)
+    by_word = torch.randn(len(content), 6)
+    teacher = torch.cat([by_word, by_word])  # the teacher ignores q
+    tokens = st.Tokens.of(init, texts)
+    student = st.StaticStudent(init.weight, torch.randn(init.dim, 6), weight_rate=10.0)
+    calls = iter(range(100))  # validation that always improves: the last epoch is kept
+    st.fit(student, tokens, teacher, lambda embed: {"val/p@1": float(next(calls))},
+           _settings(lr=0.02, max_epochs=15, patience=20, batch_size=len(texts),
+                     label_weight=1.0), labels=labels)
+    a = student.log_weight.detach()
+    q_ids = [vocab["who"], vocab["where"]]
+    c_ids = [vocab[c] for c in content]
+    assert float(a[q_ids].min()) > 0 > float(a[c_ids].mean()), (a[q_ids], a[c_ids])
+
+
 def test_the_folder_loads_in_plain_sentence_transformers_with_equal_vectors(
         init: static.StaticEncoder, tmp_path: Path) -> None:
     """The written folder: StaticEmbedding + Normalize, loaded by plain SentenceTransformer

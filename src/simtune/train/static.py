@@ -67,21 +67,49 @@ class Tokens:
 
 
 class StaticStudent(nn.Module):
-    """E (V, d) and W (d, D) (module docstring); `forward` -> (B, D) unnormalised vectors."""
+    """E (V, d) and W (d, D) (module docstring); `forward` -> (B, D) unnormalised vectors.
 
-    def __init__(self, table: torch.Tensor, mapping: torch.Tensor | None = None) -> None:
+    `weight_rate` k > 0: a learned weight per row too, w = exp(k a) (a (V,) at 0: the start
+    unchanged), and a text's vector is the weighted mean sum(w_t E[t]) / sum(w_t) @ W; k
+    scales a's effective rate against the table's (Adam's steps are ~lr in a, k lr in log w).
+    The start's fixed SIF weights (`static_init`) are folded in the rows; these learn on top,
+    so a frequent word the labels need ("what", "how") can regain what SIF took from it. The
+    fold serves w_t E[t] @ W: StaticEmbedding's plain mean of those rows is the weighted sum
+    over the token count, the same direction (the output is L2-normalised)."""
+
+    def __init__(self, table: torch.Tensor, mapping: torch.Tensor | None = None,
+                 weight_rate: float = 0.0) -> None:
         super().__init__()
         self.table = nn.Parameter(table.float().clone())
         width = table.shape[1]
         self.map = nn.Parameter(torch.eye(width) if mapping is None else mapping.float().clone())
+        self.weight_rate = float(weight_rate)
+        self.log_weight = nn.Parameter(torch.zeros(len(table))) if weight_rate > 0 else None
+
+    def weights(self) -> torch.Tensor | None:
+        """(V,) each row's learned weight exp(k a), or None without them."""
+        if self.log_weight is None:
+            return None
+        return torch.exp(self.weight_rate * self.log_weight)
 
     def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        return F.embedding_bag(ids, self.table, offsets, mode="mean") @ self.map
+        w = self.weights()
+        if w is None:
+            return F.embedding_bag(ids, self.table, offsets, mode="mean") @ self.map
+        tw = w[ids]
+        lengths = torch.diff(offsets, append=torch.tensor([len(ids)]))
+        bag = torch.repeat_interleave(torch.arange(len(offsets)), lengths)
+        total = F.embedding_bag(ids, self.table, offsets, mode="sum", per_sample_weights=tw)
+        norm = torch.zeros(len(offsets)).index_add_(0, bag, tw).clamp_min(1e-12)
+        return (total / norm[:, None]) @ self.map
 
     @torch.no_grad()
     def fold(self) -> torch.Tensor:
-        """The served table (V, D) = E @ W: its means equal `forward`'s to float rounding."""
-        return (self.table.double() @ self.map.double()).float()
+        """The served table (V, D) = (w E) @ W: its means give `forward`'s directions to float
+        rounding (equal vectors without learned weights)."""
+        w = self.weights()
+        table = self.table.double() if w is None else w.double()[:, None] * self.table.double()
+        return (table @ self.map.double()).float()
 
     @torch.no_grad()
     def encode(self, tokens: Tokens, batch: int = 8192) -> torch.Tensor:

@@ -89,7 +89,7 @@ def run(t: TrainParams, enc: EncodersParams, cache: CacheParams, corpus: str,
     # the map (pca_dims, the teacher's width) at the least-squares fit
     student = st.StaticStudent(init.weight, None if s.init == "teacher" else
                                st.least_squares_map(st.StaticStudent(init.weight), tokens,
-                                                    rows.target))
+                                                    rows.target), weight_rate=s.token_weights)
     log.info("static student: %d training texts + %d unlabelled, table %d x %d -> %d dims "
              "(teacher %s)", rows.labelled, rows.unlabelled, *init.weight.shape,
              rows.target.shape[1], teacher)
