@@ -14,6 +14,8 @@ the share of the teacher's lift:
                  weights summed; crit: f (frequency) | l (label information) | t (teacher:
                  frequency x how far the teacher's n-gram vector is from its parts' mean);
                  f runs the shipped code (`simtune.train.static_ngrams`, `ngrams: N`)
+  mlp<h>         + a residual ReLU MLP of h hidden units on the mean (its output layer at 0:
+                 today's start; servable as two sentence-transformers Dense modules)
   a variant may join them with '+', e.g. ngf300+w30
 
     python -P -m bench.static_probe --variants base,w30,ngf300 --seeds 13,14
