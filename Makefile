@@ -1,5 +1,5 @@
 # The two set-up commands: `make run` (environment + the whole pipeline on the default data set)
-# and `make test` (environment + the whole test suite, ~25 min on 2 cores); `make test-quick` is a
+# and `make test` (environment + the whole test suite, ~12 min on 2 cores); `make test-quick` is a
 # first check in ~1 min. All build the environment only when needed. `make figures` is
 # the maintainers': it refreshes the docs' figures of the default run (docs/run/).
 PYTHON ?= python3
@@ -90,7 +90,7 @@ plots: install
 # tests/test_docs.py builds the site with `mkdocs build --strict` (headless-browser checks run
 # where Debian's chromium is installed: `apt-get install chromium`, ~300 MB, not done here)
 test: dev
-	@echo "== test: ruff, the import rules, then every test (~25 min on 2 cores; one dot a test; make test-quick: ~1 min)"
+	@echo "== test: ruff, the import rules, then every test (~12 min on 2 cores; one dot a test; make test-quick: ~1 min)"
 	$(BIN)/ruff check .
 	cd $(CURDIR) && $(BIN)/lint-imports
 	PATH="$(BIN):$$PATH" pytest -q -n auto --dist loadgroup
@@ -104,7 +104,7 @@ QUICK_TESTS := tests/test_params.py tests/test_atomic.py tests/test_encoders.py 
 	tests/train/test_losses.py tests/prepare tests/retrieval tests/test_setup.py \
 	tests/test_gitignore.py tests/test_dvc_deps.py
 test-quick: dev
-	@echo "== test-quick: the core's unit tests, ~1 min on 2 cores (make test runs all, ~25 min)"
+	@echo "== test-quick: the core's unit tests, ~1 min on 2 cores (make test runs all, ~12 min)"
 	PATH="$(BIN):$$PATH" pytest -q -n auto --dist loadgroup -m "not integration" $(QUICK_TESTS)
 
 # the documentation site, into site/: --strict fails on a broken link or anchor, a page missing
