@@ -172,7 +172,8 @@ class Bench:
                     continue
                 fit_target = torch.cat([target, t_every[:len(ex)]]) if ex else target
                 out = self.tmp / f"{s.name}-{tname}-{name}"
-                got = ours(s, table_, fit_target, ex, lw, a.epochs, out, lsq=table_ is self.init)
+                got = ours(s, table_, fit_target, ex, lw, a.epochs, out, lsq=table_ is self.init,
+                           weight_rate=a.token_weights)
                 m = load_model(got["folder"], "cpu")
                 r = self.row(s, tname, f"{name} ({len(ex)} unlabelled)",
                              lambda t, role, m=m: m.encode(t, 1024, role), got["fit_s"],
@@ -263,6 +264,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="max epochs (default: params.yaml's train.schedule.static)")
     ap.add_argument("--label-weight", type=float, default=None,
                     help="the +labels rows' weight (default: params.yaml's)")
+    ap.add_argument("--token-weights", type=float, default=None,
+                    help="our rows' learned token weights' rate (default: params.yaml's)")
     ap.add_argument("--small", type=int, default=0, help="trec: rows per split; bbc: texts "
                     "per label; news-pairs: pairs (the smoke test)")
     ap.add_argument("--encoder", default="minilm",
@@ -283,6 +286,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.pca = args.pca or schedule["pca_dims"]
     args.label_weight = (schedule["label_weight"] if args.label_weight is None
                          else args.label_weight)
+    args.token_weights = (schedule["token_weights"] if args.token_weights is None
+                          else args.token_weights)
     args.sets = [x for x in args.sets.split(",") if x]
     try:
         args.curve = [int(x) for x in args.curve.split(",") if x]

@@ -44,12 +44,14 @@ def fit_settings(label_weight: float, epochs: int) -> Any:
 
 
 def ours(s: SetData, init: Any, target: torch.Tensor, extra: list[str], label_weight: float,
-         epochs: int, out: Path, lsq: bool = False) -> dict[str, Any]:
+         epochs: int, out: Path, lsq: bool = False, weight_rate: float = 0.0
+         ) -> dict[str, Any]:
     """Fit our student on the set's fit texts + `extra` unlabelled ones (`target`: the
     teacher's vectors of those texts, in that order; the label term: SupCon on groups'
     labels, MNRL on the train pairs) from the table `init` (`lsq`: the map by least squares,
     as the stage starts a distilled table; else at identity, as it starts the teacher's token
-    vectors), write its folder; the fit's seconds include tokenising the fit texts."""
+    vectors; `weight_rate`: learned token weights, `token_weights`), write its folder; the
+    fit's seconds include tokenising the fit texts."""
     from simtune import static
     from simtune.train import static as st
 
@@ -60,7 +62,8 @@ def ours(s: SetData, init: Any, target: torch.Tensor, extra: list[str], label_we
         [s.labels, torch.full((len(extra),), -1, dtype=torch.long)])
     # as the train stage starts it (simtune.train.static_run.start_table)
     student = st.StaticStudent(init.weight, st.least_squares_map(
-        st.StaticStudent(init.weight), tokens, target) if lsq else None)
+        st.StaticStudent(init.weight), tokens, target) if lsq else None,
+        weight_rate=weight_rate)
     result = st.fit(student, tokens, target, validate, fit_settings(label_weight, epochs),
                     labels=labels, pairs=s.pairs)
     fit_s = time.perf_counter() - t0
