@@ -9,6 +9,7 @@ the share of the teacher's lift:
   base           today's student (ours+labels)
   w<k>           + a learned weight per vocabulary row (exp(k * a), a trained at the table's
                  lr, so k scales its effective rate); the text vector is the weighted mean
+                 (the shipped code: `StaticStudent(weight_rate=k)`, `token_weights: k`)
   ng<crit><N>    + N word n-grams of the fit texts added to the tokenizer (AddedToken,
                  single_word), each row the teacher's vector of the n-gram x its parts' SIF
                  weights summed; crit: f (frequency) | l (label information) | t (teacher:
@@ -51,30 +52,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # the share of the lift is against bench/static.json's TREC figures (the default export as the
 # teacher, frozen MiniLM): a probe of another teacher prints shares against the wrong ones
 TEACHER_P1, FROZEN_P1 = 0.868, 0.450
-
-
-class WeightedStudent(st.StaticStudent):
-    """The student with a learned positive weight per row: vector = sum(w_t E_t) / sum(w_t) @ W
-    (`w = exp(k a)`, a at 0: today's start). Folded as (w E) @ W: StaticEmbedding's plain mean
-    of those rows is sum(w_t E_t) / n, the same direction (the output is L2-normalised)."""
-
-    def __init__(self, table: torch.Tensor, k: float) -> None:
-        super().__init__(table)
-        self.k = k
-        self.a = nn.Parameter(torch.zeros(len(table)))
-
-    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        w = torch.exp(self.k * self.a)[ids]
-        lengths = torch.diff(offsets, append=torch.tensor([len(ids)]))
-        bag = torch.repeat_interleave(torch.arange(len(offsets)), lengths)
-        num = F.embedding_bag(ids, self.table, offsets, mode="sum", per_sample_weights=w)
-        den = torch.zeros(len(offsets)).index_add_(0, bag, w).clamp_min(1e-12)
-        return (num / den[:, None]) @ self.map
-
-    @torch.no_grad()
-    def fold(self) -> torch.Tensor:
-        w = torch.exp(self.k * self.a).double()[:, None]
-        return ((w * self.table.double()) @ self.map.double()).float()
 
 
 class MlpStudent(st.StaticStudent):
@@ -264,8 +241,8 @@ class Setup:
             else self.target
         labels = torch.cat([s.labels, torch.full((len(extra),), -1, dtype=torch.long)])
         tokens = st.Tokens.of(init, self.texts + extra)
-        student = (MlpStudent(init.weight, hidden) if hidden else WeightedStudent(init.weight, k)
-                   if k else st.StaticStudent(init.weight))
+        student = (MlpStudent(init.weight, hidden) if hidden
+                   else st.StaticStudent(init.weight, weight_rate=k))
         validate = sd.validator(s, init)
         if self.args.trace:  # each epoch's test P@1 beside its validation metric (diagnosis)
             test_tok = {r: st.Tokens.of(init, sd.texts_of(s.data, items)) for r, items in
