@@ -15,6 +15,8 @@ the share of the teacher's lift:
                  weights summed; crit: f (frequency) | l (label information) | t (teacher:
                  frequency x how far the teacher's n-gram vector is from its parts' mean);
                  f runs the shipped code (`simtune.train.static_ngrams`, `ngrams: N`)
+  pca<k>         tokenlearn's targets: the teacher's vectors centred and cut to their top k
+                 principal components (the start's map: those components)
   mlp<h>         + a residual ReLU MLP of h hidden units on the mean (its output layer at 0:
                  today's start; servable as two sentence-transformers Dense modules)
   a variant may join them with '+', e.g. ngf300+w30
@@ -24,7 +26,7 @@ the share of the teacher's lift:
 
 `--monitor`: the kept epoch's validation metric (default params.yaml's train.monitor);
 `--trace`: each epoch's test P@1 beside its validation metrics (a diagnosis, never a choice).
-The results of 2026-11-29: bench/static_probe.txt.
+The results (2026-11-29 and -30): bench/static_probe.txt.
 """
 
 from __future__ import annotations
@@ -212,7 +214,7 @@ class Setup:
                 if len(t.split()) > n]
 
     def run(self, variant: str, seed: int) -> dict[str, Any]:
-        init, k, extra, hidden = self.start, 0.0, [], 0
+        init, k, extra, hidden, pca = self.start, 0.0, [], 0, 0
         for part in variant.split("+"):
             if part == "base":
                 continue
@@ -224,6 +226,8 @@ class Setup:
                 continue
             if m := re.fullmatch(r"mlp(\d+)", part):
                 hidden = int(m.group(1))
+            elif m := re.fullmatch(r"pca(\d+)", part):
+                pca = int(m.group(1))
             elif m := re.fullmatch(r"w([\d.]+)", part):
                 k = float(m.group(1))
             elif m := re.fullmatch(r"ng([flt])(\d+)", part):
@@ -241,8 +245,14 @@ class Setup:
             else self.target
         labels = torch.cat([s.labels, torch.full((len(extra),), -1, dtype=torch.long)])
         tokens = st.Tokens.of(init, self.texts + extra)
+        mapping = None
+        if pca:  # tokenlearn's targets: the teacher's vectors centred, on their top components
+            centre = target.mean(0)
+            _, _, v = torch.linalg.svd(target - centre, full_matrices=False)
+            mapping = v[:pca].T  # (D, pca): the start's map projects as the targets are
+            target = (target - centre) @ mapping
         student = (MlpStudent(init.weight, hidden) if hidden
-                   else st.StaticStudent(init.weight, weight_rate=k))
+                   else st.StaticStudent(init.weight, mapping, weight_rate=k))
         validate = sd.validator(s, init)
         if self.args.trace:  # each epoch's test P@1 beside its validation metric (diagnosis)
             test_tok = {r: st.Tokens.of(init, sd.texts_of(s.data, items)) for r, items in
