@@ -75,6 +75,14 @@ def test_learned_token_weights_fold_into_the_rows(init: static.StaticEncoder) ->
     by_hand = (w[:, None] * weighted.table.detach()[ids]).sum(0) / w.sum() @ weighted.map.detach()
     assert torch.allclose(weighted.encode(tokens)[0], by_hand, atol=1e-5)
     assert float((trained - F.normalize(student.encode(tokens), dim=1)).abs().max()) > 1e-2
+    # k a far past float32's exp range (~88): finite vectors, the fold still equal
+    far = st.StaticStudent(student.table.detach(), student.map.detach(), weight_rate=1000.0)
+    with torch.no_grad():
+        far.log_weight.copy_(torch.linspace(0.0, 1.0, len(init.weight)))
+    mean = far.encode(tokens)
+    assert torch.isfinite(mean).all() and torch.isfinite(far.fold()).all()
+    served = static.StaticEncoder(init.tokenizer, far.fold()).encode(TEXTS)
+    assert torch.allclose(F.normalize(mean, dim=1), F.normalize(served, dim=1), atol=1e-5)
 
 
 def test_a_learned_weight_rises_on_the_word_the_labels_hinge_on(

@@ -66,6 +66,11 @@ class Tokens:
         return self.flat[pos + torch.arange(len(pos))], offsets
 
 
+# k a's bound: weights within e^+-20 of 1 (a ratio of e^40 ~ 2e17), so the folded rows, scaled
+# to a largest weight of 1, keep squares float32 can sum (a served vector's norm stays finite)
+LOG_WEIGHT_BOUND = 20.0
+
+
 class StaticStudent(nn.Module):
     """E (V, d) and W (d, D) (module docstring); `forward` -> (B, D) unnormalised vectors.
 
@@ -74,8 +79,8 @@ class StaticStudent(nn.Module):
     scales a's effective rate against the table's (Adam's steps are ~lr in a, k lr in log w).
     The start's fixed SIF weights (`static_init`) are folded in the rows; these learn on top,
     so a frequent word the labels need ("what", "how") can regain what SIF took from it. The
-    fold serves w_t E[t] @ W: StaticEmbedding's plain mean of those rows is the weighted sum
-    over the token count, the same direction (the output is L2-normalised)."""
+    fold serves (w_t / max w) E[t] @ W: StaticEmbedding's plain mean of those rows is the
+    weighted sum over the token count, the same direction (the output is L2-normalised)."""
 
     def __init__(self, table: torch.Tensor, mapping: torch.Tensor | None = None,
                  weight_rate: float = 0.0) -> None:
@@ -87,10 +92,13 @@ class StaticStudent(nn.Module):
         self.log_weight = nn.Parameter(torch.zeros(len(table))) if weight_rate > 0 else None
 
     def weights(self) -> torch.Tensor | None:
-        """(V,) each row's learned weight exp(k a), or None without them."""
+        """(V,) each row's learned weight exp(k a), or None without them; k a is held in
+        [-LOG_WEIGHT_BOUND, LOG_WEIGHT_BOUND] (past float32's exp range a weight is inf, then
+        a text's vector NaN)."""
         if self.log_weight is None:
             return None
-        return torch.exp(self.weight_rate * self.log_weight)
+        z = self.weight_rate * self.log_weight
+        return torch.exp(z.clamp(-LOG_WEIGHT_BOUND, LOG_WEIGHT_BOUND))
 
     def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         w = self.weights()
@@ -108,7 +116,9 @@ class StaticStudent(nn.Module):
         """The served table (V, D) = (w E) @ W: its means give `forward`'s directions to float
         rounding (equal vectors without learned weights)."""
         w = self.weights()
-        table = self.table.double() if w is None else w.double()[:, None] * self.table.double()
+        if w is not None:
+            w = w.double() / w.max().double()  # one scale for every row: the same directions
+        table = self.table.double() if w is None else w[:, None] * self.table.double()
         return (table @ self.map.double()).float()
 
     @torch.no_grad()
