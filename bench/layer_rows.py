@@ -248,5 +248,6 @@ def run_row(what: str, job: dict, work: Path) -> dict:
     line = next(x for x in proc.stdout.splitlines()[::-1] if x.startswith("BENCH-RESULT "))
     return json.loads(line.removeprefix("BENCH-RESULT "))
 
+
 if __name__ == "__main__":
     sys.exit(child(sys.argv[1], sys.argv[2]))

@@ -91,20 +91,19 @@ class StaticStudent(nn.Module):
         self.weight_rate = float(weight_rate)
         self.log_weight = nn.Parameter(torch.zeros(len(table))) if weight_rate > 0 else None
 
-    def weights(self) -> torch.Tensor | None:
-        """(V,) each row's learned weight exp(k a), or None without them; k a is held in
-        [-LOG_WEIGHT_BOUND, LOG_WEIGHT_BOUND] (past float32's exp range a weight is inf, then
-        a text's vector NaN)."""
+    def weights(self, ids: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The learned weight exp(k a) of the rows `ids` (None: every row, (V,)), or None
+        without them; k a is held in [-LOG_WEIGHT_BOUND, LOG_WEIGHT_BOUND] (past float32's
+        exp range a weight is inf, then a text's vector NaN)."""
         if self.log_weight is None:
             return None
-        z = self.weight_rate * self.log_weight
-        return torch.exp(z.clamp(-LOG_WEIGHT_BOUND, LOG_WEIGHT_BOUND))
+        a = self.log_weight if ids is None else self.log_weight[ids]
+        return torch.exp((self.weight_rate * a).clamp(-LOG_WEIGHT_BOUND, LOG_WEIGHT_BOUND))
 
     def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        w = self.weights()
-        if w is None:
+        tw = self.weights(ids)  # a batch's tokens only, not the whole vocabulary
+        if tw is None:
             return F.embedding_bag(ids, self.table, offsets, mode="mean") @ self.map
-        tw = w[ids]
         lengths = torch.diff(offsets, append=torch.tensor([len(ids)]))
         bag = torch.repeat_interleave(torch.arange(len(offsets)), lengths)
         total = F.embedding_bag(ids, self.table, offsets, mode="sum", per_sample_weights=tw)
