@@ -31,6 +31,8 @@ test texts against the train texts; pairs: the test queries against every docume
   ours+texts  ours (+ labels) with `--unlabelled` news titles and sentences added as unlabelled
               texts (their teacher vectors only); groups sets only
   ours+texts+labels xN  the same with N news texts, each N of `--curve` (the growth curve)
+  hybrid      the default student's ranking fused with BM25's (reciprocal ranks,
+              `evaluate.hybrid.rrf_k`: `simtune search --hybrid`)
 Fit texts: groups' train texts; pairs' train queries and documents, each with the teacher's
 vector in its role. Every fit runs params.yaml's `train.schedule.static` and `train.loss.
 temperature`, `train.seed`, `train.monitor`. Columns: P@1, MRR@10, "share" (the row's P@1 gain
@@ -121,6 +123,23 @@ class Bench:
         self.rows.append(out)
         return out
 
+    def hybrid(self, s: sd.SetData, teacher: str, student: dict[str, Any],
+               encode: sd.Encode) -> None:
+        """The headline student fused with BM25 (reciprocal ranks, params.yaml's
+        `evaluate.hybrid.rrf_k`: what `simtune search --hybrid` ranks by). Texts/s: the
+        student's and BM25's rows' rates one after the other, 1 / (1/a + 1/b) (the fusion
+        itself not timed)."""
+        from bench.static_lexical import hybrid_metrics
+        from simtune import params as P
+
+        rrf_k = P.read_yaml(ROOT / "params.yaml")["evaluate"]["hybrid"]["rrf_k"]
+        got = hybrid_metrics(s, encode, rrf_k)
+        bm25 = next(r for r in self.rows if r["set"] == s.name and r["row"] == "bm25")
+        both = {c: 1 / (1 / student[c] + 1 / bm25[c]) for c in ("texts/s 1t", "texts/s all")}
+        self.rows.append({"set": s.name, "teacher": teacher, "row": f"hybrid ({HEADLINE_ROW} "
+                          f"and bm25, rrf k {rrf_k})", "p@1": got["p@1"], "mrr@10": got["mrr@10"],
+                          **both, "fit s": student["fit s"]})
+
     def one_set(self, s: sd.SetData, teachers: dict[str, Path]) -> None:
         """Every row of one set (module docstring)."""
         from simtune.model import ExportEncoder, load_model
@@ -186,6 +205,7 @@ class Bench:
                 r["x teacher 1t"] = r["texts/s 1t"] / trow["texts/s 1t"]
                 if name == HEADLINE_ROW:
                     self.folders[(s.name, tname)] = out
+                    self.hybrid(s, tname, r, lambda t, role, m=m: m.encode(t, 1024, role))
                 if a.keep is not None:
                     shutil.copytree(out, a.keep / f"{s.name}-{tname}-{name}", dirs_exist_ok=True)
         for r in self.rows:

