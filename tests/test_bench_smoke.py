@@ -283,6 +283,41 @@ def test_query_adapter_runs_tiny(tmp_path: Path, tiny_bert: Path) -> None:
     assert installed("bbc") or any(n.startswith("bbc: skipped") for n in got["skipped"])
 
 
+def _fused(prepared: Path, student: Path, rrf_k: int = 60) -> tuple[float, float]:
+    """TREC's hybrid row by hand, (P@1, MRR@10): each test text's train texts ranked by the
+    sum over the student's cosine ranking and BM25's ranking (the items it scores > 0) of
+    1 / (rrf_k + rank), ties by lower index; relevant: the query's label."""
+    import numpy as np
+    import torch
+
+    from bench import static_data as sd
+    from simtune.model import load_model
+    from simtune.retrieval.lexical import BM25
+
+    s = sd.load("trec", prepared, 20)
+    queries = sd.texts_of(s.data, s.test.queries)
+    corpus = sd.texts_of(s.data, s.test.corpus_items)
+    model = load_model(student, "cpu")
+    q, c = (torch.nn.functional.normalize(model.encode(t, 64).float(), dim=1)
+            for t in (queries, corpus))
+    cos = (q @ c.T).numpy()
+    bm25 = BM25(corpus)
+    q_lab, c_lab = s.test.q_labels.tolist(), s.test.c_labels.tolist()
+    hits = []
+    for i, toks in enumerate(bm25.tokens(queries)):
+        fused = np.zeros(len(corpus))
+        for rank, j in enumerate(np.lexsort((np.arange(len(corpus)), -cos[i])), start=1):
+            fused[j] += 1 / (rrf_k + rank)
+        b = bm25.scores(toks)
+        hit = [j for j in np.lexsort((np.arange(len(corpus)), -b)) if b[j] > 0]
+        for rank, j in enumerate(hit, start=1):
+            fused[j] += 1 / (rrf_k + rank)
+        order = np.lexsort((np.arange(len(corpus)), -fused))[:10]  # ties: lower index
+        first = [r for r, j in enumerate(order, start=1) if c_lab[j] == q_lab[i]]
+        hits.append((float(first[:1] == [1]), 1 / first[0] if first else 0.0))
+    return tuple(float(np.mean([h[m] for h in hits])) for m in (0, 1))
+
+
 def test_static_runs_tiny(tmp_path: Path, tiny_bert: Path,
                           capsys: pytest.CaptureFixture[str]) -> None:
     """bench.static on every set kind, tiny, the tiny BERT as the frozen encoder: trec (a
@@ -315,7 +350,8 @@ def test_static_runs_tiny(tmp_path: Path, tiny_bert: Path,
         rows = {r["row"].split(" (")[0]: r for r in got["results"] if r["set"] == name}
         curve = {"ours+texts+labels x3"} if info["kind"] == "groups" else set()
         assert set(rows) == {"frozen MiniLM", "bm25", "tf-idf", "teacher", "m2v distill",
-                             "m2v-fit", "ours-distill", "ours", "ours+labels", *curve}, name
+                             "m2v-fit", "ours-distill", "ours", "ours+labels", "hybrid",
+                             *curve}, name
         if curve:  # the growth curve's row: 3 news texts more than the default student's
             counts = [int(rows[r]["row"].split("(")[1].split()[0])
                       for r in ("ours+texts+labels x3", "ours+labels")]
@@ -333,6 +369,9 @@ def test_static_runs_tiny(tmp_path: Path, tiny_bert: Path,
     kept = tmp_path / "kept" / "news-pairs-auto (full)-ours+labels"
     assert load_model(kept, "cpu").encode(["a text"], role="document").shape == (1, 32)
     assert load_model(tmp_path / "kept" / "trec-tiny-ours", "cpu").encode(["a"]).shape == (1, 32)
+    hybrid = next(r for r in got["results"] if r["set"] == "trec" and r["row"].startswith("hybrid"))
+    fused = _fused(tmp_path / "prepared", tmp_path / "kept" / "trec-tiny-ours+labels")
+    assert (hybrid["p@1"], hybrid["mrr@10"]) == pytest.approx(fused)
     measures = [r["measure"] for r in got["rows"]]
     assert measures[0].startswith("static student (ours+labels) test P@1, trec, teacher tiny")
     assert any(m.startswith("test P@1, ours vs bm25 (news-pairs") for m in measures)
