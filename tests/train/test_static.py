@@ -211,6 +211,33 @@ def test_unlabelled_texts_enter_the_fit(init: static.StaticEncoder) -> None:
     assert float((run(train + extra) - init.weight[rows]).abs().max()) > 1e-3
 
 
+def test_labelled_and_unlabelled_texts_share_each_batch_equally() -> None:
+    """With the label term on, each batch holds as many unlabelled rows as labelled ones;
+    an epoch runs over every labelled row once; the unlabelled ones come in turn from a
+    shuffle, each once before any comes again; a set of one kind has no mixing at all."""
+    labels = torch.tensor([0, -1, 1, -1, -1, 0, -1, 1, -1, -1, -1, 2, -1])  # 5 labelled
+    gen = torch.Generator().manual_seed(0)
+    mixed = st._Mixed.of(labels, gen)
+    assert mixed is not None
+    seen: list[int] = []
+    for _ in range(3):
+        batches = mixed.batches(2)
+        assert [len(b) for b in batches] == [4, 4, 2]  # (2 + 2), (2 + 2), (1 + 1)
+        lab = [int(i) for b in batches for i in b if labels[i] >= 0]
+        assert sorted(lab) == [0, 2, 5, 7, 11]
+        for b in batches:
+            half = len(b) // 2
+            assert bool((labels[b[:half]] >= 0).all()) and bool((labels[b[half:]] < 0).all())
+            seen += b[half:].tolist()
+    # 15 unlabelled draws from 8 rows: the first 8 are all of them, then a new shuffle
+    assert sorted(seen[:8]) == [1, 3, 4, 6, 8, 9, 10, 12]
+    assert len(set(seen[8:])) == 7
+    assert st._Mixed.of(torch.tensor([0, 1, 1]), gen) is None
+    assert st._Mixed.of(torch.tensor([-1, -1]), gen) is None
+    few = st._Mixed.of(torch.tensor([0, 1, 0, 1, -1]), gen)  # one unlabelled row
+    assert few is not None and [len(b) for b in few.batches(4)] == [5]
+
+
 def test_a_file_of_texts_is_encoded_streaming_with_the_models_vectors(
         init: static.StaticEncoder, tmp_path: Path) -> None:
     """`simtune.static.encode_file`: row i is line i's vector (batches of 7 over 58 lines),
