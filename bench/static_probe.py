@@ -27,6 +27,7 @@ the share of the teacher's lift:
                  texts (wh: those opening with a wh-word or how; all: any, 4+ words)
   own<N>         + N of the set's own texts that its prepared sample left out (--set's
                  records beyond bench.static's --limit: in-domain unlabelled text)
+  news<N>        + bench.static's first N unlabelled news texts (its ours+texts rows')
   oracle         + the test queries themselves as unlabelled texts (their teacher vectors, no
                  labels): what in-domain text could give at most, a diagnosis, never a row
   a variant may join them with '+', e.g. ngf300+w30
@@ -318,6 +319,11 @@ class Setup:
             if m := re.fullmatch(r"own(\d+)", part):
                 extra += self.own_texts(int(m.group(1)))
                 continue
+            if m := re.fullmatch(r"news(\d+)", part):  # bench.static's unlabelled news texts
+                from bench.static_fits import news_texts
+
+                extra += news_texts(int(m.group(1)))
+                continue
             if part == "oracle":  # a ceiling, never a row: the test queries as unlabelled texts
                 extra += sd.texts_of(self.s.data, self.s.test.queries)
                 continue
@@ -388,7 +394,7 @@ class Setup:
         ).metrics["p@1"]
         val = next(h for h in result.history if h["epoch"] == result.best_epoch)
         tags = [f"{k} {getattr(self.args, k)}" for k in ("monitor", "lr", "patience")
-                if getattr(self.args, k)]
+                if getattr(self.args, k)] + (["no-mix"] if self.args.no_mix else [])
         return {"variant": variant + (f" [{', '.join(tags)}]" if tags else ""),
                 "seed": seed, "p@1": p1, "mrr@10": got["mrr@10"], "asym": asym,
                 "share": (p1 - self.args.frozen_p1) / (self.args.teacher_p1 - self.args.frozen_p1),
@@ -408,6 +414,8 @@ def main() -> None:
                     help="frozen,teacher test P@1: the share's ends (default: TREC's)")
     ap.add_argument("--lr", type=float, default=None, help="the table's lr (params.yaml's)")
     ap.add_argument("--patience", type=int, default=None, help="(params.yaml's)")
+    ap.add_argument("--no-mix", action="store_true", help="the fit before f3d163d: labelled "
+                    "and unlabelled texts in one shuffle (no `_Mixed` batches)")
     ap.add_argument("--teacher", type=Path, default=ROOT / "models" / "export",
                     help="the teacher export (`make run`'s, by default)")
     ap.add_argument("--work", type=Path,
@@ -422,6 +430,8 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true", help="print each epoch's test P@1")
     args = ap.parse_args()
     args.frozen_p1, args.teacher_p1 = (float(x) for x in args.lift.split(","))
+    if args.no_mix:
+        st._Mixed.of = classmethod(lambda cls, labels, gen: None)  # type: ignore[method-assign]
     from simtune import params as P
 
     sched = P.read_yaml(ROOT / "params.yaml")["train"][

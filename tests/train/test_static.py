@@ -212,26 +212,36 @@ def test_unlabelled_texts_enter_the_fit(init: static.StaticEncoder) -> None:
 
 
 def test_labelled_and_unlabelled_texts_share_each_batch_equally() -> None:
-    """With the label term on, each batch holds as many unlabelled rows as labelled ones;
-    an epoch runs over every labelled row once; the unlabelled ones come in turn from a
-    shuffle, each once before any comes again; a set of one kind has no mixing at all."""
-    labels = torch.tensor([0, -1, 1, -1, -1, 0, -1, 1, -1, -1, -1, 2, -1])  # 5 labelled
+    """With the label term on, each batch holds as many labelled rows as unlabelled ones
+    (labelled first); an epoch runs once over the larger set; the smaller one's rows come in
+    turn from a shuffle, each once before any comes again; one kind alone: no mixing."""
     gen = torch.Generator().manual_seed(0)
-    mixed = st._Mixed.of(labels, gen)
-    assert mixed is not None
-    seen: list[int] = []
-    for _ in range(3):
-        batches = mixed.batches(2)
-        assert [len(b) for b in batches] == [4, 4, 2]  # (2 + 2), (2 + 2), (1 + 1)
-        lab = [int(i) for b in batches for i in b if labels[i] >= 0]
-        assert sorted(lab) == [0, 2, 5, 7, 11]
-        for b in batches:
-            half = len(b) // 2
-            assert bool((labels[b[:half]] >= 0).all()) and bool((labels[b[half:]] < 0).all())
-            seen += b[half:].tolist()
-    # 15 unlabelled draws from 8 rows: the first 8 are all of them, then a new shuffle
-    assert sorted(seen[:8]) == [1, 3, 4, 6, 8, 9, 10, 12]
-    assert len(set(seen[8:])) == 7
+
+    def epochs(labels: list[int], batch: int, n: int) -> tuple[list[list[int]], list[int]]:
+        mixed = st._Mixed.of(torch.tensor(labels), gen)
+        assert mixed is not None
+        major, minor = [], []
+        for _ in range(n):
+            for b in mixed.batches(batch):
+                half = len(b) // 2
+                lab, unl = b[:half].tolist(), b[half:].tolist()
+                assert all(labels[i] >= 0 for i in lab) and all(labels[i] < 0 for i in unl)
+                big, small = (lab, unl) if labels.count(-1) <= len(labels) / 2 else (unl, lab)
+                major.append(big)
+                minor += small
+        return major, minor
+
+    # 8 unlabelled beside 5 labelled: each epoch the 8 in 4 batches, each + 2 labelled
+    labels = [0, -1, 1, -1, -1, 0, -1, 1, -1, -1, -1, 2, -1]
+    major, minor = epochs(labels, 2, 3)
+    assert [len(b) for b in major] == [2] * 12
+    for e in range(3):
+        assert sorted(i for b in major[4 * e:4 * e + 4] for i in b) == [1, 3, 4, 6, 8, 9, 10, 12]
+    assert sorted(minor[:5]) == [0, 2, 5, 7, 11] and sorted(minor[5:10]) == [0, 2, 5, 7, 11]
+    # 5 labelled beside 2 unlabelled: each epoch the 5 in batches of 2, 2, 1
+    major, minor = epochs([0, 1, -1, 0, 1, -1, 2], 2, 2)
+    assert [len(b) for b in major] == [2, 2, 1] * 2
+    assert sorted(minor[:2]) == [2, 5] and sorted(minor[2:4]) == [2, 5]
     assert st._Mixed.of(torch.tensor([0, 1, 1]), gen) is None
     assert st._Mixed.of(torch.tensor([-1, -1]), gen) is None
     few = st._Mixed.of(torch.tensor([0, 1, 0, 1, -1]), gen)  # one unlabelled row
