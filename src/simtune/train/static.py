@@ -186,8 +186,10 @@ class _Mixed:
 
     def __init__(self, labelled: torch.Tensor, unlabelled: torch.Tensor,
                  gen: torch.Generator) -> None:
-        self.labelled, self.unlabelled, self.gen = labelled, unlabelled, gen
-        self.left = {id(labelled): labelled[:0], id(unlabelled): unlabelled[:0]}
+        self.labelled_major = len(labelled) >= len(unlabelled)
+        self.major, self.minor = ((labelled, unlabelled) if self.labelled_major
+                                  else (unlabelled, labelled))
+        self.gen, self.left = gen, self.minor[:0]
 
     @classmethod
     def of(cls, labels: torch.Tensor | None, gen: torch.Generator) -> _Mixed | None:
@@ -199,27 +201,21 @@ class _Mixed:
             return None
         return cls(torch.nonzero(have).flatten(), torch.nonzero(~have).flatten(), gen)
 
-    def take(self, rows: torch.Tensor, n: int) -> torch.Tensor:
-        """The next min(n, all) of `rows` from its running shuffle."""
-        parts, need = [], min(n, len(rows))
+    def take(self, n: int) -> torch.Tensor:
+        """The next min(n, all) rows of the smaller set from its running shuffle."""
+        parts, need = [], min(n, len(self.minor))
         while need > 0:
-            if not len(self.left[id(rows)]):
-                self.left[id(rows)] = rows[torch.randperm(len(rows), generator=self.gen)]
-            parts.append(self.left[id(rows)][:need])
-            self.left[id(rows)], need = self.left[id(rows)][need:], need - len(parts[-1])
+            if not len(self.left):
+                self.left = self.minor[torch.randperm(len(self.minor), generator=self.gen)]
+            parts.append(self.left[:need])
+            self.left, need = self.left[need:], need - len(parts[-1])
         return torch.cat(parts)
 
     def batches(self, batch_size: int) -> list[torch.Tensor]:
         """One epoch's batches: row indices, the labelled first."""
-        labelled_major = len(self.labelled) >= len(self.unlabelled)
-        major, minor = ((self.labelled, self.unlabelled) if labelled_major
-                        else (self.unlabelled, self.labelled))
-        order = major[torch.randperm(len(major), generator=self.gen)]
-        out = []
-        for b in order.split(batch_size):
-            other = self.take(minor, len(b))
-            out.append(torch.cat([b, other] if labelled_major else [other, b]))
-        return out
+        order = self.major[torch.randperm(len(self.major), generator=self.gen)]
+        return [torch.cat([b, self.take(len(b))] if self.labelled_major
+                          else [self.take(len(b)), b]) for b in order.split(batch_size)]
 
 
 def fit(student: StaticStudent, tokens: Tokens, teacher: torch.Tensor, validate: Validate,
