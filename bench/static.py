@@ -11,8 +11,8 @@ Sets (`--sets`, default trec,bbc,news-pairs):
               when their package is missing), nobody tuned the student to them
   bbc, news-pairs and the panel's sets are prepared whole and split as bench.small_data splits
   them (its fixed held-out test set; the rest to train, a ninth to validation), and their
-  teacher is trained by
-  the real pipeline (params.yaml as shipped, `train.mode: auto`, `--teacher-set` overrides) and
+  teacher is trained by the real pipeline (params.yaml as shipped, `train.mode: auto`,
+  `--teacher-set` overrides) and
   exported by the export stage's code, kept under `--work` (bench.static_teacher).
 Every row is scored by the evaluate stage's task and metric code (test P@1, MRR@10; groups: the
 test texts against the train texts; pairs: the test queries against every document):
